@@ -1,0 +1,1 @@
+"""qitos: a Python agent kernel."""

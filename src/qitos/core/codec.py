@@ -1,0 +1,329 @@
+"""Canonical JSON, SHA-256 digests and the strict value codec.
+
+``canonical_json`` is the one byte form used for every digest in qitos: sorted keys, no
+insignificant whitespace, UTF-8, no NaN or infinity.
+
+``encode_value`` / ``decode_value`` turn typed Python values into JSON-native data and back, guided
+by type hints. They round-trip dataclasses (nested, subclassed as declared), enums, tuples, lists,
+sets, dicts, datetimes and ``Optional``/``Union``/``Literal`` fields. Anything they cannot bring back
+exactly raises :class:`~qitos.core.errors.CodecError` naming the field path; nothing is silently
+turned into ``None`` or a plain dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import hashlib
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, Literal, Union
+
+from qitos.core.errors import CodecError
+
+__all__ = [
+    "canonical_json",
+    "decode_value",
+    "digest",
+    "encode_value",
+    "field_hints",
+    "sha256_hex",
+]
+
+_JSON_SCALARS = (str, int, bool, type(None))
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON text of a JSON-native value (sorted keys, compact, no NaN)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_hex(text: str | bytes) -> str:
+    """SHA-256 of text (UTF-8) or bytes, as 64 hex digits."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return hashlib.sha256(data).hexdigest()
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of the canonical JSON of a JSON-native value."""
+    return sha256_hex(canonical_json(value))
+
+
+@lru_cache(maxsize=512)
+def field_hints(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a dataclass's init fields (cached per class)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
+    """Encode ``value`` (declared as ``hint``) into JSON-native data, or raise CodecError."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if hint is Any or hint is object:
+        return _encode_untyped(value, path)
+    if origin is Union or origin is types.UnionType:
+        return _encode_union(value, hint, path)
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise CodecError(path, f"{value!r} is not one of {typing.get_args(hint)!r}")
+        return _encode_untyped(value, path)
+    if isinstance(value, enum.Enum):
+        return _encode_untyped(value.value, path)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if isinstance(hint, type) and type(value) is not hint:
+            raise CodecError(
+                path,
+                f"declared {hint.__qualname__} but holds {type(value).__qualname__}; "
+                "a subclass instance cannot round-trip through the declared type",
+            )
+        return _encode_dataclass(value, path)
+    if isinstance(value, _dt.datetime | _dt.date):
+        return value.isoformat()
+    if isinstance(value, float):
+        return _encode_float(value, path)
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    args = typing.get_args(hint)
+    if isinstance(value, list | tuple | set | frozenset):
+        expected = origin or hint
+        if isinstance(expected, type) and expected is not Any and not isinstance(value, expected):
+            raise CodecError(path, f"declared {_name(expected)} but holds {type(value).__qualname__}")
+        return _encode_sequence(value, origin, args, path)
+    if isinstance(value, Mapping):
+        key_hint = args[0] if args else Any
+        value_hint = args[1] if len(args) > 1 else Any
+        return {
+            _encode_key(k, key_hint, path): encode_value(v, value_hint, f"{path}[{k!r}]")
+            for k, v in value.items()
+        }
+    raise CodecError(path, f"cannot encode {type(value).__qualname__}")
+
+
+def _encode_sequence(value: Any, origin: Any, args: tuple[Any, ...], path: str) -> list[Any]:
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(args) != len(value):
+            raise CodecError(path, f"expected a tuple of {len(args)} items, got {len(value)}")
+        return [encode_value(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value, args, strict=True))]
+    item_hint = args[0] if args else Any
+    items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+    return [encode_value(v, item_hint, f"{path}[{i}]") for i, v in enumerate(items)]
+
+
+def _encode_untyped(value: Any, path: str) -> Any:
+    """Encode a value whose declared type is Any: only JSON-native data round-trips there."""
+    if isinstance(value, float):
+        return _encode_float(value, path)
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, list):
+        return [_encode_untyped(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise CodecError(path, f"key {k!r} is not a string; an untyped dict must have string keys")
+            out[k] = _encode_untyped(v, f"{path}[{k!r}]")
+        return out
+    raise CodecError(
+        path,
+        f"a {type(value).__qualname__} under an untyped (Any) field cannot round-trip; "
+        "declare the field's type or store JSON-native data",
+    )
+
+
+def _encode_float(value: float, path: str) -> float:
+    if not math.isfinite(value):
+        raise CodecError(path, f"{value!r} is not a finite number")
+    return value
+
+
+def _encode_union(value: Any, hint: Any, path: str) -> Any:
+    arms = [a for a in typing.get_args(hint) if a is not type(None)]
+    for arm in arms:
+        if _matches(value, arm):
+            return encode_value(value, arm, path)
+    raise CodecError(path, f"{type(value).__qualname__} matches no member of {hint}")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    if hint is Any or hint is object:
+        return True
+    origin = typing.get_origin(hint) or hint
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if origin is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(origin, type) and isinstance(value, origin)
+
+
+def _encode_key(key: Any, hint: Any, path: str) -> str:
+    if isinstance(key, enum.Enum):
+        key = key.value
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool) and hint in (int, Any):
+        return str(key)
+    raise CodecError(path, f"dict key {key!r} cannot be a JSON object key")
+
+
+def _encode_dataclass(value: Any, path: str) -> dict[str, Any]:
+    hints = field_hints(type(value))
+    return {
+        name: encode_value(getattr(value, name), hint, f"{path}.{name}") for name, hint in hints.items()
+    }
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode_value(data: Any, hint: Any = Any, path: str = "value") -> Any:
+    """Decode JSON-native ``data`` into a value of type ``hint``, or raise CodecError."""
+    if hint is Any or hint is object:
+        return data
+    origin = typing.get_origin(hint)
+    if origin is Union or origin is types.UnionType:
+        return _decode_union(data, hint, path)
+    if data is None:
+        if hint is type(None):
+            return None
+        raise CodecError(path, f"None is not a valid {_name(hint)}")
+    if origin is Literal:
+        if data not in typing.get_args(hint):
+            raise CodecError(path, f"{data!r} is not one of {typing.get_args(hint)!r}")
+        return data
+    if origin is typing.ClassVar:
+        raise CodecError(path, "ClassVar fields are not state")
+    if isinstance(hint, type):
+        return _decode_class(data, hint, path)
+    if origin in (list, tuple, set, frozenset):
+        return _decode_sequence(data, origin, typing.get_args(hint), path)
+    if origin in (dict, Mapping) or origin is typing.get_origin(Mapping[str, Any]):
+        if not isinstance(data, dict):
+            raise CodecError(path, f"expected an object, got {type(data).__qualname__}")
+        args = typing.get_args(hint)
+        key_hint = args[0] if args else Any
+        value_hint = args[1] if len(args) > 1 else Any
+        return {
+            _decode_key(k, key_hint, path): decode_value(v, value_hint, f"{path}[{k!r}]")
+            for k, v in data.items()
+        }
+    raise CodecError(path, f"unsupported declared type {hint!r}")
+
+
+def _decode_class(data: Any, cls: type, path: str) -> Any:
+    if issubclass(cls, enum.Enum):
+        try:
+            return cls(data)
+        except ValueError as exc:
+            raise CodecError(path, f"{data!r} is not a valid {cls.__qualname__}") from exc
+    if dataclasses.is_dataclass(cls):
+        if not isinstance(data, dict):
+            raise CodecError(path, f"expected an object for {cls.__qualname__}, got {type(data).__qualname__}")
+        return decode_dataclass(cls, data, path)
+    if cls is bool:
+        if not isinstance(data, bool):
+            raise CodecError(path, f"expected a bool, got {data!r}")
+        return data
+    if cls is int:
+        if not isinstance(data, int) or isinstance(data, bool):
+            raise CodecError(path, f"expected an int, got {data!r}")
+        return data
+    if cls is float:
+        if not isinstance(data, int | float) or isinstance(data, bool):
+            raise CodecError(path, f"expected a number, got {data!r}")
+        return float(data)
+    if cls is str:
+        if not isinstance(data, str):
+            raise CodecError(path, f"expected a string, got {data!r}")
+        return data
+    if cls in (_dt.datetime, _dt.date):
+        try:
+            return cls.fromisoformat(data)
+        except (TypeError, ValueError) as exc:
+            raise CodecError(path, f"{data!r} is not an ISO {cls.__name__}") from exc
+    if cls in (list, tuple, set, frozenset):
+        return _decode_sequence(data, cls, (), path)
+    if cls is dict:
+        if not isinstance(data, dict):
+            raise CodecError(path, f"expected an object, got {type(data).__qualname__}")
+        return data
+    raise CodecError(path, f"unsupported declared type {cls.__qualname__}")
+
+
+def decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
+    """Build dataclass ``cls`` from encoded field data, checking for unknown fields."""
+    hints = field_hints(cls)
+    unknown = set(data) - set(hints)
+    if unknown:
+        raise CodecError(path, f"unknown field(s) for {cls.__qualname__}: {sorted(unknown)}")
+    init_kwargs: dict[str, Any] = {}
+    late: dict[str, Any] = {}
+    init_names = {f.name for f in dataclasses.fields(cls) if f.init}
+    for name, raw in data.items():
+        value = decode_value(raw, hints[name], f"{path}.{name}")
+        (init_kwargs if name in init_names else late)[name] = value
+    try:
+        obj = cls(**init_kwargs)
+    except TypeError as exc:
+        raise CodecError(path, f"cannot build {cls.__qualname__}: {exc}") from exc
+    for name, value in late.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def _decode_sequence(data: Any, origin: Any, args: tuple[Any, ...], path: str) -> Any:
+    if not isinstance(data, list):
+        raise CodecError(path, f"expected an array, got {type(data).__qualname__}")
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(args) != len(data):
+            raise CodecError(path, f"expected {len(args)} items, got {len(data)}")
+        return tuple(decode_value(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(data, args, strict=True)))
+    item_hint = args[0] if args else Any
+    items = [decode_value(v, item_hint, f"{path}[{i}]") for i, v in enumerate(data)]
+    if origin is list:
+        return items
+    return origin(items)
+
+
+def _decode_union(data: Any, hint: Any, path: str) -> Any:
+    arms = typing.get_args(hint)
+    if data is None:
+        if type(None) in arms:
+            return None
+        raise CodecError(path, f"None is not a valid {hint}")
+    errors: list[str] = []
+    for arm in arms:
+        if arm is type(None):
+            continue
+        try:
+            return decode_value(data, arm, path)
+        except CodecError as exc:
+            errors.append(exc.message)
+    raise CodecError(path, f"{data!r} matches no member of {hint} ({'; '.join(errors)})")
+
+
+def _decode_key(key: str, hint: Any, path: str) -> Any:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return decode_value(key, hint, path)
+    if hint is int:
+        try:
+            return int(key)
+        except ValueError as exc:
+            raise CodecError(path, f"dict key {key!r} is not an int") from exc
+    return key
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__qualname__", repr(hint))

@@ -1,0 +1,376 @@
+"""Typed agent state (seed 002): ``StateSchema``, ``StopReason`` and incremental change tracking.
+
+A ``StateSchema`` records which fields changed since the last :meth:`StateSchema.drain_changes`.
+Lists and dicts assigned to a field are adopted as tracked containers: appending to a list or
+setting keys of a dict is recorded as a small delta (``extend`` / ``keys``), any other mutation
+marks the whole field as replaced (``set``). Nested lists and dicts are adopted too, and a change
+inside them marks their top-level field. The engine uses these deltas for the per-step state diff
+in traces and sessions use them so storage grows with what is new, not with the whole state.
+
+Adoption copies: after ``state.notes = my_list``, keep using ``state.notes``; later changes to
+``my_list`` itself are not seen. Elements that are dataclasses are treated as values: replace them
+(``state.items[i] = new``) rather than mutating them in place, or declare them ``frozen=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar, Optional, Self, SupportsIndex
+
+from qitos.core.codec import decode_dataclass, encode_value, field_hints
+from qitos.core.errors import CodecError, StateValidationError
+
+__all__ = [
+    "StateSchema",
+    "StopReason",
+    "TrackedDict",
+    "TrackedList",
+    "apply_changes",
+]
+
+
+class StopReason(str, Enum):
+    """Why a run ended (or paused). A str Enum: ``StopReason.FINAL == "final"``."""
+
+    FINAL = "final"
+    MAX_STEPS_REACHED = "max_steps_reached"
+    BUDGET_STEPS = "budget_steps"
+    BUDGET_TIME = "budget_time"
+    BUDGET_TOKENS = "budget_tokens"
+    AGENT_STOP = "agent_stop"
+    CRITIC_STOP = "critic_stop"
+    ENV_TERMINAL = "env_terminal"
+    PAUSED = "paused"
+    AWAITING_APPROVAL = "awaiting_approval"
+    CANCELLED = "cancelled"
+    CANCELLED_IMMEDIATE = "cancelled_immediate"
+    TASK_VALIDATION_FAILED = "task_validation_failed"
+    CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
+    UNRECOVERABLE_ERROR = "unrecoverable_error"
+
+
+# Journal entries per top-level field: ("set",) | ("extend", start_index) | ("keys", set_of_keys)
+_SET = ("set",)
+
+class _Tracked:
+    """Mixin holding the owner (state, field) and whether this container is nested inside it."""
+
+    _q_owner: StateSchema | None
+    _q_field: str
+    _q_nested: bool
+
+    def _q_bind(self, owner: StateSchema | None, name: str, nested: bool) -> None:
+        self._q_owner = owner
+        self._q_field = name
+        self._q_nested = nested
+
+    def _q_mark_set(self) -> None:
+        owner = self._q_owner
+        if owner is not None:
+            owner._q_journal()[self._q_field] = _SET
+
+
+def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> Any:
+    """Wrap plain lists/dicts (recursively) as tracked containers bound to ``owner.name``."""
+    if isinstance(value, _Tracked):
+        if value._q_owner is owner and value._q_field == name and value._q_nested == nested:
+            return value
+        value = list(value) if isinstance(value, list) else dict(value)
+    if isinstance(value, list):
+        tracked_list = TrackedList(_adopt(v, owner, name, True) for v in value)
+        tracked_list._q_bind(owner, name, nested)
+        return tracked_list
+    if isinstance(value, dict):
+        tracked_dict = TrackedDict((k, _adopt(v, owner, name, True)) for k, v in value.items())
+        tracked_dict._q_bind(owner, name, nested)
+        return tracked_dict
+    return value
+
+
+class TrackedList(list[Any], _Tracked):
+    """A list that reports its mutations to the owning state. Appends are cheap deltas."""
+
+    _q_owner = None
+    _q_field = ""
+    _q_nested = False
+
+    def _q_appending(self) -> None:
+        owner = self._q_owner
+        if owner is None:
+            return
+        journal = owner._q_journal()
+        if self._q_nested:
+            journal[self._q_field] = _SET
+        elif self._q_field not in journal:
+            journal[self._q_field] = ("extend", len(self))
+
+    def _q_wrap(self, value: Any) -> Any:
+        return _adopt(value, self._q_owner, self._q_field, True)
+
+    def append(self, value: Any) -> None:
+        self._q_appending()
+        super().append(self._q_wrap(value))
+
+    def extend(self, values: Iterable[Any]) -> None:
+        self._q_appending()
+        super().extend(self._q_wrap(v) for v in values)
+
+    def __iadd__(self, values: Iterable[Any]) -> Self:  # type: ignore[override,misc]
+        self.extend(values)
+        return self
+
+    def insert(self, index: SupportsIndex, value: Any) -> None:
+        self._q_mark_set()
+        super().insert(index, self._q_wrap(value))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._q_mark_set()
+        if isinstance(index, slice):
+            super().__setitem__(index, [self._q_wrap(v) for v in value])
+        else:
+            super().__setitem__(index, self._q_wrap(value))
+
+    def __delitem__(self, index: Any) -> None:
+        self._q_mark_set()
+        super().__delitem__(index)
+
+    def __imul__(self, n: SupportsIndex) -> Self:  # type: ignore[override,misc]
+        self._q_mark_set()
+        return super().__imul__(n)
+
+    def pop(self, index: SupportsIndex = -1) -> Any:
+        self._q_mark_set()
+        return super().pop(index)
+
+    def remove(self, value: Any) -> None:
+        self._q_mark_set()
+        super().remove(value)
+
+    def clear(self) -> None:
+        self._q_mark_set()
+        super().clear()
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        self._q_mark_set()
+        super().sort(*args, **kwargs)
+
+    def reverse(self) -> None:
+        self._q_mark_set()
+        super().reverse()
+
+
+class TrackedDict(dict[Any, Any], _Tracked):
+    """A dict that reports its mutations to the owning state. Key writes are cheap deltas."""
+
+    _q_owner = None
+    _q_field = ""
+    _q_nested = False
+
+    def _q_touch(self, key: Any) -> None:
+        owner = self._q_owner
+        if owner is None:
+            return
+        journal = owner._q_journal()
+        if self._q_nested:
+            journal[self._q_field] = _SET
+            return
+        entry = journal.get(self._q_field)
+        if entry is None:
+            journal[self._q_field] = ("keys", {key})
+        elif entry[0] == "keys":
+            entry[1].add(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._q_touch(key)
+        super().__setitem__(key, _adopt(value, self._q_owner, self._q_field, True))
+
+    def __delitem__(self, key: Any) -> None:
+        self._q_touch(key)
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in self:
+            self._q_touch(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other: Any) -> Self:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def popitem(self) -> tuple[Any, Any]:
+        self._q_mark_set()
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._q_mark_set()
+        super().clear()
+
+
+@dataclass
+class StateSchema:
+    """Base class of an agent's typed state: the single source of truth during a run.
+
+    Subclass it as a dataclass to add fields. ``max_steps`` must be ``> 0`` and
+    ``>= current_step``; violations raise :class:`StateValidationError` naming the field.
+    """
+
+    schema_version: int = 1
+    task: str = ""
+    current_step: int = 0
+    max_steps: int = 10
+    final_result: Optional[str] = None  # noqa: UP045 - the seed spells the field this way
+    stop_reason: Optional[str] = None  # noqa: UP045
+    metadata: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    _q_validated_fields: ClassVar[frozenset[str]] = frozenset({"max_steps", "current_step"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_q_"):
+            object.__setattr__(self, name, value)
+            return
+        if isinstance(value, list | dict):
+            value = _adopt(value, self, name, False)
+        elif isinstance(value, StopReason) and name == "stop_reason":
+            value = value.value
+        object.__setattr__(self, name, value)
+        self._q_journal()[name] = _SET
+        if name in self._q_validated_fields:
+            self._validate_steps(partial=True)
+
+    def _q_journal(self) -> dict[str, Any]:
+        journal: dict[str, Any] | None = self.__dict__.get("_q_changes")
+        if journal is None:
+            journal = {}
+            object.__setattr__(self, "_q_changes", journal)
+        return journal
+
+    # ---------------------------------------------------------------- validation and control
+
+    def validate(self) -> None:
+        """Check the built-in field rules; raise StateValidationError naming the field."""
+        self._validate_steps(partial=False)
+
+    def _validate_steps(self, *, partial: bool) -> None:
+        values = self.__dict__
+        if partial and ("max_steps" not in values or "current_step" not in values):
+            return  # still inside __init__
+        max_steps, current = values.get("max_steps"), values.get("current_step")
+        if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps <= 0:
+            raise StateValidationError("max_steps", f"must be an int > 0, got {max_steps!r}")
+        if not isinstance(current, int) or isinstance(current, bool) or current < 0:
+            raise StateValidationError("current_step", f"must be an int >= 0, got {current!r}")
+        if max_steps < current:
+            raise StateValidationError("max_steps", f"must be >= current_step ({current}), got {max_steps}")
+
+    def set_stop(self, reason: StopReason | str, final_result: Optional[str] = None) -> None:  # noqa: UP045
+        """Stop the run at the next stop check with ``reason`` (a StopReason or its string)."""
+        try:
+            stop = StopReason(reason)
+        except ValueError as exc:
+            valid = ", ".join(r.value for r in StopReason)
+            raise StateValidationError("stop_reason", f"{reason!r} is not a StopReason ({valid})") from exc
+        self.stop_reason = stop.value
+        if final_result is not None:
+            self.final_result = final_result
+
+    # ---------------------------------------------------------------- codec
+
+    def to_dict(self) -> dict[str, Any]:
+        """Encode every field to JSON-native data (strict: raises CodecError with the field path)."""
+        hints = field_hints(type(self))
+        return {name: encode_value(getattr(self, name), hint, f"state.{name}") for name, hint in hints.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Rebuild a state of this class from :meth:`to_dict` output; the change journal starts empty."""
+        state: Self = decode_dataclass(cls, data, "state")
+        state._q_journal().clear()
+        return state
+
+    # ---------------------------------------------------------------- change tracking
+
+    def drain_changes(self) -> list[dict[str, Any]]:
+        """Encoded changes since the last drain, as ops for :func:`apply_changes`; clears the journal.
+
+        Cost is proportional to what changed, not to the size of the state.
+        """
+        journal = self._q_journal()
+        if not journal:
+            return []
+        hints = field_hints(type(self))
+        ops: list[dict[str, Any]] = []
+        for name in sorted(journal):
+            entry = journal[name]
+            if name not in hints:
+                continue  # a plain attribute, not a dataclass field
+            hint = hints[name]
+            value = getattr(self, name)
+            path = f"state.{name}"
+            if entry[0] == "extend" and isinstance(value, list):
+                start = entry[1]
+                item_hint = _item_hint(hint)
+                items = [encode_value(v, item_hint, f"{path}[{start + i}]") for i, v in enumerate(value[start:])]
+                ops.append({"op": "extend", "field": name, "start": start, "items": items})
+            elif entry[0] == "keys" and isinstance(value, dict):
+                value_hint = _value_hint(hint)
+                put = {
+                    str(k): encode_value(value[k], value_hint, f"{path}[{k!r}]")
+                    for k in sorted(entry[1], key=str)
+                    if k in value
+                }
+                removed = sorted(str(k) for k in entry[1] if k not in value)
+                ops.append({"op": "keys", "field": name, "put": put, "delete": removed})
+            else:
+                ops.append({"op": "set", "field": name, "value": encode_value(value, hint, path)})
+        journal.clear()
+        return ops
+
+
+def apply_changes(data: dict[str, Any], ops: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Apply :meth:`StateSchema.drain_changes` ops to encoded state ``data`` in place; return it."""
+    for op in ops:
+        name = op["field"]
+        kind = op["op"]
+        if kind == "set":
+            data[name] = op["value"]
+        elif kind == "extend":
+            current = data.get(name)
+            if not isinstance(current, list) or len(current) != op["start"]:
+                raise CodecError(f"state.{name}", f"extend at {op['start']} does not follow the stored value")
+            current.extend(op["items"])
+        elif kind == "keys":
+            current = data.get(name)
+            if not isinstance(current, dict):
+                raise CodecError(f"state.{name}", "key update on a field that is not an object")
+            current.update(op["put"])
+            for key in op["delete"]:
+                current.pop(key, None)
+        else:
+            raise CodecError(f"state.{name}", f"unknown change op {kind!r}")
+    return data
+
+
+def _item_hint(hint: Any) -> Any:
+    args = getattr(hint, "__args__", None)
+    return args[0] if args else Any
+
+
+def _value_hint(hint: Any) -> Any:
+    args = getattr(hint, "__args__", None)
+    return args[1] if args and len(args) > 1 else Any
+
