@@ -21,7 +21,6 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any, Literal, Union
 
 from qitos.core.errors import CodecError
@@ -54,11 +53,17 @@ def digest(value: Any) -> str:
     return sha256_hex(canonical_json(value))
 
 
-@lru_cache(maxsize=512)
+_FIELD_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def field_hints(cls: type) -> dict[str, Any]:
-    """Resolved type hints of a dataclass's init fields (cached per class)."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
+    """Resolved type hints of a dataclass's fields (cached per class)."""
+    hints = _FIELD_HINTS.get(cls)
+    if hints is None:
+        resolved = typing.get_type_hints(cls)
+        hints = {f.name: resolved.get(f.name, Any) for f in dataclasses.fields(cls)}
+        _FIELD_HINTS[cls] = hints
+    return hints
 
 
 # --------------------------------------------------------------------------- encode
@@ -102,10 +107,7 @@ def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
     if isinstance(value, Mapping):
         key_hint = args[0] if args else Any
         value_hint = args[1] if len(args) > 1 else Any
-        return {
-            _encode_key(k, key_hint, path): encode_value(v, value_hint, f"{path}[{k!r}]")
-            for k, v in value.items()
-        }
+        return {_encode_key(k, key_hint, path): encode_value(v, value_hint, f"{path}[{k!r}]") for k, v in value.items()}
     raise CodecError(path, f"cannot encode {type(value).__qualname__}")
 
 
@@ -180,9 +182,7 @@ def _encode_key(key: Any, hint: Any, path: str) -> str:
 
 def _encode_dataclass(value: Any, path: str) -> dict[str, Any]:
     hints = field_hints(type(value))
-    return {
-        name: encode_value(getattr(value, name), hint, f"{path}.{name}") for name, hint in hints.items()
-    }
+    return {name: encode_value(getattr(value, name), hint, f"{path}.{name}") for name, hint in hints.items()}
 
 
 # --------------------------------------------------------------------------- decode
@@ -215,10 +215,7 @@ def decode_value(data: Any, hint: Any = Any, path: str = "value") -> Any:
         args = typing.get_args(hint)
         key_hint = args[0] if args else Any
         value_hint = args[1] if len(args) > 1 else Any
-        return {
-            _decode_key(k, key_hint, path): decode_value(v, value_hint, f"{path}[{k!r}]")
-            for k, v in data.items()
-        }
+        return {_decode_key(k, key_hint, path): decode_value(v, value_hint, f"{path}[{k!r}]") for k, v in data.items()}
     raise CodecError(path, f"unsupported declared type {hint!r}")
 
 

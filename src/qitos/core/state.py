@@ -14,9 +14,10 @@ Adoption copies: after ``state.notes = my_list``, keep using ``state.notes``; la
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, ClassVar, Optional, Self, SupportsIndex
 
 from qitos.core.codec import decode_dataclass, encode_value, field_hints
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-class StopReason(str, Enum):
+class StopReason(StrEnum):
     """Why a run ended (or paused). A str Enum: ``StopReason.FINAL == "final"``."""
 
     FINAL = "final"
@@ -53,6 +54,7 @@ class StopReason(str, Enum):
 
 # Journal entries per top-level field: ("set",) | ("extend", start_index) | ("keys", set_of_keys)
 _SET = ("set",)
+
 
 class _Tracked:
     """Mixin holding the owner (state, field) and whether this container is nested inside it."""
@@ -77,7 +79,7 @@ def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> An
     if isinstance(value, _Tracked):
         if value._q_owner is owner and value._q_field == name and value._q_nested == nested:
             return value
-        value = list(value) if isinstance(value, list) else dict(value)
+        value = list(value) if isinstance(value, list) else dict(typing.cast(dict[Any, Any], value))
     if isinstance(value, list):
         tracked_list = TrackedList(_adopt(v, owner, name, True) for v in value)
         tracked_list._q_bind(owner, name, nested)
@@ -117,7 +119,7 @@ class TrackedList(list[Any], _Tracked):
         self._q_appending()
         super().extend(self._q_wrap(v) for v in values)
 
-    def __iadd__(self, values: Iterable[Any]) -> Self:  # type: ignore[override,misc]
+    def __iadd__(self, values: Iterable[Any]) -> Self:  # type: ignore[misc]
         self.extend(values)
         return self
 
@@ -136,7 +138,7 @@ class TrackedList(list[Any], _Tracked):
         self._q_mark_set()
         super().__delitem__(index)
 
-    def __imul__(self, n: SupportsIndex) -> Self:  # type: ignore[override,misc]
+    def __imul__(self, n: SupportsIndex) -> Self:
         self._q_mark_set()
         return super().__imul__(n)
 
@@ -204,7 +206,7 @@ class TrackedDict(dict[Any, Any], _Tracked):
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
-    def __ior__(self, other: Any) -> Self:  # type: ignore[override,misc]
+    def __ior__(self, other: Any) -> Self:  # type: ignore[misc]
         self.update(other)
         return self
 
@@ -373,4 +375,3 @@ def _item_hint(hint: Any) -> Any:
 def _value_hint(hint: Any) -> Any:
     args = getattr(hint, "__args__", None)
     return args[1] if args and len(args) > 1 else Any
-

@@ -1,0 +1,172 @@
+"""Decisions (seed 002): what the agent wants to do next, and what it then observed.
+
+Build decisions with the factories ``Decision.act/final/wait/branch``; they validate their inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from qitos.core.errors import UsageError
+from qitos.core.tool import ToolResult
+
+__all__ = ["Action", "Decision", "DecisionError", "DecisionMode", "Observation"]
+
+DecisionMode = Literal["act", "final", "wait", "branch"]
+ActionT = TypeVar("ActionT")
+
+
+class DecisionError(UsageError, ValueError):
+    """A decision was built with missing or invalid parts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One tool call: ``Action(name, args, id)``; ``id`` is generated when absent."""
+
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise DecisionError(f"Action.name must be a non-empty string, got {self.name!r}")
+        if not self.id:
+            object.__setattr__(self, "id", f"call_{os.urandom(8).hex()}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native form."""
+        return {"id": self.id, "name": self.name, "args": dict(self.args)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Action:
+        """Inverse of :meth:`to_dict`."""
+        return cls(name=data["name"], args=dict(data.get("args") or {}), id=data.get("id", ""))
+
+
+@dataclass(frozen=True)
+class Decision(Generic[ActionT]):
+    """The output of one decide phase. Prefer the factories, which validate."""
+
+    mode: DecisionMode
+    actions: tuple[Action, ...] = ()
+    final_answer: str | None = None
+    rationale: str | None = None
+    candidates: tuple[Decision[ActionT], ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def act(
+        cls, actions: Iterable[Action], rationale: str | None = None, *, meta: Mapping[str, Any] | None = None
+    ) -> Decision[ActionT]:
+        """Run one or more tool actions."""
+        items = tuple(actions)
+        if not items:
+            raise DecisionError("Decision.act needs at least one Action")
+        for item in items:
+            if not isinstance(item, Action):
+                raise DecisionError(f"Decision.act takes Action objects, got {type(item).__name__}")
+        return cls("act", actions=items, rationale=rationale, meta=dict(meta or {}))
+
+    @classmethod
+    def final(
+        cls, answer: str, rationale: str | None = None, *, meta: Mapping[str, Any] | None = None
+    ) -> Decision[ActionT]:
+        """Finish the run with ``answer``."""
+        if not isinstance(answer, str) or not answer.strip():
+            raise DecisionError("Decision.final needs a non-empty answer string")
+        return cls("final", final_answer=answer, rationale=rationale, meta=dict(meta or {}))
+
+    @classmethod
+    def wait(cls, rationale: str | None = None, *, meta: Mapping[str, Any] | None = None) -> Decision[ActionT]:
+        """Take no action this step."""
+        return cls("wait", rationale=rationale, meta=dict(meta or {}))
+
+    @classmethod
+    def branch(
+        cls,
+        candidates: Iterable[Decision[ActionT]],
+        rationale: str | None = None,
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Decision[ActionT]:
+        """Propose several candidate decisions for a BranchSelector to choose from."""
+        items = tuple(candidates)
+        if not items:
+            raise DecisionError("Decision.branch needs at least one candidate")
+        for item in items:
+            if not isinstance(item, Decision):
+                raise DecisionError(f"Decision.branch takes Decision candidates, got {type(item).__name__}")
+        return cls("branch", candidates=items, rationale=rationale, meta=dict(meta or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native form (meta must be JSON-native)."""
+        data: dict[str, Any] = {"mode": self.mode}
+        if self.actions:
+            data["actions"] = [a.to_dict() for a in self.actions]
+        if self.final_answer is not None:
+            data["final_answer"] = self.final_answer
+        if self.rationale is not None:
+            data["rationale"] = self.rationale
+        if self.candidates:
+            data["candidates"] = [c.to_dict() for c in self.candidates]
+        if self.meta:
+            data["meta"] = dict(self.meta)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision[Any]:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            data["mode"],
+            actions=tuple(Action.from_dict(a) for a in data.get("actions", ())),
+            final_answer=data.get("final_answer"),
+            rationale=data.get("rationale"),
+            candidates=tuple(cls.from_dict(c) for c in data.get("candidates", ())),
+            meta=dict(data.get("meta") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent observed after a step: tool results, an environment observation, feedback.
+
+    ``feedback`` carries engine messages the agent should react to: a model output that could not
+    be parsed (with repair advice), a critic's retry reason, or an interrupted tool call.
+    """
+
+    results: tuple[ToolResult, ...] = ()
+    env: Any = None
+    feedback: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when every tool call succeeded and there is no feedback."""
+        return self.feedback is None and all(r.ok for r in self.results)
+
+    @property
+    def outputs(self) -> list[Any]:
+        """The outputs of the tool calls, in call order (errors as their text)."""
+        return [r.output if r.ok else r.as_text() for r in self.results]
+
+    def result(self, call_id: str) -> ToolResult | None:
+        """The result of one call, by id."""
+        return next((r for r in self.results if r.call_id == call_id), None)
+
+    def __iter__(self) -> Any:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native form for traces."""
+        data: dict[str, Any] = {"results": [r.to_dict() for r in self.results]}
+        if self.feedback is not None:
+            data["feedback"] = self.feedback
+        if self.env is not None:
+            data["env"] = self.env if isinstance(self.env, str | int | float | bool) else repr(self.env)
+        return data

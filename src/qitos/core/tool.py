@@ -1,0 +1,455 @@
+"""Tools: the ``@tool`` decorator, ``ToolSpec``, ``ToolRegistry`` and ``ToolResult``.
+
+A tool is a Python callable with a JSON-schema description. ``@tool`` derives the schema from type
+hints and the docstring (a Google-style ``Args:`` section gives parameter descriptions) and declares
+how the engine should run it: ``timeout`` seconds, ``idempotent`` (safe to re-run after a crash),
+``needs_approval`` (a human must approve each call), ``max_output_chars``.
+
+``ToolRegistry.call`` never raises for a tool's own failure: unknown tools, invalid arguments,
+exceptions and timeouts all become a ``ToolResult`` with ``ok=False`` and an ``error_kind`` that the
+agent can read and react to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import inspect
+import json
+import re
+import time
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Union, overload
+
+from qitos.core.errors import ToolDefinitionError
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_CHARS",
+    "ToolErrorKind",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolSpec",
+    "schema_for_function",
+    "tool",
+    "validate_arguments",
+]
+
+DEFAULT_MAX_OUTPUT_CHARS = 20_000
+
+ToolErrorKind = Literal["unknown_tool", "invalid_arguments", "tool_error", "timeout", "rejected", "interrupted"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSpec:
+    """A registered tool: name, description, JSON schema of its arguments, and how to run it."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    func: Callable[..., Any] = field(repr=False)
+    timeout: float | None = None
+    idempotent: bool = False
+    needs_approval: bool = False
+    max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS
+
+    def schema(self) -> dict[str, Any]:
+        """The provider-neutral schema: ``{"name", "description", "parameters"}``."""
+        return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolResult:
+    """The outcome of one tool call, as the agent observes it."""
+
+    call_id: str
+    name: str
+    ok: bool
+    output: Any = None
+    error: str | None = None
+    error_kind: ToolErrorKind | None = None
+    duration_ms: float = 0.0
+    truncated: bool = False
+
+    def as_text(self) -> str:
+        """The text a model sees for this result."""
+        if self.ok:
+            return self.output if isinstance(self.output, str) else _to_text(self.output)
+        return f"ERROR ({self.error_kind}): {self.error}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native form for traces and durable storage."""
+        return {
+            "call_id": self.call_id,
+            "name": self.name,
+            "ok": self.ok,
+            "output": _jsonable(self.output),
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "duration_ms": round(self.duration_ms, 3),
+            "truncated": self.truncated,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolResult:
+        """Inverse of :meth:`to_dict` (outputs come back as their JSON form)."""
+        return cls(
+            call_id=data["call_id"],
+            name=data["name"],
+            ok=bool(data["ok"]),
+            output=data.get("output"),
+            error=data.get("error"),
+            error_kind=data.get("error_kind"),
+            duration_ms=float(data.get("duration_ms", 0.0)),
+            truncated=bool(data.get("truncated", False)),
+        )
+
+
+# --------------------------------------------------------------------------- decorator
+
+
+@overload
+def tool(func: Callable[..., Any], /) -> Callable[..., Any]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    idempotent: bool = False,
+    needs_approval: bool = False,
+    max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    idempotent: bool = False,
+    needs_approval: bool = False,
+    max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
+) -> Any:
+    """Mark a function (or method) as a tool. Use bare (``@tool``) or with options (``@tool(timeout=5)``).
+
+    The function stays callable as before; its ``ToolSpec`` is built when it is registered.
+    """
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if timeout is not None and timeout <= 0:
+            raise ToolDefinitionError(f"tool {fn.__name__!r}: timeout must be > 0, got {timeout}")
+        fn.__qitos_tool__ = {  # type: ignore[attr-defined]
+            "name": name or fn.__name__,
+            "description": description,
+            "timeout": timeout,
+            "idempotent": idempotent,
+            "needs_approval": needs_approval,
+            "max_output_chars": max_output_chars,
+        }
+        return fn
+
+    return mark(func) if func is not None else mark
+
+
+def _spec_from_callable(fn: Callable[..., Any]) -> ToolSpec:
+    options: dict[str, Any] = dict(getattr(fn, "__qitos_tool__", None) or {"name": fn.__name__})
+    doc_summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    return ToolSpec(
+        name=options["name"],
+        description=options.get("description") or doc_summary or options["name"],
+        parameters=schema_for_function(fn, param_docs),
+        func=fn,
+        timeout=options.get("timeout"),
+        idempotent=options.get("idempotent", False),
+        needs_approval=options.get("needs_approval", False),
+        max_output_chars=options.get("max_output_chars", DEFAULT_MAX_OUTPUT_CHARS),
+    )
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def schema_for_function(fn: Callable[..., Any], param_docs: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """JSON schema (``type: object``) of ``fn``'s parameters, from its type hints."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ToolDefinitionError(f"tool {fn.__name__!r}: cannot resolve type hints: {exc}") from exc
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for pname, param in inspect.signature(fn).parameters.items():
+        if pname in ("self", "cls") or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        hint = hints.get(pname, Any)
+        try:
+            prop = _schema_for_hint(hint)
+        except ToolDefinitionError as exc:
+            raise ToolDefinitionError(f"tool {fn.__name__!r}, parameter {pname!r}: {exc}") from exc
+        if param_docs and pname in param_docs:
+            prop["description"] = param_docs[pname]
+        if param.default is param.empty:
+            required.append(pname)
+        elif param.default is None or isinstance(param.default, str | int | float | bool):
+            prop["default"] = param.default
+        properties[pname] = prop
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def _schema_for_hint(hint: Any) -> dict[str, Any]:
+    if hint is Any:
+        return {}
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Union or origin is types.UnionType:
+        arms = [a for a in args if a is not type(None)]
+        inner = _schema_for_hint(arms[0]) if len(arms) == 1 else {"anyOf": [_schema_for_hint(a) for a in arms]}
+        if type(None) in args:
+            return {"anyOf": [inner, {"type": "null"}]}
+        return inner
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin in (list, tuple, set, frozenset) or hint in (list, tuple, set, frozenset):
+        item = _schema_for_hint(args[0]) if args and args[0] is not Ellipsis else {}
+        return {"type": "array", "items": item}
+    if origin is dict or hint is dict:
+        schema: dict[str, Any] = {"type": "object"}
+        if len(args) == 2:
+            schema["additionalProperties"] = _schema_for_hint(args[1])
+        return schema
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"enum": [m.value for m in hint]}
+    simple = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+    if hint in simple:
+        return {"type": simple[hint]}
+    raise ToolDefinitionError(f"unsupported type {hint!r}; use str, int, float, bool, list, dict, Literal, Enum")
+
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
+_ARG_LINE = re.compile(r"^\s{2,}(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Summary (text before sections) and per-parameter descriptions from a Google-style docstring."""
+    summary_lines: list[str] = []
+    params: dict[str, str] = {}
+    lines = doc.splitlines()
+    i = 0
+    while i < len(lines) and not _ARGS_HEADER.match(lines[i]) and not re.match(r"^\s*\w+\s*:\s*$", lines[i]):
+        summary_lines.append(lines[i])
+        i += 1
+    current: str | None = None
+    in_args = False
+    for line in lines[i:]:
+        if _ARGS_HEADER.match(line):
+            in_args = True
+            continue
+        if in_args:
+            match = _ARG_LINE.match(line)
+            if match:
+                current = match.group(1).lstrip("*")
+                params[current] = match.group(3).strip()
+            elif line.strip() and line.startswith(" " * 6) and current:
+                params[current] += " " + line.strip()
+            elif line.strip() and not line.startswith(" "):
+                in_args = False
+    return " ".join(s.strip() for s in summary_lines if s.strip()), params
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_arguments(schema: Mapping[str, Any], args: Any) -> list[str]:
+    """Problems with ``args`` against a JSON schema subset (type, properties, required, enum,
+    items, anyOf, additionalProperties). An empty list means valid."""
+    problems: list[str] = []
+    _validate(schema, args, "arguments", problems)
+    return problems
+
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list | tuple),
+    "object": lambda v: isinstance(v, Mapping),
+    "null": lambda v: v is None,
+}
+
+
+def _validate(schema: Mapping[str, Any], value: Any, path: str, problems: list[str]) -> None:
+    if "anyOf" in schema:
+        for arm in schema["anyOf"]:
+            sub: list[str] = []
+            _validate(arm, value, path, sub)
+            if not sub:
+                return
+        problems.append(f"{path}: {value!r} matches none of the allowed types")
+        return
+    if "enum" in schema and value not in schema["enum"]:
+        problems.append(f"{path}: {value!r} is not one of {schema['enum']!r}")
+        return
+    expected = schema.get("type")
+    if expected is not None:
+        kinds = expected if isinstance(expected, list) else [expected]
+        if not any(_JSON_TYPES.get(k, lambda v: True)(value) for k in kinds):
+            problems.append(f"{path}: expected {' or '.join(kinds)}, got {type(value).__name__} {value!r:.60}")
+            return
+    if isinstance(value, Mapping):
+        properties: Mapping[str, Any] = schema.get("properties", {})
+        for name in schema.get("required", ()):
+            if name not in value:
+                problems.append(f"{path}: missing required argument {name!r}")
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in properties:
+                _validate(properties[key], item, f"{path}.{key}", problems)
+            elif extra is False:
+                problems.append(f"{path}: unexpected argument {key!r} (expected: {', '.join(properties) or 'none'})")
+            elif isinstance(extra, Mapping):
+                _validate(extra, item, f"{path}.{key}", problems)
+    elif isinstance(value, list | tuple) and isinstance(schema.get("items"), Mapping):
+        for i, item in enumerate(value):
+            _validate(schema["items"], item, f"{path}[{i}]", problems)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class ToolRegistry:
+    """Named tools an agent may call. Register functions, ``@tool`` methods of objects, or ToolSpecs."""
+
+    def __init__(self, tools: Iterable[Callable[..., Any] | ToolSpec] = ()) -> None:
+        self._tools: dict[str, ToolSpec] = {}
+        self._schemas: list[dict[str, Any]] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        for item in tools:
+            self.register(item)
+
+    def register(self, item: Callable[..., Any] | ToolSpec, *, name: str | None = None) -> ToolSpec:
+        """Add a tool; returns its spec. Duplicate names are an error."""
+        spec = item if isinstance(item, ToolSpec) else _spec_from_callable(item)
+        if name:
+            spec = replace(spec, name=name)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", spec.name):
+            raise ToolDefinitionError(f"invalid tool name {spec.name!r}: use letters, digits, _ . - (max 64)")
+        if spec.name in self._tools:
+            raise ToolDefinitionError(f"a tool named {spec.name!r} is already registered")
+        self._tools[spec.name] = spec
+        self._schemas = None
+        return spec
+
+    def include(self, obj: Any) -> list[ToolSpec]:
+        """Register every ``@tool``-marked method of ``obj`` (bound to it)."""
+        added = []
+        for attr in dir(type(obj)):
+            member = getattr(type(obj), attr, None)
+            if callable(member) and hasattr(member, "__qitos_tool__"):
+                added.append(self.register(getattr(obj, attr)))
+        return added
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __iter__(self) -> typing.Iterator[ToolSpec]:
+        return iter(self._tools.values())
+
+    def names(self) -> list[str]:
+        """Registered tool names, in registration order."""
+        return list(self._tools)
+
+    def get(self, name: str) -> ToolSpec | None:
+        """The spec named ``name``, or None."""
+        return self._tools.get(name)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Provider-neutral schemas of every tool (cached until the registry changes)."""
+        if self._schemas is None:
+            self._schemas = [spec.schema() for spec in self._tools.values()]
+        return self._schemas
+
+    def call(self, name: str, args: Any, *, call_id: str = "") -> ToolResult:
+        """Run one tool call. Never raises for the tool's own failure; see the module docstring."""
+        spec = self._tools.get(name)
+        if spec is None:
+            known = ", ".join(self._tools) or "none"
+            return _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
+        if not isinstance(args, Mapping):
+            return _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
+        problems = validate_arguments(spec.parameters, args)
+        if problems:
+            return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+        started = time.perf_counter()
+        try:
+            output = self._invoke(spec, args)
+        except concurrent.futures.TimeoutError:
+            return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
+        except Exception as exc:
+            return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
+        truncated = False
+        cap = spec.max_output_chars
+        if cap is not None and isinstance(output, str) and len(output) > cap:
+            output = f"{output[:cap]}\n...[truncated {len(output) - cap} of {len(output)} characters]"
+            truncated = True
+        duration = (time.perf_counter() - started) * 1000.0
+        return ToolResult(call_id=call_id, name=name, ok=True, output=output, duration_ms=duration, truncated=truncated)
+
+    def _invoke(self, spec: ToolSpec, args: Mapping[str, Any]) -> Any:
+        fn = spec.func
+        if inspect.iscoroutinefunction(fn):
+            coro = fn(**args)
+            if spec.timeout is None:
+                return asyncio.run(coro)
+            return asyncio.run(_with_timeout(coro, spec.timeout))
+        if spec.timeout is None:
+            return fn(**args)
+        # A thread cannot be killed: on timeout the call is reported and left to finish in the background.
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="qitos-tool")
+        return self._executor.submit(fn, **args).result(timeout=spec.timeout)
+
+    def close(self) -> None:
+        """Release the worker threads used for tools with a timeout."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+
+async def _with_timeout(coro: Any, timeout: float) -> Any:
+    try:
+        return await asyncio.wait_for(coro, timeout)
+    except TimeoutError as exc:
+        raise concurrent.futures.TimeoutError() from exc
+
+
+def _failure(call_id: str, name: str, kind: ToolErrorKind, message: str, started: float | None = None) -> ToolResult:
+    duration = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
+    return ToolResult(call_id=call_id, name=name, ok=False, error=message, error_kind=kind, duration_ms=duration)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    return repr(value)
+
+
+def _to_text(value: Any) -> str:
+    try:
+        return json.dumps(_jsonable(value), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
