@@ -5,6 +5,7 @@ Build decisions with the factories ``Decision.act/final/wait/branch``; they vali
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,10 @@ from qitos.core.errors import UsageError
 from qitos.core.tool import ToolResult
 
 __all__ = ["Action", "Decision", "DecisionError", "DecisionMode", "Observation"]
+
+# Generated action ids: a random per-process prefix plus a counter (unique across processes, cheap).
+_ID_PREFIX = os.urandom(6).hex()
+_ID_COUNTER = itertools.count(1)
 
 DecisionMode = Literal["act", "final", "wait", "branch"]
 ActionT = TypeVar("ActionT")
@@ -35,7 +40,7 @@ class Action:
         if not isinstance(self.name, str) or not self.name:
             raise DecisionError(f"Action.name must be a non-empty string, got {self.name!r}")
         if not self.id:
-            object.__setattr__(self, "id", f"call_{os.urandom(8).hex()}")
+            object.__setattr__(self, "id", f"call_{_ID_PREFIX}{next(_ID_COUNTER):x}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native form."""

@@ -33,6 +33,7 @@ __all__ = [
     "ToolRegistry",
     "ToolResult",
     "ToolSpec",
+    "compile_validator",
     "schema_for_function",
     "tool",
     "validate_arguments",
@@ -270,9 +271,11 @@ def validate_arguments(schema: Mapping[str, Any], args: Any) -> list[str]:
     """Problems with ``args`` against a JSON schema subset (type, properties, required, enum,
     items, anyOf, additionalProperties). An empty list means valid."""
     problems: list[str] = []
-    _validate(schema, args, "arguments", problems)
+    compile_validator(schema)(args, "arguments", problems)
     return problems
 
+
+Validator = Callable[[Any, str, list[str]], None]
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -280,45 +283,77 @@ _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "array": lambda v: isinstance(v, list | tuple),
-    "object": lambda v: isinstance(v, Mapping),
+    "object": lambda v: isinstance(v, dict | Mapping),
     "null": lambda v: v is None,
 }
 
 
-def _validate(schema: Mapping[str, Any], value: Any, path: str, problems: list[str]) -> None:
+def compile_validator(schema: Mapping[str, Any]) -> Validator:
+    """Turn a JSON schema (the subset above) into a fast validating function, once."""
     if "anyOf" in schema:
-        for arm in schema["anyOf"]:
-            sub: list[str] = []
-            _validate(arm, value, path, sub)
-            if not sub:
-                return
-        problems.append(f"{path}: {value!r} matches none of the allowed types")
-        return
-    if "enum" in schema and value not in schema["enum"]:
-        problems.append(f"{path}: {value!r} is not one of {schema['enum']!r}")
-        return
+        arms = [compile_validator(arm) for arm in schema["anyOf"]]
+
+        def any_of(value: Any, path: str, problems: list[str]) -> None:
+            for arm in arms:
+                sub: list[str] = []
+                arm(value, path, sub)
+                if not sub:
+                    return
+            problems.append(f"{path}: {value!r:.60} matches none of the allowed types")
+
+        return any_of
+    checks: list[Validator] = []
+    if "enum" in schema:
+        allowed = list(schema["enum"])
+
+        def enum_check(value: Any, path: str, problems: list[str]) -> None:
+            if value not in allowed:
+                problems.append(f"{path}: {value!r:.60} is not one of {allowed!r}")
+
+        checks.append(enum_check)
     expected = schema.get("type")
+    type_tests: list[Callable[[Any], bool]] = []
     if expected is not None:
         kinds = expected if isinstance(expected, list) else [expected]
-        if not any(_JSON_TYPES.get(k, lambda v: True)(value) for k in kinds):
-            problems.append(f"{path}: expected {' or '.join(kinds)}, got {type(value).__name__} {value!r:.60}")
+        type_tests = [_JSON_TYPES[k] for k in kinds if k in _JSON_TYPES]
+        label = " or ".join(kinds)
+    properties = {k: compile_validator(v) for k, v in (schema.get("properties") or {}).items()}
+    required = tuple(schema.get("required", ()))
+    extra = schema.get("additionalProperties", True)
+    extra_check = compile_validator(extra) if isinstance(extra, Mapping) else None
+    items = schema.get("items")
+    item_check = compile_validator(items) if isinstance(items, Mapping) else None
+    names = ", ".join(properties) or "none"
+
+    single_test = type_tests[0] if len(type_tests) == 1 else None
+
+    def check(value: Any, path: str, problems: list[str]) -> None:
+        if single_test is not None:
+            if not single_test(value):
+                problems.append(f"{path}: expected {label}, got {type(value).__name__} {value!r:.60}")
+                return
+        elif type_tests and not any(test(value) for test in type_tests):
+            problems.append(f"{path}: expected {label}, got {type(value).__name__} {value!r:.60}")
             return
-    if isinstance(value, Mapping):
-        properties: Mapping[str, Any] = schema.get("properties", {})
-        for name in schema.get("required", ()):
-            if name not in value:
-                problems.append(f"{path}: missing required argument {name!r}")
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in properties:
-                _validate(properties[key], item, f"{path}.{key}", problems)
-            elif extra is False:
-                problems.append(f"{path}: unexpected argument {key!r} (expected: {', '.join(properties) or 'none'})")
-            elif isinstance(extra, Mapping):
-                _validate(extra, item, f"{path}.{key}", problems)
-    elif isinstance(value, list | tuple) and isinstance(schema.get("items"), Mapping):
-        for i, item in enumerate(value):
-            _validate(schema["items"], item, f"{path}[{i}]", problems)
+        for extra_rule in checks:
+            extra_rule(value, path, problems)
+        if isinstance(value, dict | Mapping):
+            for name in required:
+                if name not in value:
+                    problems.append(f"{path}: missing required argument {name!r}")
+            for key, item in value.items():
+                validator = properties.get(key)
+                if validator is not None:
+                    validator(item, f"{path}.{key}", problems)
+                elif extra is False:
+                    problems.append(f"{path}: unexpected argument {key!r} (expected: {names})")
+                elif extra_check is not None:
+                    extra_check(item, f"{path}.{key}", problems)
+        elif item_check is not None and isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                item_check(item, f"{path}[{i}]", problems)
+
+    return check
 
 
 # --------------------------------------------------------------------------- registry
@@ -330,6 +365,8 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Callable[..., Any] | ToolSpec] = ()) -> None:
         self._tools: dict[str, ToolSpec] = {}
         self._schemas: list[dict[str, Any]] | None = None
+        self._validators: dict[str, Validator] = {}
+        self._is_async: dict[str, bool] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         for item in tools:
             self.register(item)
@@ -344,6 +381,8 @@ class ToolRegistry:
         if spec.name in self._tools:
             raise ToolDefinitionError(f"a tool named {spec.name!r} is already registered")
         self._tools[spec.name] = spec
+        self._validators[spec.name] = compile_validator(spec.parameters)
+        self._is_async[spec.name] = inspect.iscoroutinefunction(spec.func)
         self._schemas = None
         return spec
 
@@ -385,9 +424,10 @@ class ToolRegistry:
         if spec is None:
             known = ", ".join(self._tools) or "none"
             return _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
-        if not isinstance(args, Mapping):
+        if not isinstance(args, dict | Mapping):
             return _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
-        problems = validate_arguments(spec.parameters, args)
+        problems: list[str] = []
+        self._validators[name](args, "arguments", problems)
         if problems:
             return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
         started = time.perf_counter()
@@ -407,7 +447,7 @@ class ToolRegistry:
 
     def _invoke(self, spec: ToolSpec, args: Mapping[str, Any]) -> Any:
         fn = spec.func
-        if inspect.iscoroutinefunction(fn):
+        if self._is_async[spec.name]:
             coro = fn(**args)
             if spec.timeout is None:
                 return asyncio.run(coro)

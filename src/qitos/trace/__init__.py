@@ -1,1 +1,6 @@
-"""qitos.trace."""
+"""Run artifacts: writer, reader and redaction."""
+
+from qitos.trace.reader import RunTrace, TraceError, list_runs, open_run
+from qitos.trace.writer import TraceWriter
+
+__all__ = ["RunTrace", "TraceError", "TraceWriter", "list_runs", "open_run"]

@@ -1,0 +1,144 @@
+"""The loop's durability seam: what the engine tells a journal, and what a journal hands back.
+
+A plain run uses ``RunJournal`` itself, which keeps nothing. A durable session
+(``qitos.engine.session_runtime``) subclasses it to persist every boundary and, inside a step, the
+decision and each tool call's intent and result *before* moving on (LangGraph's "pending writes"),
+so a crash never loses a committed step and never silently repeats a side effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from qitos.core.decision import Action
+from qitos.core.tool import ToolResult
+
+if TYPE_CHECKING:
+    from qitos.core.state import StateSchema
+
+__all__ = ["Approval", "BoundaryCommit", "ControlBatch", "PendingStep", "ResumePoint", "RunJournal", "SteeringItem"]
+
+
+@dataclass(frozen=True)
+class SteeringItem:
+    """A steering text submitted to a session, with its durable position."""
+
+    position: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A human's answer to a tool call that needs approval."""
+
+    call_id: str
+    approved: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ControlBatch:
+    """Control items not yet consumed: a pause request, steering texts, approvals."""
+
+    pause_requested: bool = False
+    steering: tuple[SteeringItem, ...] = ()
+    approvals: Mapping[str, Approval] = field(default_factory=dict)
+    last_position: int = 0
+
+
+@dataclass
+class PendingStep:
+    """A step that started but did not commit: its decision and the tool calls it got through."""
+
+    step_id: int
+    decision: dict[str, Any]
+    model: dict[str, Any] | None = None
+    request_view: dict[str, Any] | None = None
+    log_entries: list[dict[str, Any]] = field(default_factory=list)
+    state_changes: list[dict[str, Any]] = field(default_factory=list)
+    started: set[str] = field(default_factory=set)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native form."""
+        return {
+            "step_id": self.step_id,
+            "decision": self.decision,
+            "model": self.model,
+            "request_view": self.request_view,
+            "log_entries": self.log_entries,
+            "state_changes": self.state_changes,
+            "started": sorted(self.started),
+            "results": self.results,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PendingStep:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            step_id=int(data["step_id"]),
+            decision=dict(data["decision"]),
+            model=data.get("model"),
+            request_view=data.get("request_view"),
+            log_entries=list(data.get("log_entries") or []),
+            state_changes=list(data.get("state_changes") or []),
+            started=set(data.get("started") or []),
+            results=dict(data.get("results") or {}),
+        )
+
+
+@dataclass
+class ResumePoint:
+    """Where a durable run continues: restored state and log, counters, and any pending step."""
+
+    state: StateSchema
+    log: Any
+    budget_used: Mapping[str, Any] = field(default_factory=dict)
+    pending: PendingStep | None = None
+
+
+@dataclass
+class BoundaryCommit:
+    """One step boundary to make durable."""
+
+    step_id: int
+    state: StateSchema
+    state_changes: list[dict[str, Any]]
+    log: Any
+    lifecycle: str
+    stop_reason: str | None
+    budget_used: dict[str, Any]
+    control_position: int
+    pending: PendingStep | None = None
+    record: Any = None
+    request_view: Any = None
+
+
+class RunJournal:
+    """The non-durable journal: consulted at every boundary, keeps nothing."""
+
+    durable = False
+
+    def control(self, step_id: int) -> ControlBatch:
+        """Control items that arrived since the last consumed position."""
+        return _NO_CONTROL
+
+    def record_decision(self, pending: PendingStep) -> None:
+        """Persist a step's decision (and what decide appended) before any tool runs."""
+
+    def record_tool_started(self, step_id: int, action: Action) -> None:
+        """Persist the intent to run ``action`` before it runs."""
+
+    def record_tool_result(self, step_id: int, result: ToolResult) -> None:
+        """Persist a tool result as soon as it arrives."""
+
+    def commit(self, boundary: BoundaryCommit) -> None:
+        """Make a boundary durable (a step's end, a pause, or the run's end)."""
+
+    def close(self) -> None:
+        """Flush anything buffered (batched durability)."""
+
+
+_NO_CONTROL = ControlBatch()
