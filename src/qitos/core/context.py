@@ -1,0 +1,551 @@
+"""Context contributions, their selection, budgets and unit counters (seed 000).
+
+Context is request *input* with identity, provenance, a budget and loss semantics. It is data:
+selecting a contribution grants no tool permission. Contributors are consulted per request and
+return :class:`ContextContribution` values; :class:`PriorityContextSelectionPolicy` chooses which
+fit (required before optional, then priority, then identity); :class:`DeclaredContextBudgetPolicy`
+turns the capacity a model adapter *declares* into a :class:`ContextBudget` (never inferred from a
+model name).
+
+Units: every budget is counted in one unit. ``characters`` (:class:`CharacterCounter`, the
+:data:`default_unit_counter`) counts characters; ``tokens`` (:class:`TokenCounter`) counts tokens
+with the offline ``quicktok-v1`` tokenizer (the ``qitos[tokens]`` extra). The units of a message
+are the units of its canonical JSON text, so what is counted is what is sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core.errors import ContextError, UsageError
+
+if TYPE_CHECKING:
+    from qitos.core.exchange import ExchangeLog
+
+__all__ = [
+    "PLACEMENTS",
+    "CharacterCounter",
+    "ContextBudget",
+    "ContextBudgetExceededError",
+    "ContextContribution",
+    "ContextContributionError",
+    "ContextContributor",
+    "ContextRequest",
+    "ContextSelection",
+    "ContextSelectionPolicy",
+    "DeclaredContextBudgetPolicy",
+    "PriorityContextSelectionPolicy",
+    "StaticContextContributor",
+    "TokenCounter",
+    "UnitCounter",
+    "collect_context_contributions",
+    "default_unit_counter",
+    "unit_counter_for",
+]
+
+PLACEMENTS: tuple[str, ...] = ("system", "developer", "user")
+"""Where a contribution may ask to be placed in a request, in request order."""
+_HORIZONS = frozenset({"request", "session"})
+_SENSITIVITIES = frozenset({"internal", "secret"})
+_UNITS = frozenset({"characters", "tokens"})
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ContextContributionError(UsageError, ValueError):
+    """A contribution or contributor is malformed (bad field, duplicate identity, wrong type)."""
+
+
+class ContextBudgetExceededError(ContextError):
+    """A request cannot fit its budget under the rules: protected or required items alone exceed it,
+    or omission was needed and no compaction policy authorized it.
+
+    ``required_units`` is what the request needs, ``available_units`` what the budget allows.
+    """
+
+    def __init__(self, message: str, *, required_units: int, available_units: int, unit: str = "characters"):
+        super().__init__(message)
+        self.required_units = required_units
+        self.available_units = available_units
+        self.unit = unit
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_budget_error,
+            (self.__class__, str(self), self.required_units, self.available_units, self.unit),
+        )
+
+
+def _rebuild_budget_error(
+    cls: type[ContextBudgetExceededError], message: str, required: int, available: int, unit: str
+) -> ContextBudgetExceededError:
+    return cls(message, required_units=required, available_units=available, unit=unit)
+
+
+# --------------------------------------------------------------------------- unit counters
+
+
+@runtime_checkable
+class UnitCounter(Protocol):
+    """Counts the units of a text. ``unit`` names what is counted (``characters``, ``tokens``)."""
+
+    @property
+    def unit(self) -> str:
+        """What is counted."""
+        ...
+
+    def count(self, text: str) -> int:
+        """Units of ``text``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CharacterCounter:
+    """Counts characters (Unicode code points)."""
+
+    unit: str = field(default="characters", init=False)
+
+    @property
+    def cache_key(self) -> tuple[str, ...]:
+        """Identity for caches of counts: equal keys count equally."""
+        return ("characters",)
+
+    def count(self, text: str) -> int:
+        """Number of characters of ``text``."""
+        return len(text)
+
+
+class TokenCounter:
+    """Counts tokens with an offline tokenizer (``quicktok-v1``; same ids as tiktoken).
+
+    Encodings: ``cl100k_base`` (default), ``o200k_base``, ``o200k_harmony``, ``llama3``, ``qwen3``.
+    Needs the ``qitos[tokens]`` extra; nothing is downloaded.
+    """
+
+    unit = "tokens"
+
+    def __init__(self, encoding: str = "cl100k_base") -> None:
+        try:
+            import quicktok
+        except ImportError as exc:  # pragma: no cover - exercised only without the extra
+            raise ImportError(
+                "TokenCounter needs the optional tokenizer package 'quicktok-v1'; "
+                "install it with: pip install 'qitos[tokens]'"
+            ) from exc
+        try:
+            self._encoding = quicktok.get_encoding(encoding)
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise ValueError(f"TokenCounter: unknown encoding {encoding!r} ({exc})") from exc
+        self.encoding = encoding
+
+    @property
+    def cache_key(self) -> tuple[str, ...]:
+        """Identity for caches of counts: equal keys count equally."""
+        return ("tokens", self.encoding)
+
+    def count(self, text: str) -> int:
+        """Number of tokens of ``text`` (ordinary encoding, special tokens as text)."""
+        return int(self._encoding.count(text))
+
+    def __repr__(self) -> str:
+        return f"TokenCounter(encoding={self.encoding!r})"
+
+
+default_unit_counter: UnitCounter = CharacterCounter()
+"""The default counter: characters."""
+
+
+def unit_counter_for(unit: str) -> UnitCounter:
+    """The standard counter for a unit name: characters or tokens (cl100k_base)."""
+    if unit == "characters":
+        return default_unit_counter
+    if unit == "tokens":
+        return TokenCounter()
+    raise ValueError(f"unit: no standard counter for {unit!r}; pass a counter whose unit is {unit!r}")
+
+
+# --------------------------------------------------------------------------- budget
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ContextBudget:
+    """How many input units one request may use. ``available_input_units`` is the maximum minus
+    the units reserved for the model's output."""
+
+    max_input_units: int = 120_000
+    reserved_output_units: int = 8_000
+    unit: Literal["characters", "tokens"] = "characters"
+    protected_recent_exchanges: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_input_units", "reserved_output_units", "protected_recent_exchanges"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"ContextBudget.{name}: must be an int, got {value!r}")
+        if self.max_input_units <= 0:
+            raise ValueError(f"ContextBudget.max_input_units: must be positive, got {self.max_input_units}")
+        if not 0 <= self.reserved_output_units < self.max_input_units:
+            raise ValueError(
+                f"ContextBudget.reserved_output_units: must be in [0, max_input_units={self.max_input_units}), "
+                f"got {self.reserved_output_units}"
+            )
+        if self.unit not in _UNITS:
+            raise ValueError(f"ContextBudget.unit: must be one of {sorted(_UNITS)}, got {self.unit!r}")
+        if self.protected_recent_exchanges < 0:
+            raise ValueError(
+                f"ContextBudget.protected_recent_exchanges: must be >= 0, got {self.protected_recent_exchanges}"
+            )
+
+    @property
+    def available_input_units(self) -> int:
+        """Units a request may use: ``max_input_units - reserved_output_units``."""
+        return self.max_input_units - self.reserved_output_units
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native form (includes ``available_input_units``)."""
+        return {
+            "max_input_units": self.max_input_units,
+            "reserved_output_units": self.reserved_output_units,
+            "available_input_units": self.available_input_units,
+            "unit": self.unit,
+            "protected_recent_exchanges": self.protected_recent_exchanges,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContextBudget:
+        """Inverse of :meth:`to_dict`."""
+        values = {k: v for k, v in data.items() if k != "available_input_units"}
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredContextBudgetPolicy:
+    """Use adapter-declared capacity; never infer it from a model name.
+
+    ``budget_for(max_input_units, unit)`` takes what a model adapter declares (``None`` when it
+    declares nothing) and returns the :class:`ContextBudget` for one request.
+    """
+
+    default_max_input_units: int = 120000
+    unit: str = "characters"
+    protected_recent_exchanges: int = 1
+    policy_id: str = "qitos.context.declared_budget/v1"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.default_max_input_units, int) or self.default_max_input_units <= 0:
+            raise ValueError(f"default_max_input_units: must be a positive int, got {self.default_max_input_units!r}")
+        if self.unit not in _UNITS:
+            raise ValueError(f"unit: must be one of {sorted(_UNITS)}, got {self.unit!r}")
+        if not isinstance(self.protected_recent_exchanges, int) or self.protected_recent_exchanges < 0:
+            raise ValueError(
+                f"protected_recent_exchanges: must be an int >= 0, got {self.protected_recent_exchanges!r}"
+            )
+
+    def budget_for(
+        self,
+        max_input_units: int | None = None,
+        unit: str | None = None,
+        *,
+        reserved_output_units: int | None = None,
+    ) -> ContextBudget:
+        """The budget for a model that declares ``max_input_units`` counted in ``unit``.
+
+        Undeclared capacity (``None``) falls back to ``default_max_input_units`` in this policy's
+        unit. A declared capacity is only meaningful in the unit it was declared in, so a declared
+        ``unit`` wins over the policy's. ``reserved_output_units`` defaults to a quarter of the
+        capacity, at most 8,000 units.
+        """
+        if max_input_units is None:
+            maximum, budget_unit = self.default_max_input_units, (unit or self.unit)
+        else:
+            if not isinstance(max_input_units, int) or isinstance(max_input_units, bool) or max_input_units <= 0:
+                raise ValueError(
+                    f"max_input_units: a declared capacity must be a positive int, got {max_input_units!r}"
+                )
+            maximum, budget_unit = max_input_units, (unit or self.unit)
+        if budget_unit not in _UNITS:
+            raise ValueError(f"unit: must be one of {sorted(_UNITS)}, got {budget_unit!r}")
+        reserve = min(8_000, maximum // 4) if reserved_output_units is None else reserved_output_units
+        return ContextBudget(
+            max_input_units=maximum,
+            reserved_output_units=reserve,
+            unit=budget_unit,  # type: ignore[arg-type]
+            protected_recent_exchanges=self.protected_recent_exchanges,
+        )
+
+
+# --------------------------------------------------------------------------- contributions
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextContribution:
+    """One piece of request context with identity and provenance.
+
+    ``content`` is JSON-native data (usually text); it is copied on construction. ``digest`` is the
+    SHA-256 of its canonical JSON. ``revision`` is the provenance digest of what a source recalled.
+    A ``secret`` contribution is sent to the model but only its digest appears in traces.
+    """
+
+    contribution_id: str
+    source: str
+    content: Any = field(repr=False, compare=False)
+    priority: int = 0
+    requested_placement: str = "developer"
+    persistence_horizon: str = "request"
+    sensitivity: str = "internal"
+    required: bool = False
+    revision: str | None = None
+    digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("contribution_id", "source"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ContextContributionError(f"ContextContribution.{name}: must be a non-empty string, got {value!r}")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ContextContributionError(f"ContextContribution.priority: must be an int, got {self.priority!r}")
+        if self.requested_placement not in PLACEMENTS:
+            raise ContextContributionError(
+                f"ContextContribution.requested_placement: must be one of {list(PLACEMENTS)}, "
+                f"got {self.requested_placement!r}"
+            )
+        if self.persistence_horizon not in _HORIZONS:
+            raise ContextContributionError(
+                f"ContextContribution.persistence_horizon: must be one of {sorted(_HORIZONS)}, "
+                f"got {self.persistence_horizon!r}"
+            )
+        if self.sensitivity not in _SENSITIVITIES:
+            raise ContextContributionError(
+                f"ContextContribution.sensitivity: must be one of {sorted(_SENSITIVITIES)}, got {self.sensitivity!r}"
+            )
+        if not isinstance(self.required, bool):
+            raise ContextContributionError(f"ContextContribution.required: must be a bool, got {self.required!r}")
+        if self.revision is not None and not isinstance(self.revision, str):
+            raise ContextContributionError(f"ContextContribution.revision: must be a string, got {self.revision!r}")
+        try:
+            text = canonical_json(self.content)
+        except (TypeError, ValueError) as exc:
+            raise ContextContributionError(
+                f"ContextContribution.content of {self.contribution_id!r}: not JSON-native data ({exc})"
+            ) from exc
+        object.__setattr__(self, "content", json.loads(text))
+        object.__setattr__(self, "digest", sha256_hex(text))
+
+    def render(self) -> str:
+        """The text placed in the request: the content itself if it is a string, else its JSON."""
+        return self.content if isinstance(self.content, str) else canonical_json(self.content)
+
+    def message(self) -> dict[str, Any]:
+        """The provider-neutral message this contribution becomes in a request."""
+        return {
+            "role": self.requested_placement,
+            "content": f'<context id="{self.contribution_id}" source="{self.source}">\n{self.render()}\n</context>',
+        }
+
+    def to_dict(self, *, include_content: bool = True) -> dict[str, Any]:
+        """JSON-native form. Secret content is never included unless ``include_content`` is true
+        *and* the contribution is not secret; its digest always is."""
+        out: dict[str, Any] = {
+            "contribution_id": self.contribution_id,
+            "source": self.source,
+            "priority": self.priority,
+            "requested_placement": self.requested_placement,
+            "persistence_horizon": self.persistence_horizon,
+            "sensitivity": self.sensitivity,
+            "required": self.required,
+            "revision": self.revision,
+            "digest": self.digest,
+        }
+        if include_content and self.sensitivity != "secret":
+            out["content"] = self.content
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextRequest:
+    """What a contributor is told about the request it contributes to."""
+
+    step_id: int
+    task: str
+    log: ExchangeLog | None
+    state: Any = None
+
+
+@runtime_checkable
+class ContextContributor(Protocol):
+    """Anything that contributes context to a request."""
+
+    def contribute(self, request: ContextRequest) -> Sequence[ContextContribution]:
+        """The contributions for this request (may be empty)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StaticContextContributor:
+    """Small reusable contributor for project/user/session context."""
+
+    contributor_id: str
+    source: str
+    value: Any = field(repr=False)
+    priority: int = 0
+    requested_placement: str = "developer"
+    required: bool = False
+    persistence_horizon: str = "request"
+    sensitivity: str = "internal"
+
+    def __post_init__(self) -> None:
+        # Validate once, at construction, so a bad contributor fails where it is configured.
+        self.contribute(ContextRequest(step_id=0, task="", log=None))
+
+    def contribute(self, request: ContextRequest) -> Sequence[ContextContribution]:
+        """One contribution with ``contribution_id == contributor_id``."""
+        return (
+            ContextContribution(
+                contribution_id=self.contributor_id,
+                source=self.source,
+                content=self.value,
+                priority=self.priority,
+                requested_placement=self.requested_placement,
+                required=self.required,
+                persistence_horizon=self.persistence_horizon,
+                sensitivity=self.sensitivity,
+            ),
+        )
+
+
+def collect_context_contributions(
+    contributors: Iterable[Any] | Mapping[str, Any], request: ContextRequest
+) -> tuple[ContextContribution, ...]:
+    """Ask each contributor (in name order for a mapping) and check the results.
+
+    Raises :class:`ContextContributionError` if a contributor returns something that is not a
+    sequence of contributions, or two contributions share an identity.
+    """
+    if isinstance(contributors, Mapping):
+        named = [(str(name), contributors[name]) for name in sorted(contributors)]
+    else:
+        named = [(type(c).__name__, c) for c in contributors]
+    out: list[ContextContribution] = []
+    seen: dict[str, str] = {}
+    for name, contributor in named:
+        values = contributor.contribute(request)
+        if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
+            raise ContextContributionError(
+                f"context contributor {name!r} must return a sequence of ContextContribution, "
+                f"got {type(values).__name__}"
+            )
+        for i, value in enumerate(values):
+            if not isinstance(value, ContextContribution):
+                raise ContextContributionError(
+                    f"context contributor {name!r} returned {type(value).__name__} at [{i}], not a ContextContribution"
+                )
+            if value.contribution_id in seen:
+                raise ContextContributionError(
+                    f"duplicate contribution id {value.contribution_id!r} from {name!r} "
+                    f"(already given by {seen[value.contribution_id]!r})"
+                )
+            seen[value.contribution_id] = name
+            out.append(value)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextSelection:
+    """The outcome of selecting contributions: what goes in, what was dropped, with units."""
+
+    selected: tuple[ContextContribution, ...]
+    omitted: tuple[ContextContribution, ...]
+    selected_units: int
+    omitted_units: int
+    unit: str
+    policy_id: str
+    units: Mapping[str, int] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class ContextSelectionPolicy(Protocol):
+    """Chooses which contributions fit a budget."""
+
+    policy_id: str
+
+    def select(
+        self,
+        contributions: Iterable[ContextContribution],
+        *,
+        budget: ContextBudget,
+        already_used_units: int = 0,
+        counter: UnitCounter = ...,
+    ) -> ContextSelection:
+        """Select contributions for the units left after ``already_used_units``."""
+        ...
+
+
+@dataclass(frozen=True)
+class PriorityContextSelectionPolicy:
+    """Default deterministic priority/identity selection policy.
+
+    Order: required before optional, then higher ``priority`` first, then ``contribution_id``.
+    Every required contribution is selected or the call raises :class:`ContextBudgetExceededError`;
+    an optional one is selected if it still fits, otherwise dropped (later, smaller ones may fit).
+    """
+
+    policy_id: str = "qitos.context.priority/v1"
+
+    def select(
+        self,
+        contributions: Iterable[ContextContribution],
+        *,
+        budget: ContextBudget,
+        already_used_units: int = 0,
+        counter: UnitCounter = default_unit_counter,
+    ) -> ContextSelection:
+        """Select contributions into the budget left after ``already_used_units``."""
+        items = tuple(contributions)
+        ids = [c.contribution_id for c in items]
+        if len(ids) != len(set(ids)):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            raise ContextContributionError(f"duplicate contribution id(s) {dupes}")
+        if counter.unit != budget.unit:
+            raise ValueError(f"counter counts {counter.unit!r} but the budget is in {budget.unit!r}")
+        ordered = sorted(items, key=lambda c: (not c.required, -c.priority, c.contribution_id))
+        available = budget.available_input_units
+        used = max(0, already_used_units)
+        units = {c.contribution_id: counter.count(canonical_json(c.message())) for c in ordered}
+        required_units = used + sum(units[c.contribution_id] for c in ordered if c.required)
+        if required_units > available:
+            missing = [c.contribution_id for c in ordered if c.required]
+            raise ContextBudgetExceededError(
+                f"required context {missing} needs {required_units} {budget.unit} with what is already "
+                f"placed, but only {available} are available",
+                required_units=required_units,
+                available_units=available,
+                unit=budget.unit,
+            )
+        selected: list[ContextContribution] = []
+        omitted: list[ContextContribution] = []
+        for contribution in ordered:
+            size = units[contribution.contribution_id]
+            if contribution.required or used + size <= available:
+                selected.append(contribution)
+                used += size
+            else:
+                omitted.append(contribution)
+        return ContextSelection(
+            selected=tuple(selected),
+            omitted=tuple(omitted),
+            selected_units=sum(units[c.contribution_id] for c in selected),
+            omitted_units=sum(units[c.contribution_id] for c in omitted),
+            unit=budget.unit,
+            policy_id=self.policy_id,
+            units=units,
+            reasons=tuple(f"dropped {c.contribution_id}: does not fit the budget" for c in omitted),
+        )
