@@ -74,9 +74,10 @@ def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
     if value is None:
         return None
     kind = type(value)
-    if kind is str or kind is int or kind is bool:
-        if hint is Any or hint is kind or hint is object or (kind is int and hint is float):
-            return value
+    if (kind is str or kind is int or kind is bool) and (
+        hint is Any or hint is kind or hint is object or (kind is int and hint is float)
+    ):
+        return value
     origin = typing.get_origin(hint)
     if hint is Any or hint is object:
         return _encode_untyped(value, path)

@@ -166,9 +166,7 @@ class Task:
         return {
             "id": self.id,
             "objective": self.objective,
-            "resources": [
-                {"kind": r.kind, "location": r.location, "required": r.required} for r in self.resources
-            ],
+            "resources": [{"kind": r.kind, "location": r.location, "required": r.required} for r in self.resources],
             "success_criteria": list(self.success_criteria),
             "constraints": dict(self.constraints),
             "budget": {
@@ -177,7 +175,40 @@ class Task:
                 "max_tokens": self.budget.max_tokens,
             },
             "metadata": dict(self.metadata),
+            "inputs": dict(self.inputs),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Task:
+        """Inverse of :meth:`to_dict`."""
+        budget = data.get("budget") or {}
+        env = data.get("env_spec")
+        return cls(
+            id=str(data.get("id") or _task_id()),
+            objective=str(data.get("objective", "")),
+            resources=tuple(
+                TaskResource(
+                    kind=r["kind"],
+                    path=r.get("path"),
+                    uri=r.get("uri"),
+                    required=bool(r.get("required", True)),
+                    description=r.get("description"),
+                )
+                for r in data.get("resources") or ()
+            ),
+            env_spec=None
+            if env is None
+            else EnvSpec(kind=env.get("kind", "host"), capabilities=tuple(env.get("capabilities") or ())),
+            constraints=dict(data.get("constraints") or {}),
+            success_criteria=tuple(data.get("success_criteria") or ()),
+            budget=TaskBudget(
+                max_steps=budget.get("max_steps"),
+                max_runtime_seconds=budget.get("max_runtime_seconds"),
+                max_tokens=budget.get("max_tokens"),
+            ),
+            inputs=dict(data.get("inputs") or {}),
+            metadata=dict(data.get("metadata") or {}),
+        )
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,28 @@
-"""qitos.engine."""
+"""qitos.engine: the one canonical loop and its runtimes."""
+
+from qitos.engine.async_engine import AsyncEngine
+from qitos.engine.engine import Engine
+from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, EventStream, StepRecord
+from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine.policies import Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector, StopCriteria
+from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+
+__all__ = [
+    "AsyncEngine",
+    "Critic",
+    "CriticVerdict",
+    "Engine",
+    "EngineEvent",
+    "EngineEventType",
+    "EngineHook",
+    "EngineResult",
+    "EventStream",
+    "FinalResultCriteria",
+    "FirstCandidateSelector",
+    "HookContext",
+    "LifecyclePolicy",
+    "RuntimeBudget",
+    "RuntimeSnapshotContext",
+    "StepRecord",
+    "StopCriteria",
+]

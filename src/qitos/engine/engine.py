@@ -110,6 +110,7 @@ class _Run:
     elapsed_before: float = 0.0
     writer: TraceWriter | None = None
     run_dir: str | None = None
+    live: bool = False
 
 
 class Engine(Generic[StateT, ObservationT, ActionT]):
@@ -263,6 +264,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
+        run.live = on_event is not None or any(_overrides(h, "on_event") for h in self.hooks)
         stop: StopReason | None = None
         raised: BaseException | None = None
         try:
@@ -342,6 +344,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             control_position=int(used.get("control_position", 0)),
             pending=resume.pending if resume else None,
             elapsed_before=float(used.get("elapsed_seconds", 0.0)),
+            step_changes=list(resume.carry_changes) if resume else [],
         )
         if self._hook_table["on_run_start"]:
             ctx = HookContext(run_id, state.current_step, state)

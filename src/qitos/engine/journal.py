@@ -97,6 +97,7 @@ class ResumePoint:
     log: Any
     budget_used: Mapping[str, Any] = field(default_factory=dict)
     pending: PendingStep | None = None
+    carry_changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,200 @@
+"""``compose()``: bind an agent, a checkpoint store, a model and named extensions into sessions.
+
+::
+
+    composition = compose(agent=NotesAgent, store=SqliteCheckpointStore("sessions.db"))
+    session = composition.session("Index notes")
+    result = session.run()
+    same = composition.restore(session.session_id.value)   # in any process, with SQLite
+
+Extensions are bound by name: ``extensions={name: factory_or_instance}`` where a factory is a class or
+a zero-argument callable. Every bound context contributor (anything with ``contribute``) is consulted
+on each model request, in name order. ``compaction={"provider": name}`` and
+``lifecycle={"provider": name}`` select one compactor and one lifecycle policy among them. A name that
+no extension provides fails here, when ``compose()`` is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
+from qitos.core.agent_module import AgentModule
+from qitos.core.errors import ConfigurationError
+from qitos.core.task import Task
+from qitos.engine.engine import Engine
+from qitos.engine.model_path import ModelContext
+from qitos.engine.runtime import LifecyclePolicy
+
+__all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
+
+
+@dataclass(frozen=True)
+class ResolverReference:
+    """A name bound in a composition and what it resolved to (recorded with each session)."""
+
+    name: str
+    kind: str
+    provider: str
+
+
+@dataclass
+class Runtime:
+    """What a composition bound: the store, the model, the extensions and the selected policies."""
+
+    checkpoint_store: CheckpointStore
+    model: Any
+    extensions: dict[str, Any]
+    contributors: list[Any]
+    compactor: Any
+    lifecycle: LifecyclePolicy | None
+    references: tuple[ResolverReference, ...]
+    durability: str = "sync"
+    batch_steps: int = 16
+    batch_ms: float = 50.0
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class Composition:
+    """A bound agent and runtime. Get Sessions from it; never construct a Session directly."""
+
+    def __init__(self, agent_factory: Callable[[], AgentModule[Any, Any, Any]], runtime: Runtime) -> None:
+        self._agent_factory = agent_factory
+        self.runtime = runtime
+
+    def engine(self) -> Engine[Any, Any, Any]:
+        """A fresh Engine for this composition's agent and runtime."""
+        agent = self._agent_factory()
+        if not isinstance(agent, AgentModule):
+            raise ConfigurationError(f"the agent factory returned {type(agent).__name__}, not an AgentModule")
+        runtime = self.runtime
+        context = ModelContext(contributors=runtime.contributors, compaction_policy=runtime.compactor)
+        return Engine(
+            agent,
+            model=runtime.model,
+            lifecycle=runtime.lifecycle,
+            context=context,
+            checkpoint_store=runtime.checkpoint_store,
+            **runtime.engine_kwargs,
+        )
+
+    def session(self, task: str | Task, **state_kwargs: Any) -> Any:
+        """Create a new durable Session for ``task`` (its first snapshot is committed now)."""
+        from qitos.engine.session_runtime import new_session
+
+        return new_session(self.engine(), task, composition=self, **state_kwargs)
+
+    def restore(self, session_id: str) -> Any:
+        """The Session with this id, from the store's durable head (any process, with SQLite)."""
+        from qitos.engine.session_runtime import restore_session
+
+        return restore_session(self.engine(), session_id, composition=self)
+
+    def fork(self, session_id: str, *, snapshot: Any = None, operation_id: str | None = None) -> Any:
+        """A new child Session from a verified snapshot of ``session_id`` (default: its head)."""
+        return self.restore(session_id).fork(snapshot, operation_id=operation_id)
+
+
+def compose(
+    agent: type[AgentModule[Any, Any, Any]] | Callable[[], AgentModule[Any, Any, Any]] | AgentModule[Any, Any, Any],
+    store: CheckpointStore | None = None,
+    extensions: Mapping[str, Any] | None = None,
+    compaction: Mapping[str, str] | None = None,
+    lifecycle: Mapping[str, str] | None = None,
+    model: Any = None,
+    *,
+    durability: str = "sync",
+    batch_steps: int = 16,
+    batch_ms: float = 50.0,
+    **engine_kwargs: Any,
+) -> Composition:
+    """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
+
+    ``store`` defaults to an in-process ``InMemoryCheckpointStore``. ``durability`` is ``"sync"``
+    (commit every boundary) or ``"batched"`` (group commit every ``batch_steps`` boundaries or
+    ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
+    Other keyword arguments go to the Engine (``budget=``, ``hooks=``, ``critics=`` ...).
+    """
+    if durability not in ("sync", "batched"):
+        raise ConfigurationError(f"durability must be 'sync' or 'batched', got {durability!r}")
+    if batch_steps < 1 or batch_ms <= 0:
+        raise ConfigurationError("batch_steps must be >= 1 and batch_ms > 0")
+    agent_factory = _agent_factory(agent)
+    bound: dict[str, Any] = {}
+    references: list[ResolverReference] = []
+    for name in sorted(extensions or {}):
+        value = (extensions or {})[name]
+        instance = _instantiate(name, value)
+        bound[name] = instance
+        references.append(ResolverReference(name, _kind(instance), _provider(value)))
+    contributors = [bound[n] for n in sorted(bound) if callable(getattr(bound[n], "contribute", None))]
+    compactor = _select(bound, compaction, "compaction", "compact")
+    lifecycle_policy = _select(bound, lifecycle, "lifecycle", "should_pause")
+    runtime = Runtime(
+        checkpoint_store=store if store is not None else InMemoryCheckpointStore(),
+        model=model,
+        extensions=bound,
+        contributors=contributors,
+        compactor=compactor,
+        lifecycle=lifecycle_policy,
+        references=tuple(references),
+        durability=durability,
+        batch_steps=batch_steps,
+        batch_ms=batch_ms,
+        engine_kwargs=dict(engine_kwargs),
+    )
+    return Composition(agent_factory, runtime)
+
+
+def _agent_factory(agent: Any) -> Callable[[], AgentModule[Any, Any, Any]]:
+    if isinstance(agent, AgentModule):
+        return lambda: agent
+    if callable(agent):
+        return agent  # type: ignore[no-any-return]
+    raise ConfigurationError(f"agent must be an AgentModule class, factory or instance, got {agent!r}")
+
+
+def _instantiate(name: str, value: Any) -> Any:
+    if isinstance(value, type) or (callable(value) and not _looks_like_instance(value)):
+        try:
+            return value()
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"extension {name!r}: its factory must take no arguments ({exc}); pass a ready instance instead"
+            ) from exc
+    return value
+
+
+def _looks_like_instance(value: Any) -> bool:
+    return any(callable(getattr(value, m, None)) for m in ("contribute", "compact", "should_pause", "retrieve"))
+
+
+def _select(bound: Mapping[str, Any], selection: Mapping[str, str] | None, what: str, method: str) -> Any:
+    if not selection:
+        return None
+    unknown = set(selection) - {"provider"}
+    if unknown or "provider" not in selection:
+        raise ConfigurationError(f"{what}= takes {{'provider': name}}, got {dict(selection)!r}")
+    name = selection["provider"]
+    if name not in bound:
+        known = ", ".join(sorted(bound)) or "none"
+        raise ConfigurationError(f"{what} provider {name!r} is not a bound extension (bound: {known})")
+    instance = bound[name]
+    if not callable(getattr(instance, method, None)):
+        raise ConfigurationError(f"extension {name!r} cannot serve as {what}: it has no {method}() method")
+    return instance
+
+
+def _kind(instance: Any) -> str:
+    for method, kind in (("compact", "compactor"), ("should_pause", "lifecycle"), ("contribute", "contributor")):
+        if callable(getattr(instance, method, None)):
+            return kind
+    return "extension"
+
+
+def _provider(value: Any) -> str:
+    target = value if isinstance(value, type) or (callable(value) and not _looks_like_instance(value)) else type(value)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"

@@ -1,0 +1,220 @@
+"""The DECIDE phase when ``decide`` returns None: exchange log -> RequestView -> model -> Decision.
+
+Each model turn is one exchange of the run's ExchangeLog: its inputs (the task on the first turn,
+steering, environment observations, repair feedback), the model's output, and the results of its
+tool calls. The request sent is ``RequestView.from_exchange_log`` under the model's declared budget.
+
+A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
+a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
+the input of the next exchange, so the model sees what went wrong on its next turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
+from qitos.core.decision import Decision, Observation
+from qitos.core.exchange import ExchangeLog
+from qitos.core.request_view import RequestView
+from qitos.core.tool import ToolResult
+from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
+from qitos.kit.parsers.base import ParseError
+from qitos.kit.parsers.native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
+from qitos.models.base import ModelResponse, request_digest
+
+if TYPE_CHECKING:
+    from qitos.engine.engine import Engine, _Run
+
+__all__ = ["ModelContext", "ModelOutcome", "ModelPath"]
+
+
+@dataclass
+class ModelContext:
+    """How the engine builds model requests.
+
+    Args:
+        contributors: context contributors consulted on every request, in order.
+        compaction_policy: the compactor allowed to omit old closed exchanges (None: never omit).
+        budget_policy: turns the adapter's declared capacity into a ContextBudget.
+        selection_policy: orders and selects contributions (default: priority).
+        unit_counter: counts units (default: characters, or as the budget's unit requires).
+    """
+
+    contributors: Sequence[Any] = ()
+    compaction_policy: Any = None
+    budget_policy: DeclaredContextBudgetPolicy = field(default_factory=DeclaredContextBudgetPolicy)
+    selection_policy: Any = None
+    unit_counter: Any = None
+
+
+@dataclass
+class ModelOutcome:
+    """What one model-path DECIDE produced."""
+
+    decision: Decision[Any]
+    view: RequestView
+    model_entry: dict[str, Any]
+    view_summary: dict[str, Any]
+    log_entries: list[dict[str, Any]]
+    tokens: int
+
+
+class ModelPath:
+    """Runs the model path for one engine (created on the first model step)."""
+
+    def __init__(self, engine: Engine[Any, Any, Any]) -> None:
+        self.engine = engine
+        self.context: ModelContext = engine.context if isinstance(engine.context, ModelContext) else ModelContext()
+        self._subscribed: Any = None
+
+    def decide(self, run: _Run, step_id: int) -> ModelOutcome:
+        """Build the request, call the model, record the reply, and parse it into a Decision."""
+        engine, agent, model = self.engine, self.engine.agent, self.engine.model
+        if run.log is None:
+            run.log = ExchangeLog(f"log-{run.run_id}")
+        log: ExchangeLog = run.log
+        start = log.position
+        exchange_id = self._open_exchange(run, log)
+        state = run.state
+        registry = agent.tool_registry
+        parser = engine.parser
+        instructions = []
+        system_prompt = agent.build_system_prompt(state)
+        if system_prompt:
+            instructions.append({"role": "system", "content": system_prompt})
+        if parser is not None and hasattr(parser, "instructions"):
+            instructions.append({"role": "system", "content": parser.instructions(registry.schemas())})
+        native_tools = parser is None
+        contributions = []
+        request = ContextRequest(step_id=step_id, task=state.task, log=log, state=state)
+        for contributor in self.context.contributors:
+            contributions.extend(contributor.contribute(request))
+        budget = self.context.budget_policy.budget_for(
+            getattr(model, "max_input_units", None), getattr(model, "unit", None)
+        )
+        view = RequestView.from_exchange_log(
+            log,
+            model=model,
+            instructions=instructions,
+            tool_schemas=registry.schemas() if native_tools else (),
+            context_budget=budget,
+            context_contributions=contributions,
+            context_selection_policy=self.context.selection_policy,
+            context_unit_counter=self.context.unit_counter,
+            compaction_policy=self.context.compaction_policy,
+            protocol_id=NATIVE_PROTOCOL_ID if native_tools else getattr(parser, "protocol_id", type(parser).__name__),
+        )
+        for receipt in view.compaction_receipts:
+            run.emit(
+                EngineEvent(EngineEventType.COMPACTION, step_id, phase=RuntimePhase.DECIDE, payload=receipt.to_dict())
+            )
+        self._listen_for_retries(run, model, step_id)
+        on_delta = None
+        if run.live:
+
+            def on_delta(text: str) -> None:
+                run.emit(
+                    EngineEvent(EngineEventType.MODEL_DELTA, step_id, phase=RuntimePhase.DECIDE, payload={"text": text})
+                )
+
+        response: ModelResponse = model.complete(view, on_delta=on_delta)
+        log.record_output(exchange_id, response.message())
+        decision = self._parse(run, log, exchange_id, response, parser, registry.names())
+        model_entry = {
+            "request_id": view.request_id,
+            "request_digest": request_digest(view),
+            "response": response.to_dict(),
+        }
+        return ModelOutcome(
+            decision=decision,
+            view=view,
+            model_entry=model_entry,
+            view_summary=view.summary(),
+            log_entries=log.entries(start),
+            tokens=response.usage.total_tokens,
+        )
+
+    def record_results(self, run: _Run, results: Sequence[ToolResult]) -> None:
+        """Record a model step's tool results in its exchange and close it."""
+        log: ExchangeLog | None = run.log
+        if log is None:
+            return
+        exchange = log.open_exchange
+        if exchange is None or exchange.output is None:
+            return  # this step's decision did not come from the model
+        declared = {call.id for call in exchange.tool_calls}
+        if declared:
+            for result in results:
+                if result.call_id in declared:
+                    log.record_tool_result(exchange.exchange_id, result.call_id, result.as_text())
+            log.close(exchange.exchange_id)
+            return
+        # A text protocol: results go back to the model as the next exchange's input.
+        log.close(exchange.exchange_id)
+        text = "\n".join(f"Observation from {r.name} ({r.call_id}): {r.as_text()}" for r in results)
+        log.open([{"role": "user", "content": text}])
+
+    # ------------------------------------------------------------------ internals
+
+    def _open_exchange(self, run: _Run, log: ExchangeLog) -> str:
+        inputs: list[dict[str, Any]] = []
+        if not log.exchanges:
+            inputs.append({"role": "user", "content": self.engine.agent.prepare(run.state)})
+        inputs.extend({"role": "user", "content": text} for text in run.steering)
+        observation = run.observation
+        if isinstance(observation, Observation) and observation.env is not None and log.exchanges:
+            inputs.append({"role": "user", "content": f"Environment observation: {observation.env}"})
+        current = log.open_exchange
+        if current is not None:
+            if current.output is None and not inputs:
+                return current.exchange_id  # inputs recorded earlier (repair feedback, observations)
+            log.close(current.exchange_id)
+        return log.open(inputs).exchange_id
+
+    def _parse(
+        self,
+        run: _Run,
+        log: ExchangeLog,
+        exchange_id: str,
+        response: ModelResponse,
+        parser: Any,
+        tool_names: list[str],
+    ) -> Decision[Any]:
+        try:
+            if response.tool_calls or parser is None:
+                decision = decision_from_tool_calls(response, tool_names=tool_names)
+            else:
+                decision = parser.parse(response.text or "", tool_names=tool_names)
+        except ParseError as exc:
+            # Every declared call needs a result before the exchange can close: report the problem there.
+            for call in response.tool_calls:
+                log.record_tool_result(exchange_id, call.id, f"ERROR (not run): {exc.feedback}")
+            log.close(exchange_id)
+            log.open([{"role": "user", "content": exc.feedback}])
+            return Decision.wait(
+                rationale=f"the model's reply could not be used: {exc}",
+                meta={"parse_error": str(exc), "feedback": exc.feedback},
+            )
+        if decision.mode != "act":
+            log.close(exchange_id)
+        return decision
+
+    def _listen_for_retries(self, run: _Run, model: Any, step_id: int) -> None:
+        subscribe = getattr(model, "subscribe", None)
+        if subscribe is None:
+            return
+        if self._subscribed is not None:
+            self._subscribed()
+
+        def listener(kind: str, payload: dict[str, Any]) -> None:
+            if kind == "model_retry":
+                run.emit(
+                    EngineEvent(
+                        EngineEventType.MODEL_RETRY, step_id, phase=RuntimePhase.DECIDE, ok=False, payload=payload
+                    )
+                )
+
+        self._subscribed = subscribe(listener)

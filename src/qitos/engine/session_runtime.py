@@ -1,0 +1,1049 @@
+"""Durable sessions (seed 001): ``Session``, its receipts and inspection, and the store-backed journal.
+
+A Session is a durable identity; each ``run()`` is a new Run through the one Engine loop; each
+committed boundary is an immutable snapshot whose id is the SHA-256 of its content.
+
+Snapshot payload (format 1), JSON::
+
+    step_id, lifecycle, stop_reason, run_id       where the session stands
+    state:  {"full": {...}} | {"delta": [ops]}    strict-codec state, or the changes since the parent
+    state_bytes, delta_bytes                      sizes driving the materialization rule below
+    log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
+             chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
+    budget_used, control_position                 counters and consumed control items
+    pending                                       a step that paused midway (decision, calls done)
+    request_view                                  blob id of the last RequestView sent
+    step                                          what this boundary's step did (for the work graph)
+
+Storage grows with what is new: a snapshot holds the state *changes* of its step and a reference
+to a blob with the new exchange entries. A full state is written again only when the deltas since
+the last full one outgrow it (a geometric rule: total storage and restore cost stay within a small
+factor of the state's size). A fork's first snapshot points at its parent's, sharing the prefix.
+
+Crash safety: before any tool runs, the step's decision is written (with what DECIDE appended to
+the log and changed in the state); each call's intent is written before it starts and its result as
+it arrives (store "pending writes", keyed by the head the step started from). A restore continues
+the step: no second model call, no finished call re-run, an interrupted call re-run only if its tool
+is idempotent, otherwise reported to the agent as ``interrupted``.
+
+Durability modes:
+
+- ``sync`` (default): every boundary is committed before the next step starts. A crash loses at
+  most the step in progress, whose decision and tool outcomes are recovered from pending writes.
+- ``batched``: boundaries are group-committed every ``batch_steps`` boundaries or ``batch_ms``
+  milliseconds, and always at a pause, an approval wait, the end of a run, and before any step whose
+  decision carries tool calls or came from a model (so side effects and model calls are never
+  repeated). A crash can lose up to ``batch_steps - 1`` buffered tool-free boundaries (or
+  ``batch_ms``), which are then re-run from the last committed one. ``inspect()`` reports the lag.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint.store import (
+    CheckpointStore,
+    DuplicateOperationError,
+    SessionHeadRecord,
+    SessionSnapshot,
+    SessionSnapshotCommit,
+    StepWrite,
+    utc_now,
+)
+from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core.decision import Action
+from qitos.core.errors import (
+    CheckpointError,
+    ConfigurationError,
+    SessionNotFoundError,
+    SnapshotIntegrityError,
+)
+from qitos.core.exchange import ExchangeLog
+from qitos.core.identity import (
+    AgentIdentity,
+    AttemptIdentity,
+    RunIdentity,
+    SessionIdentity,
+    SnapshotIdentity,
+    WorkItemIdentity,
+)
+from qitos.core.request_view import RequestView
+from qitos.core.state import StateSchema, apply_changes
+from qitos.core.task import Task
+from qitos.core.tool import ToolResult
+from qitos.engine.journal import (
+    Approval,
+    BoundaryCommit,
+    ControlBatch,
+    PendingStep,
+    ResumePoint,
+    RunJournal,
+    SteeringItem,
+)
+
+if TYPE_CHECKING:
+    from qitos.engine.composition import Composition, ResolverReference
+    from qitos.engine.engine import Engine
+    from qitos.engine.events import EngineResult
+
+__all__ = [
+    "PauseReceipt",
+    "Session",
+    "SessionForkReceipt",
+    "SessionHead",
+    "SessionInspection",
+    "SessionJournal",
+    "SessionLifecycle",
+    "SteeringReceipt",
+    "ToolBatchSnapshot",
+    "ToolCallStatus",
+    "new_session",
+    "restore_session",
+]
+
+FORMAT = 1
+_MIN_FULL_BYTES = 4096
+_CONTROL_KINDS_APPROVAL = ("approve", "reject")
+
+
+class SessionLifecycle(StrEnum):
+    """Where a session stands."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    PAUSED = "paused"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionHead:
+    """A session's durable head: its latest snapshot."""
+
+    session_id: str
+    snapshot_id: str
+    sequence: int
+    lifecycle: str
+    updated_at: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PauseReceipt:
+    """A durable pause request; the run stops at its next boundary (never midway)."""
+
+    session_id: str
+    position: int
+    requested_at: str
+    status: str = "requested"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SteeringReceipt:
+    """A durable steering item; the loop takes it in once, at its next boundary."""
+
+    session_id: str
+    position: int
+    text_digest: str
+    submitted_at: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalReceipt:
+    """A durable answer to a tool call awaiting approval."""
+
+    session_id: str
+    call_id: str
+    approved: bool
+    position: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionForkReceipt:
+    """Records where a forked session came from."""
+
+    parent_session_id: str
+    parent_snapshot_id: str
+    child_session_id: str
+    operation_id: str | None
+    created_at: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallStatus:
+    """One call of an in-flight tool batch."""
+
+    call_id: str
+    tool: str
+    args: Mapping[str, Any]
+    status: str  # awaiting_approval | approved | rejected | started | completed | failed | not_started
+    needs_approval: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolBatchSnapshot:
+    """The tool calls of a step that has not finished."""
+
+    step_id: int
+    calls: tuple[ToolCallStatus, ...]
+
+    @property
+    def pending_approval(self) -> tuple[ToolCallStatus, ...]:
+        """Calls waiting for a human."""
+        return tuple(c for c in self.calls if c.status == "awaiting_approval")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionInspection:
+    """Read-only inspection result backed by the current durable head."""
+
+    head: SessionHead
+    lifecycle: SessionLifecycle
+    capabilities: tuple[str, ...]
+    snapshot_integrity: str
+    budget: Mapping[str, Any]
+    work_graph: Mapping[str, Any] | None
+    last_request_view: RequestView | None
+    task: str
+    tool_batch: ToolBatchSnapshot | None
+
+
+# --------------------------------------------------------------------------- restoring
+
+
+@dataclass
+class _Restored:
+    snapshot: SessionSnapshot
+    state_data: dict[str, Any]
+    log: ExchangeLog
+    pending: PendingStep | None
+    carry_changes: list[dict[str, Any]]
+
+
+def _materialize(store: CheckpointStore, snapshot_id: str) -> tuple[list[SessionSnapshot], dict[str, Any], ExchangeLog]:
+    """Rebuild the state data and the exchange log at ``snapshot_id`` from its verified chain."""
+    chain = store.load_chain(snapshot_id)
+    base, head = chain[0], chain[-1]
+    state_part = base.payload.get("state") or {}
+    if "full" not in state_part:
+        raise SnapshotIntegrityError(base.snapshot_id, "the chain's base holds no full state")
+    data: dict[str, Any] = json.loads(json.dumps(state_part["full"]))
+    chunks: list[str] = list((base.payload.get("log") or {}).get("chunks") or [])
+    for snap in chain[1:]:
+        part = snap.payload.get("state") or {}
+        if "full" in part:
+            raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
+        try:
+            apply_changes(data, part.get("delta") or [])
+        except Exception as exc:
+            raise SnapshotIntegrityError(snap.snapshot_id, f"its state delta does not apply: {exc}") from exc
+        chunk = (snap.payload.get("log") or {}).get("chunk")
+        if chunk:
+            chunks.append(chunk)
+    log_meta = head.payload.get("log") or {}
+    log = ExchangeLog(log_meta.get("log_id") or f"log-{head.session_id}")
+    if chunks:
+        blobs = store.get_blobs(chunks)
+        for chunk in chunks:
+            raw = blobs.get(chunk)
+            if raw is None:
+                raise SnapshotIntegrityError(head.snapshot_id, f"exchange-log blob {chunk} is missing")
+            try:
+                log.extend_entries(json.loads(zlib.decompress(raw)))
+            except Exception as exc:
+                raise SnapshotIntegrityError(
+                    head.snapshot_id, f"exchange-log blob {chunk} is unreadable: {exc}"
+                ) from exc
+    if log.position != log_meta.get("position", 0) or log.digest != log_meta.get("digest", log.digest):
+        raise SnapshotIntegrityError(
+            head.snapshot_id,
+            f"the exchange log rebuilt to position {log.position} digest {log.digest[:12]}, "
+            f"but the snapshot records {log_meta.get('position')} {str(log_meta.get('digest'))[:12]}",
+        )
+    return chain, data, log
+
+
+def _restore(store: CheckpointStore, session_id: str, head_id: str) -> _Restored:
+    chain, data, log = _materialize(store, head_id)
+    head = chain[-1]
+    pending_data = head.payload.get("pending")
+    pending = PendingStep.from_dict(pending_data) if pending_data else None
+    carry: list[dict[str, Any]] = []
+    writes = store.get_writes(session_id, head_id)
+    for write in writes:
+        if write.kind == "decision" and pending is None:
+            # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
+            pending = PendingStep.from_dict(write.payload)
+            log.extend_entries(pending.log_entries)
+            apply_changes(data, pending.state_changes)
+            carry.extend(pending.state_changes)
+    if pending is not None:
+        for write in writes:
+            if write.step_id != pending.step_id:
+                continue
+            if write.kind == "tool_started":
+                pending.started.add(write.key)
+            elif write.kind == "tool_result":
+                pending.results.setdefault(write.key, dict(write.payload))
+    return _Restored(snapshot=head, state_data=data, log=log, pending=pending, carry_changes=carry)
+
+
+# --------------------------------------------------------------------------- the journal
+
+
+class SessionJournal(RunJournal):
+    """Persists every boundary of a run to the checkpoint store (see the module docstring)."""
+
+    durable = True
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        session_id: str,
+        head: SessionSnapshot,
+        *,
+        run_id: str,
+        mode: str = "sync",
+        batch_steps: int = 16,
+        batch_ms: float = 50.0,
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.run_id = run_id
+        self.mode = mode
+        self.batch_steps = batch_steps
+        self.batch_ms = batch_ms
+        payload = head.payload
+        self._head_id = head.snapshot_id
+        self._sequence = head.sequence
+        self._base_id = head.base_id or head.snapshot_id
+        self._state_bytes = int(payload.get("state_bytes", 0))
+        self._delta_bytes = int(payload.get("delta_bytes", 0))
+        self._log_position = int((payload.get("log") or {}).get("position", 0))
+        self._log_chunks_at_base: list[str] | None = None
+        self._request_view_id: str | None = payload.get("request_view")
+        self._request_view_obj: Any = None
+        self._consumed = int(payload.get("control_position", 0))
+        self._fetched = 0
+        self._pause_positions: list[int] = []
+        self._steering: list[SteeringItem] = []
+        self._approvals: dict[str, Approval] = {}
+        self._buffer: list[BoundaryCommit] = []
+        self._buffer_since = time.monotonic()
+        self._failure: CheckpointError | None = None
+        self.commits = 0
+
+    # ---- control items
+
+    def control(self, step_id: int) -> ControlBatch:
+        for item in self.store.list_control(self.session_id, after=self._fetched):
+            self._fetched = max(self._fetched, item.position)
+            if item.kind in _CONTROL_KINDS_APPROVAL:
+                call_id = str(item.payload.get("call_id"))
+                self._approvals.setdefault(
+                    call_id, Approval(call_id, item.kind == "approve", item.payload.get("reason"))
+                )
+            elif item.position > self._consumed:
+                if item.kind == "pause":
+                    self._pause_positions.append(item.position)
+                elif item.kind == "steer":
+                    self._steering.append(SteeringItem(item.position, str(item.payload.get("text", ""))))
+        steering = tuple(s for s in self._steering if s.position > self._consumed)
+        pause = any(p > self._consumed for p in self._pause_positions)
+        if not steering and not pause and not self._approvals:
+            return ControlBatch(last_position=self._consumed)
+        return ControlBatch(
+            pause_requested=pause,
+            steering=steering,
+            approvals=dict(self._approvals),
+            last_position=self._fetched,
+        )
+
+    # ---- pending writes inside a step
+
+    def record_decision(self, pending: PendingStep) -> None:
+        if not pending.decision.get("actions") and pending.model is None:
+            return  # nothing to protect: re-deciding without a model or tools is free and has no effects
+        self._flush()
+        payload = pending.to_dict()
+        payload["started"], payload["results"] = [], {}
+        self._write(pending.step_id, "decision", "decision", payload)
+
+    def record_tool_started(self, step_id: int, action: Action) -> None:
+        self._write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})
+
+    def record_tool_result(self, step_id: int, result: ToolResult) -> None:
+        self._write(step_id, "tool_result", result.call_id, result.to_dict())
+
+    def _write(self, step_id: int, kind: str, key: str, payload: Mapping[str, Any]) -> None:
+        self._raise_if_failed()
+        write = StepWrite(
+            session_id=self.session_id,
+            base_snapshot_id=self._head_id,
+            step_id=step_id,
+            kind=kind,
+            key=key,
+            payload=payload,
+        )
+        self.store.put_writes([write])
+
+    # ---- boundaries
+
+    def commit(self, boundary: BoundaryCommit) -> None:
+        self._raise_if_failed()
+        self._consumed = max(self._consumed, boundary.control_position)
+        if self.mode == "sync":
+            self._commit_now([boundary])
+            return
+        self._buffer.append(boundary)
+        elapsed_ms = (time.monotonic() - self._buffer_since) * 1000.0
+        if (
+            boundary.lifecycle != "running"
+            or boundary.pending is not None
+            or len(self._buffer) >= self.batch_steps
+            or elapsed_ms >= self.batch_ms
+        ):
+            self._flush()
+
+    def close(self) -> None:
+        self._flush()
+
+    @property
+    def unflushed(self) -> int:
+        """Boundaries buffered in batched mode and not yet durable."""
+        return len(self._buffer)
+
+    def _flush(self) -> None:
+        if self._buffer:
+            buffered, self._buffer = self._buffer, []
+            self._commit_now(buffered)
+        self._buffer_since = time.monotonic()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _commit_now(self, boundaries: list[BoundaryCommit]) -> None:
+        last = boundaries[-1]
+        delta: list[dict[str, Any]] = []
+        for boundary in boundaries:
+            delta.extend(boundary.state_changes)
+        delta_text = canonical_json(delta)
+        blobs: dict[str, bytes] = {}
+        payload: dict[str, Any] = {
+            "format": FORMAT,
+            "run_id": self.run_id,
+            "step_id": last.step_id,
+            "lifecycle": last.lifecycle,
+            "stop_reason": last.stop_reason,
+            "budget_used": last.budget_used,
+            "control_position": self._consumed,
+            "pending": last.pending.to_dict() if last.pending is not None else None,
+            "step": _step_summary(boundaries),
+        }
+        log: ExchangeLog | None = last.log
+        chunk: str | None = None
+        if log is not None and log.position > self._log_position:
+            entries = log.entries(self._log_position)
+            raw = zlib.compress(canonical_json(entries).encode("utf-8"), 6)
+            chunk = sha256_hex(raw)
+            blobs[chunk] = raw
+        view = last.request_view
+        if view is not None and view is not self._request_view_obj:
+            raw_view = zlib.compress(canonical_json(view.to_dict()).encode("utf-8"), 6)
+            view_id = sha256_hex(raw_view)
+            blobs[view_id] = raw_view
+            self._request_view_id, self._request_view_obj = view_id, view
+        payload["request_view"] = self._request_view_id
+        log_meta = {
+            "log_id": log.log_id if log is not None else f"log-{self.session_id}",
+            "position": log.position if log is not None else self._log_position,
+            "digest": log.digest if log is not None else ExchangeLog(f"log-{self.session_id}").digest,
+        }
+        full = self._delta_bytes + len(delta_text) > max(self._state_bytes, _MIN_FULL_BYTES)
+        if full:
+            state_full = last.state.to_dict()
+            chunks = self._chunks_through_head()
+            if chunk:
+                chunks.append(chunk)
+            state_bytes = len(canonical_json(state_full)) + 66 * len(chunks)
+            payload.update(state={"full": state_full}, state_bytes=state_bytes, delta_bytes=0)
+            payload["log"] = {**log_meta, "chunks": chunks}
+            base_id = None
+        else:
+            payload.update(
+                state={"delta": delta},
+                state_bytes=self._state_bytes,
+                delta_bytes=self._delta_bytes + len(delta_text),
+            )
+            payload["log"] = {**log_meta, "chunk": chunk}
+            base_id = self._base_id
+        snapshot = SessionSnapshot.create(
+            session_id=self.session_id,
+            parent_id=self._head_id,
+            base_id=base_id,
+            sequence=self._sequence + 1,
+            payload=payload,
+        )
+        commit = SessionSnapshotCommit(
+            session_id=self.session_id,
+            expected_head=self._head_id,
+            snapshot=snapshot,
+            lifecycle=last.lifecycle,
+            blobs=blobs,
+        )
+        try:
+            self.store.commit_session_snapshot(commit)
+        except CheckpointError as exc:
+            self._failure = exc
+            raise
+        self._head_id = snapshot.snapshot_id
+        self._sequence = snapshot.sequence
+        if full:
+            self._base_id = snapshot.snapshot_id
+            self._state_bytes = payload["state_bytes"]
+            self._delta_bytes = 0
+            self._log_chunks_at_base = list(payload["log"]["chunks"])
+        else:
+            self._delta_bytes = payload["delta_bytes"]
+            if chunk:
+                self._chunks_pending().append(chunk)
+        self._log_position = payload["log"]["position"]
+        self.commits += 1
+
+    # The chunk list of the current base plus the chunks committed since, kept in memory so a full
+    # materialization never has to walk the chain.
+    def _chunks_pending(self) -> list[str]:
+        if self._log_chunks_at_base is None:
+            self._log_chunks_at_base = self._load_chunks()
+        return self._log_chunks_at_base
+
+    def _chunks_through_head(self) -> list[str]:
+        return list(self._chunks_pending())
+
+    def _load_chunks(self) -> list[str]:
+        chain = self.store.load_chain(self._head_id)
+        chunks = list((chain[0].payload.get("log") or {}).get("chunks") or [])
+        for snap in chain[1:]:
+            chunk = (snap.payload.get("log") or {}).get("chunk")
+            if chunk:
+                chunks.append(chunk)
+        return chunks
+
+
+def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:
+    steps = []
+    for boundary in boundaries:
+        record = boundary.record
+        if record is None:
+            continue
+        steps.append(
+            {
+                "step_id": record.step_id,
+                "mode": record.decision.mode,
+                "calls": [
+                    {"call_id": r.call_id, "tool": r.name, "ok": r.ok, "error_kind": r.error_kind}
+                    for r in record.observation.results
+                ],
+            }
+        )
+    return steps
+
+
+# --------------------------------------------------------------------------- the facade
+
+
+class Session:
+    """Scoped client for one durable Session identity.
+
+    The facade stores identifiers and cooperative control only. Agent state is reconstructed from
+    the canonical snapshot and executed by ``Engine.run``.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine[Any, Any, Any],
+        session_id: SessionIdentity,
+        run_id: RunIdentity,
+        agent_id: AgentIdentity,
+        references: Iterable[ResolverReference],
+        created_at: str,
+        state_type: type[StateSchema],
+        work_item_id: WorkItemIdentity,
+        attempt_id: AttemptIdentity,
+        fork_receipt: SessionForkReceipt | None = None,
+        composition: Composition | None = None,
+        task: Task | None = None,
+    ) -> None:
+        self.engine = engine
+        self.session_id = session_id
+        self.run_id = run_id
+        self.agent_id = agent_id
+        self.references = tuple(references)
+        self.created_at = created_at
+        self.state_type = state_type
+        self.work_item_id = work_item_id
+        self.attempt_id = attempt_id
+        self.fork_receipt = fork_receipt
+        self._composition = composition
+        self._task = task
+        self._journal: SessionJournal | None = None
+
+    @property
+    def store(self) -> CheckpointStore:
+        """The bound checkpoint store."""
+        store = self.engine.checkpoint_store
+        if store is None:
+            raise ConfigurationError("this engine has no checkpoint_store; pass Engine(checkpoint_store=...)")
+        return store  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"Session({self.session_id.value!r})"
+
+    # ---- running
+
+    def run(self, *, steering: str | None = None) -> EngineResult[Any]:
+        """Run or resume through the one canonical Engine loop."""
+        if steering is not None:
+            self.steer(steering)
+        store = self.store
+        sid = self.session_id.value
+        head = _require_head(store, sid)
+        restored = _restore(store, sid, head.snapshot_id)
+        state = self.state_type.from_dict(restored.state_data)
+        self.run_id = RunIdentity.new()
+        self.attempt_id = AttemptIdentity.new()
+        runtime = self._composition.runtime if self._composition is not None else None
+        journal = SessionJournal(
+            store,
+            sid,
+            restored.snapshot,
+            run_id=self.run_id.value,
+            mode=runtime.durability if runtime else "sync",
+            batch_steps=runtime.batch_steps if runtime else 16,
+            batch_ms=runtime.batch_ms if runtime else 50.0,
+        )
+        self._journal = journal
+        resume = ResumePoint(
+            state=state,
+            log=restored.log,
+            budget_used=dict(restored.snapshot.payload.get("budget_used") or {}),
+            pending=restored.pending,
+            carry_changes=restored.carry_changes,
+        )
+        return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
+
+    def pause(self) -> PauseReceipt:
+        """Request cooperative pause; durable status is returned at a boundary."""
+        item = self.store.append_control(self.session_id.value, "pause", {"requested_at": utc_now()})
+        return PauseReceipt(session_id=item.session_id, position=item.position, requested_at=item.created_at)
+
+    def steer(self, text: str) -> SteeringReceipt:
+        """Durably submit one canonical steering item to this Session."""
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigurationError("steering text must be a non-empty string")
+        item = self.store.append_control(self.session_id.value, "steer", {"text": text})
+        return SteeringReceipt(
+            session_id=item.session_id,
+            position=item.position,
+            text_digest=sha256_hex(text),
+            submitted_at=item.created_at,
+        )
+
+    def approve(self, call_id: str) -> ApprovalReceipt:
+        """Approve a tool call awaiting approval; the next ``run()`` executes it."""
+        return self._answer(call_id, True, None)
+
+    def reject(self, call_id: str, reason: str | None = None) -> ApprovalReceipt:
+        """Reject a tool call awaiting approval; the next ``run()`` reports the rejection to the agent."""
+        return self._answer(call_id, False, reason)
+
+    def _answer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
+        batch = self.inspect().tool_batch
+        waiting = {c.call_id for c in batch.pending_approval} if batch else set()
+        if call_id not in waiting:
+            raise ConfigurationError(
+                f"session {self.session_id.value}: no tool call {call_id!r} is awaiting approval "
+                f"(awaiting: {sorted(waiting) or 'none'})"
+            )
+        kind = "approve" if approved else "reject"
+        item = self.store.append_control(self.session_id.value, kind, {"call_id": call_id, "reason": reason})
+        return ApprovalReceipt(
+            session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
+        )
+
+    def capabilities(self) -> frozenset[str]:
+        """What this session supports with its store."""
+        caps = {"run", "pause", "steer", "fork", "inspect", "approve"}
+        if not isinstance(self.store, InMemoryCheckpointStore):
+            caps.add("cross_process_restore")
+        return frozenset(caps)
+
+    # ---- forking
+
+    def fork(
+        self, snapshot: SessionSnapshot | SnapshotIdentity | str | None = None, *, operation_id: str | None = None
+    ) -> Session:
+        """Create an isolated durable child from one verified immutable snapshot."""
+        store = self.store
+        sid = self.session_id.value
+        if operation_id is not None:
+            existing = store.find_session_by_operation(operation_id)
+            if existing is not None:
+                return self._open_child(existing)
+        if snapshot is None:
+            snapshot_id = _require_head(store, sid).snapshot_id
+        elif isinstance(snapshot, SessionSnapshot):
+            snapshot_id = snapshot.snapshot_id
+        elif isinstance(snapshot, SnapshotIdentity):
+            snapshot_id = snapshot.value
+        else:
+            snapshot_id = str(snapshot)
+        source = store.get_snapshot(snapshot_id)
+        _materialize(store, snapshot_id)  # verifies the whole chain the child will share
+        child_id = SessionIdentity.new().value
+        payload = dict(source.payload)
+        payload.update(
+            state={"delta": []},
+            control_position=0,
+            step=[],
+            fork_of={"session_id": source.session_id, "snapshot_id": snapshot_id},
+        )
+        log_meta = dict(payload.get("log") or {})
+        log_meta.pop("chunks", None)
+        log_meta["chunk"] = None
+        payload["log"] = log_meta
+        if "full" in (source.payload.get("state") or {}):
+            payload["delta_bytes"] = 0
+        child = SessionSnapshot.create(
+            session_id=child_id,
+            parent_id=snapshot_id,
+            base_id=source.base_id or snapshot_id,
+            sequence=source.sequence + 1,
+            payload=payload,
+        )
+        created_at = utc_now()
+        head = _require_head(store, sid)
+        metadata = dict(head.metadata)
+        metadata.update(
+            parent_session_id=source.session_id,
+            fork_snapshot_id=snapshot_id,
+            fork_operation_id=operation_id,
+            created_at=created_at,
+        )
+        lifecycle = str(source.payload.get("lifecycle") or "created")
+        try:
+            store.commit_session_snapshot(
+                SessionSnapshotCommit(
+                    session_id=child_id,
+                    expected_head=None,
+                    snapshot=child,
+                    lifecycle=lifecycle,
+                    session_metadata=metadata,
+                    operation_id=operation_id,
+                )
+            )
+        except DuplicateOperationError:
+            existing = store.find_session_by_operation(operation_id or "")
+            if existing is None:
+                raise
+            return self._open_child(existing)
+        return self._open_child(child_id)
+
+    def _open_child(self, child_id: str) -> Session:
+        if self._composition is not None:
+            return self._composition.restore(child_id)  # type: ignore[no-any-return]
+        return restore_session(self.engine, child_id)
+
+    # ---- inspection
+
+    def inspect(self) -> SessionInspection:
+        """Read the durable head: lifecycle, integrity, budget, work graph, last request, tool batch."""
+        store = self.store
+        sid = self.session_id.value
+        record = _require_head(store, sid)
+        head = SessionHead(
+            session_id=sid,
+            snapshot_id=record.snapshot_id,
+            sequence=record.sequence,
+            lifecycle=record.lifecycle,
+            updated_at=record.updated_at,
+        )
+        restored: _Restored | None = None
+        try:
+            restored = _restore(store, sid, record.snapshot_id)
+            integrity = "verified"
+        except SnapshotIntegrityError as exc:
+            integrity = f"corrupt: {exc}"
+        payload = restored.snapshot.payload if restored else {}
+        budget: dict[str, Any] = {"used": dict(payload.get("budget_used") or {})}
+        if restored is not None:
+            state_data = restored.state_data
+            task = self._task_or_load()
+            engine_budget = self.engine.budget
+            budget["limits"] = {
+                "max_steps": state_data.get("max_steps"),
+                "max_runtime_seconds": task.budget.max_runtime_seconds or engine_budget.max_runtime_seconds,
+                "max_tokens": task.budget.max_tokens or engine_budget.max_tokens,
+            }
+        journal = self._journal
+        budget["durability"] = {
+            "mode": journal.mode
+            if journal
+            else (self._composition.runtime.durability if self._composition else "sync"),
+            "unflushed_boundaries": journal.unflushed if journal else 0,
+        }
+        view = None
+        view_id = payload.get("request_view")
+        if view_id:
+            raw = store.get_blobs([view_id]).get(view_id)
+            if raw is not None:
+                view = RequestView.from_dict(json.loads(zlib.decompress(raw)))
+        return SessionInspection(
+            head=head,
+            lifecycle=SessionLifecycle(record.lifecycle),
+            capabilities=tuple(sorted(self.capabilities())),
+            snapshot_integrity=integrity,
+            budget=budget,
+            work_graph=self._work_graph(store, sid) if restored else None,
+            last_request_view=view,
+            task=self._task_or_load().objective,
+            tool_batch=self._tool_batch(restored.pending if restored else None),
+        )
+
+    def _tool_batch(self, pending: PendingStep | None) -> ToolBatchSnapshot | None:
+        if pending is None:
+            return None
+        approvals = {
+            str(i.payload.get("call_id")): i
+            for i in self.store.list_control(self.session_id.value, kinds=_CONTROL_KINDS_APPROVAL)
+        }
+        registry = self.engine.agent.tool_registry
+        calls = []
+        for action in pending.decision.get("actions") or []:
+            call_id = action["id"]
+            spec = registry.get(action["name"])
+            needs = bool(spec and spec.needs_approval)
+            result = pending.results.get(call_id)
+            error = None
+            if result is not None:
+                status = (
+                    "completed"
+                    if result.get("ok")
+                    else ("rejected" if result.get("error_kind") == "rejected" else "failed")
+                )
+                error = result.get("error")
+            elif call_id in pending.started:
+                status = "started"
+            elif needs and call_id in approvals:
+                status = "approved" if approvals[call_id].kind == "approve" else "rejected"
+            elif needs:
+                status = "awaiting_approval"
+            else:
+                status = "not_started"
+            calls.append(
+                ToolCallStatus(
+                    call_id=call_id,
+                    tool=action["name"],
+                    args=dict(action.get("args") or {}),
+                    status=status,
+                    needs_approval=needs,
+                    error=error,
+                )
+            )
+        return ToolBatchSnapshot(step_id=pending.step_id, calls=tuple(calls))
+
+    def _work_graph(self, store: CheckpointStore, sid: str, limit: int = 500) -> dict[str, Any]:
+        steps: dict[int, dict[str, Any]] = {}
+        snapshot_ids = store.list_session_snapshots(sid)[:limit]
+        for snapshot_id in reversed(snapshot_ids):
+            try:
+                snap = store.get_snapshot(snapshot_id)
+            except CheckpointError:
+                continue
+            run_id = snap.payload.get("run_id")
+            for step in snap.payload.get("step") or []:
+                item = steps.setdefault(
+                    step["step_id"],
+                    {"work_item": f"step-{step['step_id']}", "kind": "step", "attempts": [], "tool_calls": []},
+                )
+                item["attempts"].append({"run_id": run_id, "snapshot_id": snapshot_id, "outcome": "committed"})
+                item["mode"] = step.get("mode")
+                item["tool_calls"] = [
+                    {
+                        "work_item": c["call_id"],
+                        "tool": c["tool"],
+                        "outcome": "ok" if c["ok"] else (c.get("error_kind") or "error"),
+                    }
+                    for c in step.get("calls") or []
+                ]
+            pending = snap.payload.get("pending")
+            if pending:
+                item = steps.setdefault(
+                    pending["step_id"],
+                    {"work_item": f"step-{pending['step_id']}", "kind": "step", "attempts": [], "tool_calls": []},
+                )
+                item["attempts"].append(
+                    {"run_id": run_id, "snapshot_id": snapshot_id, "outcome": snap.payload.get("lifecycle")}
+                )
+        return {"session_id": sid, "steps": [steps[k] for k in sorted(steps)]}
+
+    def _task_or_load(self) -> Task:
+        if self._task is None:
+            record = _require_head(self.store, self.session_id.value)
+            self._task = Task.from_dict(record.metadata.get("task") or {"objective": ""})
+        return self._task
+
+
+def _require_head(store: CheckpointStore, session_id: str) -> SessionHeadRecord:
+    head = store.get_session_head(session_id)
+    if head is None:
+        raise SessionNotFoundError(session_id)
+    return head
+
+
+def _state_type_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _resolve_state_type(name: str, engine: Engine[Any, Any, Any]) -> type[StateSchema]:
+    module_name, _, qualname = name.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        if isinstance(target, type) and issubclass(target, StateSchema):
+            return target
+    except (ImportError, AttributeError):
+        pass
+    # A state class defined in a script's __main__: ask the agent for one of the same name.
+    probe = engine.agent.init_state("")
+    if type(probe).__qualname__ == qualname:
+        return type(probe)
+    raise ConfigurationError(f"cannot import the session's state type {name!r} in this process")
+
+
+def _agent_identity(engine: Engine[Any, Any, Any]) -> AgentIdentity:
+    cls = type(engine.agent)
+    return AgentIdentity(f"agt_{sha256_hex(f'{cls.__module__}:{cls.__qualname__}')[:24]}")
+
+
+def new_session(
+    engine: Engine[Any, Any, Any], task: str | Task, *, composition: Composition | None = None, **state_kwargs: Any
+) -> Session:
+    """Create a durable session: initialise the state and commit its first snapshot."""
+    store = engine.checkpoint_store
+    if store is None:
+        store = engine.checkpoint_store = InMemoryCheckpointStore()
+    the_task = Task.coerce(task)
+    state = engine.agent.init_state(the_task.objective, **state_kwargs)
+    if not isinstance(state, StateSchema):
+        raise ConfigurationError(f"init_state must return a StateSchema, got {type(state).__name__}")
+    if not state.task:
+        state.task = the_task.objective
+    state.drain_changes()
+    session_id = SessionIdentity.new()
+    full = state.to_dict()
+    log = ExchangeLog(f"log-{session_id.value}")
+    payload: dict[str, Any] = {
+        "format": FORMAT,
+        "run_id": None,
+        "step_id": 0,
+        "lifecycle": SessionLifecycle.CREATED.value,
+        "stop_reason": None,
+        "budget_used": {},
+        "control_position": 0,
+        "pending": None,
+        "step": [],
+        "request_view": None,
+        "state": {"full": full},
+        "state_bytes": len(canonical_json(full)),
+        "delta_bytes": 0,
+        "log": {"log_id": log.log_id, "position": 0, "digest": log.digest, "chunks": []},
+    }
+    snapshot = SessionSnapshot.create(
+        session_id=session_id.value, parent_id=None, base_id=None, sequence=0, payload=payload
+    )
+    created_at = utc_now()
+    agent_id = _agent_identity(engine)
+    references = composition.runtime.references if composition is not None else ()
+    metadata = {
+        "agent_id": agent_id.value,
+        "agent": f"{type(engine.agent).__module__}:{type(engine.agent).__qualname__}",
+        "state_type": _state_type_name(type(state)),
+        "task": the_task.to_dict(),
+        "created_at": created_at,
+        "parent_session_id": None,
+        "fork_snapshot_id": None,
+        "references": [{"name": r.name, "kind": r.kind, "provider": r.provider} for r in references],
+    }
+    store.commit_session_snapshot(
+        SessionSnapshotCommit(
+            session_id=session_id.value,
+            expected_head=None,
+            snapshot=snapshot,
+            lifecycle=SessionLifecycle.CREATED.value,
+            session_metadata=metadata,
+        )
+    )
+    return Session(
+        engine=engine,
+        session_id=session_id,
+        run_id=RunIdentity.new(),
+        agent_id=agent_id,
+        references=references,
+        created_at=created_at,
+        state_type=type(state),
+        work_item_id=WorkItemIdentity.new(),
+        attempt_id=AttemptIdentity.new(),
+        composition=composition,
+        task=the_task,
+    )
+
+
+def restore_session(
+    engine: Engine[Any, Any, Any], session_id: str, *, composition: Composition | None = None
+) -> Session:
+    """The Session for ``session_id`` from the store's durable head (works across processes)."""
+    store = engine.checkpoint_store
+    if store is None:
+        raise ConfigurationError("restoring a session needs an engine with a checkpoint_store")
+    head = _require_head(store, session_id)
+    meta = head.metadata
+    state_type = _resolve_state_type(str(meta.get("state_type", "")), engine)
+    fork_receipt = None
+    if meta.get("fork_snapshot_id"):
+        fork_receipt = SessionForkReceipt(
+            parent_session_id=str(meta.get("parent_session_id")),
+            parent_snapshot_id=str(meta.get("fork_snapshot_id")),
+            child_session_id=session_id,
+            operation_id=meta.get("fork_operation_id"),
+            created_at=str(meta.get("created_at", "")),
+        )
+    references = composition.runtime.references if composition is not None else ()
+    return Session(
+        engine=engine,
+        session_id=SessionIdentity(session_id),
+        run_id=RunIdentity.new(),
+        agent_id=AgentIdentity(str(meta.get("agent_id") or _agent_identity(engine).value)),
+        references=references,
+        created_at=str(meta.get("created_at", "")),
+        state_type=state_type,
+        work_item_id=WorkItemIdentity.new(),
+        attempt_id=AttemptIdentity.new(),
+        fork_receipt=fork_receipt,
+        composition=composition,
+        task=Task.from_dict(meta.get("task") or {"objective": ""}),
+    )
