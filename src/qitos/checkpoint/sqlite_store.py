@@ -1,0 +1,714 @@
+"""``SqliteCheckpointStore``: the checkpoint store in one SQLite file, safe for many processes.
+
+Design (STYLE practice 6, SPEC sections 3 and 7):
+
+- stdlib ``sqlite3``; one connection per store per process, opened lazily, shared by threads
+  behind a ``threading.Lock`` and re-opened in a child after ``fork()`` (a connection inherited
+  across ``fork()`` is never used nor closed by the child);
+- WAL journal, ``synchronous=NORMAL`` by default (``FULL`` on request), ``busy_timeout``;
+- every write is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
+  any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff, so
+  "database is locked" never reaches the caller unless the file stays locked for
+  ``retry_timeout`` seconds (then a :class:`~qitos.core.errors.CheckpointError` says so);
+- a ``schema_version`` table and ordered migrations, each applied in one transaction together
+  with its version row; a file written by a newer schema is refused;
+- fixed SQL strings (compiled once and reused from sqlite3's statement cache); payloads stored
+  as compact canonical JSON text, zlib-compressed only when at least ``compress_min_bytes`` long
+  and the result is at least 10% smaller; the digest always covers the uncompressed JSON.
+
+What a crash can lose: with ``synchronous="NORMAL"`` in WAL mode a committed transaction
+survives a process crash; a power loss or OS crash may roll back the most recent commits (never
+corrupt the file). ``synchronous="FULL"`` makes each commit durable against power loss too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+import weakref
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
+
+from qitos.checkpoint.store import (
+    ControlItem,
+    DuplicateOperationError,
+    PruneReport,
+    SessionCommitReceipt,
+    SessionHeadRecord,
+    SessionSnapshot,
+    SessionSnapshotCommit,
+    SnapshotNotFoundError,
+    StepWrite,
+    SyncCheckpointStore,
+    check_after,
+    check_blobs,
+    check_control,
+    check_write_base,
+    json_text,
+    name_set,
+    utc_now,
+)
+from qitos.core.errors import (
+    CheckpointError,
+    ConfigurationError,
+    HeadConflictError,
+    SessionNotFoundError,
+    SnapshotIntegrityError,
+)
+
+__all__ = ["SCHEMA_VERSION", "SqliteCheckpointStore"]
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+# Ordered schema history. Never edit an applied migration: append a new one.
+_MIGRATIONS: Final[tuple[_Migration, ...]] = (
+    _Migration(
+        1,
+        "initial schema",
+        (
+            "CREATE TABLE snapshots (snapshot_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
+            "parent_id TEXT, base_id TEXT, sequence INTEGER NOT NULL, created_at TEXT NOT NULL, "
+            "payload TEXT NOT NULL)",
+            "CREATE TABLE heads (session_id TEXT PRIMARY KEY, snapshot_id TEXT NOT NULL, "
+            "sequence INTEGER NOT NULL, lifecycle TEXT NOT NULL, updated_at TEXT NOT NULL, "
+            "metadata TEXT NOT NULL)",
+            "CREATE TABLE writes (session_id TEXT NOT NULL, base_snapshot_id TEXT NOT NULL, "
+            "kind TEXT NOT NULL, key TEXT NOT NULL, step_id INTEGER NOT NULL, payload TEXT NOT NULL, "
+            "PRIMARY KEY (session_id, base_snapshot_id, kind, key))",
+            "CREATE TABLE control (session_id TEXT NOT NULL, position INTEGER NOT NULL, "
+            "kind TEXT NOT NULL, payload TEXT NOT NULL, created_at TEXT NOT NULL, "
+            "PRIMARY KEY (session_id, position)) WITHOUT ROWID",
+            "CREATE TABLE blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL)",
+        ),
+    ),
+    _Migration(
+        2,
+        "compressed payloads and creation operation ids",
+        (
+            "ALTER TABLE snapshots ADD COLUMN encoding TEXT NOT NULL DEFAULT 'json'",
+            "CREATE TABLE operations (operation_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
+            "snapshot_id TEXT NOT NULL, created_at TEXT NOT NULL)",
+        ),
+    ),
+)
+SCHEMA_VERSION: Final[int] = _MIGRATIONS[-1].version
+"""The schema version this code writes; older files are migrated to it on open."""
+
+_SQL_SCHEMA_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+_SQL_SCHEMA_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_version "
+    "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+)
+_SQL_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM schema_version"
+_SQL_SCHEMA_RECORD = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
+
+_SQL_HEAD_CREATE = (
+    "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at, metadata) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
+)
+_SQL_HEAD_ADVANCE = (
+    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ? "
+    "WHERE session_id = ? AND snapshot_id = ?"
+)
+_SQL_HEAD_ADVANCE_METADATA = (
+    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, metadata = ? "
+    "WHERE session_id = ? AND snapshot_id = ?"
+)
+_SQL_HEAD_ID = "SELECT snapshot_id FROM heads WHERE session_id = ?"
+_SQL_HEAD_GET = (
+    "SELECT session_id, snapshot_id, sequence, lifecycle, updated_at, metadata FROM heads WHERE session_id = ?"
+)
+_SQL_HEAD_LIST = "SELECT session_id, snapshot_id, sequence, lifecycle, updated_at, metadata FROM heads ORDER BY rowid"
+_SQL_SNAPSHOT_SESSION = "SELECT session_id FROM snapshots WHERE snapshot_id = ?"
+_SQL_SNAPSHOT_INSERT = (
+    "INSERT OR IGNORE INTO snapshots "
+    "(snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SNAPSHOT_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload"
+_SQL_SNAPSHOT_GET = (
+    "SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, "
+    "CAST(payload AS BLOB) FROM snapshots WHERE snapshot_id = ?"
+)
+# The snapshot and its ancestors up to its base (``stop``), in one recursive query.
+_SQL_CHAIN = (
+    f"WITH RECURSIVE chain({_SNAPSHOT_COLUMNS}, stop, depth) AS ("
+    f" SELECT {_SNAPSHOT_COLUMNS}, base_id, 0 FROM snapshots WHERE snapshot_id = ?"
+    " UNION ALL"
+    " SELECT p.snapshot_id, p.session_id, p.parent_id, p.base_id, p.sequence, p.created_at, p.encoding,"
+    " p.payload, chain.stop, chain.depth + 1"
+    " FROM chain JOIN snapshots p ON p.snapshot_id = chain.parent_id"
+    " WHERE chain.stop IS NOT NULL AND chain.snapshot_id != chain.stop AND chain.depth < ?)"
+    " SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding,"
+    " CAST(payload AS BLOB), stop, depth FROM chain ORDER BY depth DESC"
+)
+# A session's head chain, newest first, staying within the session.
+_SQL_SESSION_CHAIN = (
+    "WITH RECURSIVE chain(snapshot_id, parent_id, depth) AS ("
+    " SELECT s.snapshot_id, s.parent_id, 0 FROM heads h JOIN snapshots s ON s.snapshot_id = h.snapshot_id"
+    " WHERE h.session_id = ?1"
+    " UNION ALL"
+    " SELECT p.snapshot_id, p.parent_id, chain.depth + 1 FROM chain"
+    " JOIN snapshots p ON p.snapshot_id = chain.parent_id WHERE p.session_id = ?1)"
+    " SELECT snapshot_id FROM chain ORDER BY depth"
+)
+_SQL_OPERATION_GET = "SELECT session_id FROM operations WHERE operation_id = ?"
+_SQL_OPERATION_INSERT = "INSERT INTO operations (operation_id, session_id, snapshot_id, created_at) VALUES (?, ?, ?, ?)"
+_SQL_WRITE_INSERT = (
+    "INSERT OR IGNORE INTO writes (session_id, base_snapshot_id, kind, key, step_id, payload) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_SQL_WRITE_LIST = (
+    "SELECT step_id, kind, key, payload FROM writes WHERE session_id = ? AND base_snapshot_id = ? ORDER BY rowid"
+)
+_SQL_CONTROL_NEXT = "SELECT COALESCE(MAX(position), 0) + 1 FROM control WHERE session_id = ?"
+_SQL_CONTROL_INSERT = "INSERT INTO control (session_id, position, kind, payload, created_at) VALUES (?, ?, ?, ?, ?)"
+_SQL_CONTROL_LIST = (
+    "SELECT position, kind, payload, created_at FROM control WHERE session_id = ? AND position > ? ORDER BY position"
+)
+_SQL_BLOB_INSERT = "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)"
+_SQL_BLOB_GET = "SELECT data FROM blobs WHERE digest = ?"
+_SQL_KEEP_TABLE = "CREATE TEMP TABLE IF NOT EXISTS prune_keep (snapshot_id TEXT PRIMARY KEY)"
+_SQL_KEEP_CLEAR = "DELETE FROM temp.prune_keep"
+_SQL_KEEP_INSERT = "INSERT OR IGNORE INTO temp.prune_keep (snapshot_id) VALUES (?)"
+_SQL_KEEP_MISSING = (
+    "SELECT k.snapshot_id FROM temp.prune_keep k LEFT JOIN snapshots s ON s.snapshot_id = k.snapshot_id "
+    "WHERE s.snapshot_id IS NULL ORDER BY k.snapshot_id LIMIT 1"
+)
+_SQL_PRUNE = (
+    "WITH RECURSIVE reach(snapshot_id) AS ("
+    " SELECT snapshot_id FROM heads UNION SELECT snapshot_id FROM temp.prune_keep"
+    " UNION SELECT s.parent_id FROM snapshots s JOIN reach r ON s.snapshot_id = r.snapshot_id"
+    " WHERE s.parent_id IS NOT NULL)"
+    " DELETE FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
+)
+_SQL_PRUNE_WRITES = "DELETE FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
+_SQL_SNAPSHOT_COUNT = "SELECT COUNT(*) FROM snapshots"
+
+_MAX_CHAIN: Final = 10_000_000  # guards the recursive query against a cycle in corrupted rows
+_BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+Synchronous = Literal["NORMAL", "FULL"]
+
+# Connections inherited across fork(): kept referenced so the child never closes (or uses) them.
+_INHERITED: list[sqlite3.Connection] = []
+_LIVE: weakref.WeakSet[SqliteCheckpointStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_LIVE):
+        store._forget_parent_connection()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class SqliteCheckpointStore(SyncCheckpointStore):
+    """A :class:`~qitos.checkpoint.store.CheckpointStore` in one SQLite file (see module docs).
+
+    ``path`` is the database file (created on first use with its schema); ``synchronous`` is the
+    WAL durability level; ``busy_timeout_ms`` is how long SQLite itself waits for a lock before
+    the store's own backoff retries, for up to ``retry_timeout`` seconds in all;
+    ``compress_min_bytes`` (None: never) is the payload size from which zlib is tried.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "NORMAL",
+        busy_timeout_ms: int = 5_000,
+        retry_timeout: float = 60.0,
+        compress_min_bytes: int | None = 16_384,
+    ) -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ConfigurationError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        if not isinstance(busy_timeout_ms, int) or isinstance(busy_timeout_ms, bool) or busy_timeout_ms < 0:
+            raise ConfigurationError(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
+        if not isinstance(retry_timeout, int | float) or retry_timeout <= 0:
+            raise ConfigurationError(f"retry_timeout must be a positive number of seconds, got {retry_timeout!r}")
+        if compress_min_bytes is not None and (not isinstance(compress_min_bytes, int) or compress_min_bytes < 0):
+            raise ConfigurationError(f"compress_min_bytes must be None or an int >= 0, got {compress_min_bytes!r}")
+        self.path = os.fspath(path)
+        self.synchronous: Synchronous = synchronous
+        self._busy_timeout_ms = busy_timeout_ms
+        self._retry_timeout = float(retry_timeout)
+        self._compress_min = compress_min_bytes
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        self._closed = False
+        _LIVE.add(self)
+
+    def __repr__(self) -> str:
+        return f"SqliteCheckpointStore({self.path!r}, synchronous={self.synchronous!r})"
+
+    # ---- connection, transactions, retries
+
+    def _forget_parent_connection(self) -> None:
+        """In a forked child: drop the parent's lock and connection without touching them."""
+        self._lock = threading.Lock()
+        if self._conn is not None:
+            _INHERITED.append(self._conn)
+            self._conn = None
+        self._pid = os.getpid()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise CheckpointError(f"{self!r} is closed")
+        if self._pid != os.getpid():  # forked without os.register_at_fork hooks running
+            self._forget_parent_connection()
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path != ":memory:" and not self.path.startswith("file:"):
+            parent = Path(self.path).parent
+            if not parent.is_dir():
+                raise CheckpointError(f"cannot open checkpoint database {self.path!r}: {parent} is not a directory")
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout_ms / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+            cached_statements=64,
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            _migrate(conn, self.path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _run(self, fn: Callable[[sqlite3.Connection], _T], *, write: bool) -> _T:
+        """Run ``fn`` on this process's connection (in a BEGIN IMMEDIATE transaction if ``write``),
+        retrying the whole call while the database is busy or locked."""
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            with self._lock:
+                try:
+                    conn = self._connection()
+                    return _in_transaction(conn, fn) if write else fn(conn)
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc):
+                        raise self._error(exc) from exc
+                    busy = exc
+                except sqlite3.Error as exc:
+                    raise self._error(exc) from exc
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self._retry_timeout
+            if now >= deadline:
+                raise CheckpointError(
+                    f"{self.path}: the database stayed locked by other writers for {self._retry_timeout:g} s "
+                    f"({attempt + 1} attempts); last SQLite error: {busy}"
+                ) from busy
+            time.sleep(min(0.05, 0.001 * 2**attempt) * random.uniform(0.5, 1.0))
+            attempt += 1
+
+    def _error(self, exc: sqlite3.Error) -> CheckpointError:
+        return CheckpointError(f"SQLite error on {self.path}: {exc}")
+
+    def _encode(self, payload_json: str) -> tuple[str, str | bytes]:
+        if self._compress_min is not None and len(payload_json) >= self._compress_min:
+            raw = payload_json.encode("utf-8")
+            packed = zlib.compress(raw, 1)
+            if len(packed) * 10 < len(raw) * 9:
+                return "zlib", packed
+        return "json", payload_json
+
+    # ---- sessions and snapshots
+
+    def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
+        """Read the current mutable head for one session (None if there is no such session)."""
+        row = self._run(lambda conn: conn.execute(_SQL_HEAD_GET, (session_id,)).fetchone(), write=False)
+        return None if row is None else _head_record(row)
+
+    def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS)."""
+        payload_json = request.validate()
+        metadata = request.session_metadata
+        metadata_json = None if metadata is None else json_text(metadata, "session_metadata")
+        blobs = check_blobs(request.blobs) if request.blobs else []
+        snapshot = request.snapshot
+        encoding, stored = self._encode(payload_json)
+        session_id = request.session_id
+        expected = request.expected_head
+        operation_id = request.operation_id
+
+        def commit(conn: sqlite3.Connection) -> str:
+            execute = conn.execute
+            now = utc_now()
+            head = (snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
+            if expected is None:
+                created = (session_id, *head, metadata_json or "{}")
+                if execute(_SQL_HEAD_CREATE, created).rowcount != 1:
+                    actual = execute(_SQL_HEAD_ID, (session_id,)).fetchone()
+                    raise HeadConflictError(session_id, None, None if actual is None else actual[0])
+            else:
+                if metadata_json is None:
+                    moved = execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected))
+                else:
+                    moved = execute(_SQL_HEAD_ADVANCE_METADATA, (*head, metadata_json, session_id, expected))
+                if moved.rowcount != 1:
+                    actual = execute(_SQL_HEAD_ID, (session_id,)).fetchone()
+                    if actual is None:
+                        raise SessionNotFoundError(session_id)
+                    raise HeadConflictError(session_id, expected, actual[0])
+            if operation_id is not None:
+                owner = execute(_SQL_OPERATION_GET, (operation_id,)).fetchone()
+                if owner is not None:
+                    raise DuplicateOperationError(operation_id, owner[0])
+            parent_id = snapshot.parent_id
+            # A head always names a stored snapshot, so a parent equal to the head just matched exists.
+            if (
+                parent_id is not None
+                and parent_id != expected
+                and execute(_SQL_SNAPSHOT_SESSION, (parent_id,)).fetchone() is None
+            ):
+                raise SnapshotNotFoundError(parent_id)
+            execute(
+                _SQL_SNAPSHOT_INSERT,
+                (
+                    snapshot.snapshot_id,
+                    session_id,
+                    parent_id,
+                    snapshot.base_id,
+                    snapshot.sequence,
+                    snapshot.created_at,
+                    encoding,
+                    stored,
+                ),
+            )
+            if blobs:
+                conn.executemany(_SQL_BLOB_INSERT, blobs)
+            if operation_id is not None:
+                execute(_SQL_OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
+            return now
+
+        committed_at = self._run(commit, write=True)
+        return SessionCommitReceipt(
+            session_id=session_id,
+            snapshot_id=snapshot.snapshot_id,
+            previous_head=expected,
+            sequence=snapshot.sequence,
+            committed_at=committed_at,
+        )
+
+    def find_session_by_operation(self, operation_id: str) -> str | None:
+        """The session a commit with this ``operation_id`` created, or None."""
+        row = self._run(lambda conn: conn.execute(_SQL_OPERATION_GET, (operation_id,)).fetchone(), write=False)
+        return None if row is None else str(row[0])
+
+    def get_snapshot(self, snapshot_id: str) -> SessionSnapshot:
+        """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
+        rows = self._run(lambda conn: _snapshot_rows(conn, _SQL_SNAPSHOT_GET, (snapshot_id,), snapshot_id), write=False)
+        if not rows:
+            raise SnapshotNotFoundError(snapshot_id)
+        return _snapshot(rows[0])
+
+    def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
+        """The snapshot and its ancestors back to and including its base, oldest first, verified."""
+        rows = self._run(
+            lambda conn: _snapshot_rows(conn, _SQL_CHAIN, (snapshot_id, _MAX_CHAIN), snapshot_id), write=False
+        )
+        if not rows:
+            raise SnapshotNotFoundError(snapshot_id)
+        oldest = rows[0]
+        stop, depth = oldest[8], oldest[9]
+        if stop is not None and oldest[0] != stop:
+            if depth >= _MAX_CHAIN:
+                reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
+            elif oldest[2] is None:
+                reason = f"its base {stop} is not among its ancestors (reached the root)"
+            else:
+                reason = f"ancestor {oldest[2]} is missing from the store"
+            raise SnapshotIntegrityError(snapshot_id, reason)
+        return [_snapshot(row) for row in rows]
+
+    def list_sessions(self) -> list[SessionHeadRecord]:
+        """Every session head, in creation order."""
+        rows = self._run(lambda conn: conn.execute(_SQL_HEAD_LIST).fetchall(), write=False)
+        return [_head_record(row) for row in rows]
+
+    def list_session_snapshots(self, session_id: str) -> list[str]:
+        """The session's head chain within the session, newest first."""
+
+        def read(conn: sqlite3.Connection) -> list[str]:
+            ids = [row[0] for row in conn.execute(_SQL_SESSION_CHAIN, (session_id,))]
+            if not ids and conn.execute(_SQL_HEAD_ID, (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(session_id)
+            return ids
+
+        return self._run(read, write=False)
+
+    # ---- pending writes
+
+    def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        """Store pending writes in one transaction; per write, whether it was new (first wins)."""
+        rows = [(w.session_id, w.base_snapshot_id, w.kind, w.key, w.step_id, w.payload_json()) for w in writes]
+        if not rows:
+            return []
+
+        def put(conn: sqlite3.Connection) -> list[bool]:
+            checked: set[tuple[str, str]] = set()
+            for write in writes:
+                pair = (write.session_id, write.base_snapshot_id)
+                if pair not in checked:
+                    base = conn.execute(_SQL_SNAPSHOT_SESSION, (write.base_snapshot_id,)).fetchone()
+                    check_write_base(write, None if base is None else base[0])
+                    checked.add(pair)
+            return [conn.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
+
+        return self._run(put, write=True)
+
+    def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
+        """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
+        rows = self._run(
+            lambda conn: conn.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall(), write=False
+        )
+        return [
+            StepWrite(
+                session_id=session_id,
+                base_snapshot_id=base_snapshot_id,
+                step_id=step_id,
+                kind=kind,
+                key=key,
+                payload=_loads(payload, f"write {kind}/{key}"),
+            )
+            for step_id, kind, key, payload in rows
+        ]
+
+    # ---- control items
+
+    def append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        """Durably append one control item; the store assigns its position."""
+        payload_json = check_control(session_id, kind, payload)
+
+        def append(conn: sqlite3.Connection) -> tuple[int, str]:
+            if conn.execute(_SQL_HEAD_ID, (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(session_id)
+            position = int(conn.execute(_SQL_CONTROL_NEXT, (session_id,)).fetchone()[0])
+            now = utc_now()
+            conn.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now))
+            return position, now
+
+        position, created_at = self._run(append, write=True)
+        return ControlItem(
+            session_id=session_id,
+            position=position,
+            kind=kind,
+            payload=_loads(payload_json, f"control {kind}"),
+            created_at=created_at,
+        )
+
+    def list_control(self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[ControlItem]:
+        """Control items with position > ``after`` (optionally only ``kinds``), by position."""
+        wanted = name_set(kinds, "kinds")
+        start = check_after(after)
+
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            rows = conn.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
+            if not rows and conn.execute(_SQL_HEAD_ID, (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(session_id)
+            return rows
+
+        return [
+            ControlItem(
+                session_id=session_id,
+                position=position,
+                kind=kind,
+                payload=_loads(payload, f"control item {position}"),
+                created_at=created_at,
+            )
+            for position, kind, payload, created_at in self._run(read, write=False)
+            if wanted is None or kind in wanted
+        ]
+
+    # ---- blobs
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
+        checked = check_blobs(blobs)
+        if checked:
+            self._run(lambda conn: conn.executemany(_SQL_BLOB_INSERT, checked), write=True)
+
+    def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        """The stored blobs among ``digests`` (absent digests are absent from the result); verified."""
+        wanted = sorted(name_set(digests, "digests") or ())
+
+        def read(conn: sqlite3.Connection) -> dict[str, bytes]:
+            found: dict[str, bytes] = {}
+            for digest in wanted:
+                row = conn.execute(_SQL_BLOB_GET, (digest,)).fetchone()
+                if row is not None:
+                    found[digest] = bytes(row[0])
+            return found
+
+        found = self._run(read, write=False)
+        check_blobs(found)  # BlobIntegrityError if stored bytes were altered
+        return found
+
+    # ---- retention
+
+    def prune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
+        named = sorted(name_set(keep, "keep") or ())
+
+        def prune(conn: sqlite3.Connection) -> PruneReport:
+            conn.execute(_SQL_KEEP_TABLE)
+            conn.execute(_SQL_KEEP_CLEAR)
+            conn.executemany(_SQL_KEEP_INSERT, [(snapshot_id,) for snapshot_id in named])
+            missing = conn.execute(_SQL_KEEP_MISSING).fetchone()
+            if missing is not None:
+                raise SnapshotNotFoundError(missing[0])
+            conn.execute(_SQL_PRUNE)
+            deleted = int(conn.execute("SELECT changes()").fetchone()[0])  # rowcount is -1 after WITH
+            conn.execute(_SQL_PRUNE_WRITES)
+            conn.execute(_SQL_KEEP_CLEAR)
+            kept = int(conn.execute(_SQL_SNAPSHOT_COUNT).fetchone()[0])
+            return PruneReport(deleted_snapshots=deleted, kept_snapshots=kept)
+
+        return self._run(prune, write=True)
+
+    def vacuum(self) -> None:
+        """Rebuild the file to reclaim space freed by pruning, then truncate the WAL."""
+
+        def vacuum(conn: sqlite3.Connection) -> None:
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+        self._run(vacuum, write=False)
+
+    def close(self) -> None:
+        """Close this process's connection; later calls raise CheckpointError. Idempotent."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+            self._closed = True
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in _BUSY_CODES
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
+
+
+def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # SQLite already rolled back; keep the first error
+                conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Bring the file to SCHEMA_VERSION, one transaction per pending migration."""
+    if _schema_version(conn, path) == SCHEMA_VERSION:
+        return
+    for migration in _MIGRATIONS:
+
+        def apply(conn: sqlite3.Connection, migration: _Migration = migration) -> None:
+            conn.execute(_SQL_SCHEMA_TABLE)
+            if _schema_version(conn, path) < migration.version:
+                for statement in migration.statements:
+                    conn.execute(statement)
+                conn.execute(_SQL_SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
+
+        _in_transaction(conn, apply)
+
+
+def _schema_version(conn: sqlite3.Connection, path: str) -> int:
+    if conn.execute(_SQL_SCHEMA_EXISTS).fetchone() is None:
+        return 0
+    version = int(conn.execute(_SQL_SCHEMA_VERSION).fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint schema version {version}, newer than this qitos supports "
+            f"({SCHEMA_VERSION}); upgrade qitos to open it"
+        )
+    return version
+
+
+def _snapshot_rows(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], snapshot_id: str) -> list[Any]:
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "decode" in str(exc).lower():
+            raise SnapshotIntegrityError(snapshot_id, f"a stored row is not valid text: {exc}") from exc
+        raise
+
+
+def _snapshot(row: Any) -> SessionSnapshot:
+    snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload = row[:8]
+    if encoding == "zlib":
+        try:
+            payload = zlib.decompress(payload)
+        except (zlib.error, TypeError) as exc:
+            raise SnapshotIntegrityError(snapshot_id, f"compressed payload is unreadable: {exc}") from exc
+    elif encoding != "json":
+        raise SnapshotIntegrityError(snapshot_id, f"unknown payload encoding {encoding!r}")
+    if not isinstance(payload, bytes):
+        raise SnapshotIntegrityError(snapshot_id, f"stored payload is a {type(payload).__name__}, not bytes")
+    return SessionSnapshot.from_stored(
+        snapshot_id=snapshot_id,
+        session_id=session_id,
+        parent_id=parent_id,
+        base_id=base_id,
+        sequence=sequence,
+        created_at=created_at,
+        payload_json=payload,
+    )
+
+
+def _head_record(row: Any) -> SessionHeadRecord:
+    session_id, snapshot_id, sequence, lifecycle, updated_at, metadata = row
+    return SessionHeadRecord(
+        session_id=session_id,
+        snapshot_id=snapshot_id,
+        sequence=sequence,
+        lifecycle=lifecycle,
+        updated_at=updated_at,
+        metadata=_loads(metadata, f"session {session_id} metadata"),
+    )
+
+
+def _loads(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{what}: stored JSON is unreadable: {exc}") from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{what}: stored JSON is not an object")
+    return value

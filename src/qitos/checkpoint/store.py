@@ -1,0 +1,794 @@
+"""The checkpoint store contract: :class:`CheckpointStore` and the records it reads and writes.
+
+A store persists four kinds of data for durable sessions (SPEC section 3):
+
+- immutable **snapshots** (:class:`SessionSnapshot`), content-addressed: the id is the SHA-256 of
+  the canonical JSON of the snapshot's content, so a stored snapshot can always be verified;
+- one mutable **head** per session (:class:`SessionHeadRecord`), moved only by
+  :meth:`CheckpointStore.commit_session_snapshot` with a compare-and-swap on the previous head;
+- **pending writes** inside a step (:class:`StepWrite`: the decision, each tool call's intent and
+  result), keyed so that writing the same key twice keeps the first;
+- durable **control items** (:class:`ControlItem`: pause, steer, approve, reject) with positions
+  assigned by the store, and content-addressed **blobs** for large values.
+
+Sync and async twins: every method ``m`` has an ``a``-prefixed coroutine twin ``am`` on the same
+class. On :class:`CheckpointStore` the **async twins are abstract** (a subclass missing one fails
+at instantiation) and the sync ones delegate to them through ``asyncio.run``. Stores whose native
+I/O is synchronous (SQLite, in-memory) derive from :class:`SyncCheckpointStore` instead, where the
+**sync methods are abstract** and the async twins run them in a worker thread.
+
+Errors: :class:`~qitos.core.errors.HeadConflictError` (a stale expected head),
+:class:`~qitos.core.errors.SessionNotFoundError`, :class:`~qitos.core.errors.SnapshotIntegrityError`
+(stored bytes do not match their digest), plus :class:`SnapshotNotFoundError`,
+:class:`DuplicateOperationError` and :class:`BlobIntegrityError` defined here. Payloads must be
+JSON-native; anything else raises :class:`~qitos.core.errors.CodecError` naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import datetime as _dt
+import hashlib
+import json
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from json.encoder import encode_basestring
+from types import TracebackType
+from typing import Any, ParamSpec, Self, TypeVar
+
+from qitos.core.codec import canonical_json
+from qitos.core.errors import (
+    CheckpointError,
+    CodecError,
+    SnapshotIntegrityError,
+    UsageError,
+)
+
+__all__ = [
+    "BlobIntegrityError",
+    "CheckpointStore",
+    "ControlItem",
+    "DuplicateOperationError",
+    "PruneReport",
+    "SessionCommitReceipt",
+    "SessionHeadRecord",
+    "SessionSnapshot",
+    "SessionSnapshotCommit",
+    "SnapshotNotFoundError",
+    "StepWrite",
+    "SyncCheckpointStore",
+    "check_after",
+    "check_blobs",
+    "check_control",
+    "check_write_base",
+    "json_text",
+    "name_set",
+    "snapshot_content_text",
+    "utc_now",
+]
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class SnapshotNotFoundError(CheckpointError, KeyError):
+    """No snapshot with this id is stored (never committed, or pruned)."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(f"snapshot {snapshot_id!r} not found")
+        self.snapshot_id = snapshot_id
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return f"snapshot {self.snapshot_id!r} not found"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.snapshot_id,))
+
+
+class DuplicateOperationError(CheckpointError):
+    """A commit carried an ``operation_id`` that already created ``session_id``.
+
+    The runtime catches it to return the existing child instead of creating a second one
+    (``fork(operation_id=...)`` twice returns the same child).
+    """
+
+    def __init__(self, operation_id: str, session_id: str) -> None:
+        super().__init__(f"operation {operation_id!r} already created session {session_id!r}")
+        self.operation_id = operation_id
+        self.session_id = session_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.operation_id, self.session_id))
+
+
+class BlobIntegrityError(CheckpointError):
+    """A blob's bytes do not hash to the SHA-256 digest it is stored under."""
+
+    def __init__(self, digest: str, reason: str) -> None:
+        super().__init__(f"blob {digest}: {reason}")
+        self.digest = digest
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.digest, self.reason))
+
+
+# --------------------------------------------------------------------------- helpers for stores
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 with microseconds and a ``Z`` suffix."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+# Same settings as qitos.core.codec.canonical_json, held once (json.dumps builds an encoder per call).
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_DECODE = json.JSONDecoder().decode
+
+
+def json_text(value: Any, what: str) -> str:
+    """The canonical JSON text of a JSON-native mapping, or CodecError naming ``what``.
+
+    JSON-native means it comes back equal after a JSON round trip: tuples, non-string keys,
+    sets, NaN or objects are refused rather than silently changed.
+    """
+    if not isinstance(value, Mapping):
+        raise CodecError(what, f"expected a mapping, got {type(value).__qualname__}")
+    try:
+        text: str = _ENCODE(value)
+    except (TypeError, ValueError) as exc:
+        raise CodecError(what, f"not JSON-native: {exc}") from exc
+    if _DECODE(text) != value:
+        raise CodecError(
+            what,
+            "not JSON-native: it would change in a JSON round trip "
+            "(tuples, non-string keys or other non-JSON types); encode it first",
+        )
+    return text
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return encode_basestring(value)
+    if type(value) is int:
+        return str(value)
+    return canonical_json(value)  # anything else: its own canonical form (never equal to a str's or int's)
+
+
+def snapshot_content_text(
+    *,
+    session_id: Any,
+    parent_id: Any,
+    base_id: Any,
+    sequence: Any,
+    created_at: Any,
+    payload_json: str,
+) -> str:
+    """The canonical JSON of a snapshot's content, assembled around its payload's canonical JSON.
+
+    Equal to ``canonical_json({session_id, parent_id, base_id, sequence, created_at, payload})``
+    without serializing the payload again; its SHA-256 is the snapshot id.
+    """
+    if (
+        type(session_id) is str
+        and type(created_at) is str
+        and type(sequence) is int
+        and (parent_id is None or type(parent_id) is str)
+        and (base_id is None or type(base_id) is str)
+    ):  # the usual case, without per-field calls
+        return (
+            '{"base_id":' + ("null" if base_id is None else encode_basestring(base_id))
+            + ',"created_at":' + encode_basestring(created_at)
+            + ',"parent_id":' + ("null" if parent_id is None else encode_basestring(parent_id))
+            + ',"payload":' + payload_json
+            + ',"sequence":' + str(sequence)
+            + ',"session_id":' + encode_basestring(session_id) + "}"
+        )  # fmt: skip
+    return (
+        f'{{"base_id":{_scalar(base_id)},"created_at":{_scalar(created_at)},'
+        f'"parent_id":{_scalar(parent_id)},"payload":{payload_json},'
+        f'"sequence":{_scalar(sequence)},"session_id":{_scalar(session_id)}}}'
+    )
+
+
+def name_set(values: Iterable[str] | None, what: str) -> frozenset[str] | None:
+    """An iterable of names as a frozenset; a bare string is refused (it would iterate chars)."""
+    if values is None:
+        return None
+    if isinstance(values, str | bytes):
+        raise UsageError(f"{what} must be an iterable of strings, not a single string: use [{values!r}]")
+    out = frozenset(values)
+    for value in out:
+        if not isinstance(value, str):
+            raise UsageError(f"{what} must hold strings, got {value!r}")
+    return out
+
+
+def check_after(after: int) -> int:
+    """Validate a ``list_control(after=...)`` position (a non-negative int)."""
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise UsageError(f"after must be a non-negative int position, got {after!r}")
+    return after
+
+
+def _require_str(value: Any, what: str, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"{what} must be a non-empty string, got {value!r}")
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionSnapshot:
+    """One immutable committed boundary of a session.
+
+    ``snapshot_id`` is the SHA-256 of the canonical JSON of ``{session_id, parent_id, base_id,
+    sequence, created_at, payload}``. ``parent_id`` may name a snapshot of another session (a fork
+    shares its parent's prefix). ``base_id`` names the nearest ancestor holding a full
+    materialization, or is None when this snapshot is itself full; :meth:`CheckpointStore.load_chain`
+    returns the snapshots from the base to this one.
+
+    ``payload`` is read-only: its canonical JSON is fixed when the snapshot is created (or loaded),
+    and that text, checked against ``snapshot_id``, is what a store persists. :meth:`verify`
+    re-serializes the live payload and fails if it was changed since.
+    """
+
+    snapshot_id: str
+    session_id: str
+    parent_id: str | None
+    base_id: str | None
+    sequence: int
+    created_at: str
+    payload: Mapping[str, Any]
+
+    def __hash__(self) -> int:
+        return hash(self.snapshot_id)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        session_id: str,
+        parent_id: str | None,
+        base_id: str | None,
+        sequence: int,
+        payload: Mapping[str, Any],
+        created_at: str | None = None,
+    ) -> SessionSnapshot:
+        """Build a snapshot and compute its id; CodecError if ``payload`` is not JSON-native."""
+        _require_str(session_id, "session_id")
+        _require_str(parent_id, "parent_id", optional=True)
+        _require_str(base_id, "base_id", optional=True)
+        if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+            raise UsageError(f"sequence must be a non-negative int, got {sequence!r}")
+        stamp = utc_now() if created_at is None else created_at
+        _require_str(stamp, "created_at")
+        payload_json = json_text(payload, "snapshot.payload")
+        snapshot = cls(
+            snapshot_id="",
+            session_id=session_id,
+            parent_id=parent_id,
+            base_id=base_id,
+            sequence=sequence,
+            created_at=stamp,
+            payload=payload,
+        )
+        object.__setattr__(snapshot, "snapshot_id", snapshot._digest(payload_json))
+        object.__setattr__(snapshot, "_canonical_payload", payload_json)
+        return snapshot
+
+    def _digest(self, payload_json: str) -> str:
+        content = snapshot_content_text(
+            session_id=self.session_id,
+            parent_id=self.parent_id,
+            base_id=self.base_id,
+            sequence=self.sequence,
+            created_at=self.created_at,
+            payload_json=payload_json,
+        )
+        return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+    def canonical_payload(self) -> str:
+        """The payload's canonical JSON as fixed at creation or load, checked against the id.
+
+        This is what stores persist. SnapshotIntegrityError names the snapshot if the content
+        does not hash to ``snapshot_id``; a snapshot built directly (not by :meth:`create`) has
+        its payload serialized here (CodecError if it is not JSON-native).
+        """
+        payload_json: str | None = self.__dict__.get("_canonical_payload")
+        if payload_json is None:
+            payload_json = json_text(self.payload, f"snapshot {self.snapshot_id}.payload")
+        actual = self._digest(payload_json)
+        if actual != self.snapshot_id:
+            raise SnapshotIntegrityError(self.snapshot_id, f"content hashes to {actual}, not to its id")
+        return payload_json
+
+    def verify(self) -> None:
+        """Re-serialize the live content; SnapshotIntegrityError if it does not hash to the id."""
+        actual = self._digest(json_text(self.payload, f"snapshot {self.snapshot_id}.payload"))
+        if actual != self.snapshot_id:
+            raise SnapshotIntegrityError(self.snapshot_id, f"content hashes to {actual}, not to its id")
+
+    @classmethod
+    def from_stored(
+        cls,
+        *,
+        snapshot_id: str,
+        session_id: Any,
+        parent_id: Any,
+        base_id: Any,
+        sequence: Any,
+        created_at: Any,
+        payload_json: bytes | str,
+    ) -> SessionSnapshot:
+        """Rebuild a stored snapshot, verifying its digest; SnapshotIntegrityError names it if not."""
+        snapshot = cls(
+            snapshot_id=snapshot_id,
+            session_id=session_id,
+            parent_id=parent_id,
+            base_id=base_id,
+            sequence=sequence,
+            created_at=created_at,
+            payload={},
+        )
+        try:
+            text = payload_json.decode("utf-8") if isinstance(payload_json, bytes) else payload_json
+            actual = snapshot._digest(text)
+        except (UnicodeDecodeError, TypeError, ValueError) as exc:
+            raise SnapshotIntegrityError(snapshot_id, f"stored content is unreadable: {exc}") from exc
+        if actual != snapshot_id:
+            raise SnapshotIntegrityError(
+                snapshot_id, f"stored content hashes to {actual}; the stored bytes were altered"
+            )
+        try:
+            payload = _DECODE(text)
+        except ValueError as exc:  # only if SHA-256 collided; kept for a clear error
+            raise SnapshotIntegrityError(snapshot_id, f"stored payload is not JSON: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise SnapshotIntegrityError(snapshot_id, "stored payload is not a JSON object")
+        object.__setattr__(snapshot, "payload", payload)
+        object.__setattr__(snapshot, "_canonical_payload", text)
+        return snapshot
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SessionHeadRecord:
+    """A session's mutable head: its latest snapshot, lifecycle and creation metadata.
+
+    ``metadata`` is given when the session is created (agent id, task, parent session, fork
+    snapshot, fork operation id) and replaced only by a commit that passes ``session_metadata``.
+    """
+
+    session_id: str
+    snapshot_id: str
+    sequence: int
+    lifecycle: str
+    updated_at: str
+    metadata: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SessionSnapshotCommit:
+    """A request to persist ``snapshot`` and move the session head to it atomically.
+
+    ``expected_head`` None means "create the session" (HeadConflictError if it exists); otherwise
+    the head must still be ``expected_head``. ``blobs`` (sha256 hex -> bytes) are stored in the
+    same transaction. An ``operation_id`` may be used once per store (DuplicateOperationError
+    names the session it already created).
+    """
+
+    session_id: str
+    expected_head: str | None
+    snapshot: SessionSnapshot
+    lifecycle: str
+    session_metadata: Mapping[str, Any] | None = None
+    blobs: Mapping[str, bytes] = field(default_factory=dict)
+    operation_id: str | None = None
+
+    def validate(self) -> str:
+        """Check the request; return the snapshot's verified payload JSON."""
+        _require_str(self.session_id, "session_id")
+        _require_str(self.expected_head, "expected_head", optional=True)
+        _require_str(self.lifecycle, "lifecycle")
+        _require_str(self.operation_id, "operation_id", optional=True)
+        if not isinstance(self.snapshot, SessionSnapshot):
+            raise UsageError(f"snapshot must be a SessionSnapshot, got {type(self.snapshot).__qualname__}")
+        if self.snapshot.session_id != self.session_id:
+            raise UsageError(
+                f"snapshot {self.snapshot.snapshot_id} belongs to session {self.snapshot.session_id!r}, "
+                f"not to {self.session_id!r}"
+            )
+        return self.snapshot.canonical_payload()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SessionCommitReceipt:
+    """What a successful commit did: the new head, the head it replaced, and when."""
+
+    session_id: str
+    snapshot_id: str
+    previous_head: str | None
+    sequence: int
+    committed_at: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepWrite:
+    """One durable pending write inside a step (the decision, a tool call's intent or result).
+
+    Keyed by ``(session_id, base_snapshot_id, kind, key)``; the first write of a key is kept.
+    ``base_snapshot_id`` is the snapshot the step started from and must belong to the session.
+    """
+
+    session_id: str
+    base_snapshot_id: str
+    step_id: int
+    kind: str
+    key: str
+    payload: Mapping[str, Any]
+
+    def payload_json(self) -> str:
+        """Validate the write; return its payload's canonical JSON."""
+        _require_str(self.session_id, "StepWrite.session_id")
+        _require_str(self.base_snapshot_id, "StepWrite.base_snapshot_id")
+        _require_str(self.kind, "StepWrite.kind")
+        if not isinstance(self.key, str):
+            raise UsageError(f"StepWrite.key must be a string, got {self.key!r}")
+        if not isinstance(self.step_id, int) or isinstance(self.step_id, bool) or self.step_id < 0:
+            raise UsageError(f"StepWrite.step_id must be a non-negative int, got {self.step_id!r}")
+        return json_text(self.payload, f"write {self.kind}/{self.key}.payload")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ControlItem:
+    """A durable control item (``pause``, ``steer``, ``approve``, ``reject``).
+
+    ``position`` is assigned by the store and increases monotonically within the session.
+    """
+
+    session_id: str
+    position: int
+    kind: str
+    payload: Mapping[str, Any]
+    created_at: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PruneReport:
+    """What :meth:`CheckpointStore.prune` removed and kept."""
+
+    deleted_snapshots: int
+    kept_snapshots: int
+
+
+def check_blobs(blobs: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
+    """Verify each blob hashes to its key; BlobIntegrityError names the first that does not."""
+    if not isinstance(blobs, Mapping):
+        raise UsageError(f"blobs must be a mapping of sha256 hex -> bytes, got {type(blobs).__qualname__}")
+    out: list[tuple[str, bytes]] = []
+    for key, data in blobs.items():
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise UsageError(f"blob {key!r} must be bytes, got {type(data).__qualname__}")
+        raw = bytes(data)
+        actual = hashlib.sha256(raw).hexdigest()
+        if actual != key:
+            raise BlobIntegrityError(str(key), f"bytes hash to {actual}")
+        out.append((actual, raw))
+    return out
+
+
+def check_write_base(write: StepWrite, base_session: str | None) -> None:
+    """A pending write's base snapshot must exist and belong to the write's session."""
+    if base_session is None:
+        raise SnapshotNotFoundError(write.base_snapshot_id)
+    if base_session != write.session_id:
+        raise CheckpointError(
+            f"write {write.kind}/{write.key}: base snapshot {write.base_snapshot_id} belongs to session "
+            f"{base_session!r}, not to {write.session_id!r}"
+        )
+
+
+def check_control(session_id: str, kind: str, payload: Mapping[str, Any]) -> str:
+    """Validate a control item; return its payload's canonical JSON."""
+    _require_str(session_id, "session_id")
+    _require_str(kind, "control kind")
+    return json_text(payload, f"control {kind}.payload")
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+def _run_sync(coro: Coroutine[Any, Any, _T], name: str) -> _T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise UsageError(f"{name}() was called inside a running event loop; await a{name}() instead")
+
+
+class CheckpointStore(abc.ABC):
+    """Abstract base class for checkpoint persistence (after LangGraph's ``BaseCheckpointSaver``).
+
+    Every method has both sync and async variants. Subclasses should override the async
+    variants (they are abstract here); the sync ones delegate via ``asyncio.run`` by default.
+    Natively synchronous stores derive from :class:`SyncCheckpointStore`. Stores are context
+    managers; ``close()`` releases their resources.
+    """
+
+    # ---- async twins: abstract
+
+    @abc.abstractmethod
+    async def aget_session_head(self, session_id: str) -> SessionHeadRecord | None:
+        """Read the current mutable head for one session (None if there is no such session)."""
+
+    @abc.abstractmethod
+    async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS)."""
+
+    @abc.abstractmethod
+    async def afind_session_by_operation(self, operation_id: str) -> str | None:
+        """The session a commit with this ``operation_id`` created, or None."""
+
+    @abc.abstractmethod
+    async def aget_snapshot(self, snapshot_id: str) -> SessionSnapshot:
+        """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
+
+    @abc.abstractmethod
+    async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
+        """The snapshot and its ancestors back to and including its base, oldest first, verified."""
+
+    @abc.abstractmethod
+    async def alist_sessions(self) -> list[SessionHeadRecord]:
+        """Every session head, in creation order."""
+
+    @abc.abstractmethod
+    async def alist_session_snapshots(self, session_id: str) -> list[str]:
+        """The session's head chain within the session, newest first."""
+
+    @abc.abstractmethod
+    async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        """Store pending writes in one transaction; per write, whether it was new (first wins)."""
+
+    @abc.abstractmethod
+    async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
+        """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
+
+    @abc.abstractmethod
+    async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        """Durably append one control item; the store assigns its position."""
+
+    @abc.abstractmethod
+    async def alist_control(
+        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+    ) -> list[ControlItem]:
+        """Control items with position > ``after`` (optionally only ``kinds``), by position."""
+
+    @abc.abstractmethod
+    async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
+
+    @abc.abstractmethod
+    async def aget_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        """The stored blobs among ``digests`` (absent digests are absent from the result)."""
+
+    @abc.abstractmethod
+    async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
+
+    @abc.abstractmethod
+    async def avacuum(self) -> None:
+        """Reclaim space freed by pruning."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release the store's resources."""
+
+    # ---- sync twins: delegate via asyncio.run
+
+    def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
+        """Read the current mutable head for one session (None if there is no such session)."""
+        return _run_sync(self.aget_session_head(session_id), "get_session_head")
+
+    def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS)."""
+        return _run_sync(self.acommit_session_snapshot(request), "commit_session_snapshot")
+
+    def find_session_by_operation(self, operation_id: str) -> str | None:
+        """The session a commit with this ``operation_id`` created, or None."""
+        return _run_sync(self.afind_session_by_operation(operation_id), "find_session_by_operation")
+
+    def get_snapshot(self, snapshot_id: str) -> SessionSnapshot:
+        """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
+        return _run_sync(self.aget_snapshot(snapshot_id), "get_snapshot")
+
+    def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
+        """The snapshot and its ancestors back to and including its base, oldest first, verified."""
+        return _run_sync(self.aload_chain(snapshot_id), "load_chain")
+
+    def list_sessions(self) -> list[SessionHeadRecord]:
+        """Every session head, in creation order."""
+        return _run_sync(self.alist_sessions(), "list_sessions")
+
+    def list_session_snapshots(self, session_id: str) -> list[str]:
+        """The session's head chain within the session, newest first."""
+        return _run_sync(self.alist_session_snapshots(session_id), "list_session_snapshots")
+
+    def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        """Store pending writes in one transaction; per write, whether it was new (first wins)."""
+        return _run_sync(self.aput_writes(writes), "put_writes")
+
+    def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
+        """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
+        return _run_sync(self.aget_writes(session_id, base_snapshot_id), "get_writes")
+
+    def append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        """Durably append one control item; the store assigns its position."""
+        return _run_sync(self.aappend_control(session_id, kind, payload), "append_control")
+
+    def list_control(self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[ControlItem]:
+        """Control items with position > ``after`` (optionally only ``kinds``), by position."""
+        return _run_sync(self.alist_control(session_id, after=after, kinds=kinds), "list_control")
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
+        return _run_sync(self.aput_blobs(blobs), "put_blobs")
+
+    def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        """The stored blobs among ``digests`` (absent digests are absent from the result)."""
+        return _run_sync(self.aget_blobs(digests), "get_blobs")
+
+    def prune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
+        return _run_sync(self.aprune(keep=keep), "prune")
+
+    def vacuum(self) -> None:
+        """Reclaim space freed by pruning."""
+        return _run_sync(self.avacuum(), "vacuum")
+
+    def close(self) -> None:
+        """Release the store's resources."""
+        return _run_sync(self.aclose(), "close")
+
+    # ---- context managers
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class SyncCheckpointStore(CheckpointStore):
+    """A store whose native I/O is synchronous: the sync methods are abstract here.
+
+    The async twins run the sync method in a worker thread (``asyncio.to_thread``), so an event
+    loop is never blocked by disk I/O.
+    """
+
+    async def _offload(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run one sync method off the event loop (in a worker thread)."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # ---- sync methods: abstract
+
+    @abc.abstractmethod
+    def get_session_head(self, session_id: str) -> SessionHeadRecord | None: ...
+
+    @abc.abstractmethod
+    def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt: ...
+
+    @abc.abstractmethod
+    def find_session_by_operation(self, operation_id: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def get_snapshot(self, snapshot_id: str) -> SessionSnapshot: ...
+
+    @abc.abstractmethod
+    def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]: ...
+
+    @abc.abstractmethod
+    def list_sessions(self) -> list[SessionHeadRecord]: ...
+
+    @abc.abstractmethod
+    def list_session_snapshots(self, session_id: str) -> list[str]: ...
+
+    @abc.abstractmethod
+    def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]: ...
+
+    @abc.abstractmethod
+    def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]: ...
+
+    @abc.abstractmethod
+    def append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem: ...
+
+    @abc.abstractmethod
+    def list_control(
+        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+    ) -> list[ControlItem]: ...
+
+    @abc.abstractmethod
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None: ...
+
+    @abc.abstractmethod
+    def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]: ...
+
+    @abc.abstractmethod
+    def prune(self, *, keep: Iterable[str] = ()) -> PruneReport: ...
+
+    @abc.abstractmethod
+    def vacuum(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    # ---- async twins: run the sync method off the event loop
+
+    async def aget_session_head(self, session_id: str) -> SessionHeadRecord | None:
+        return await self._offload(self.get_session_head, session_id)
+
+    async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        return await self._offload(self.commit_session_snapshot, request)
+
+    async def afind_session_by_operation(self, operation_id: str) -> str | None:
+        return await self._offload(self.find_session_by_operation, operation_id)
+
+    async def aget_snapshot(self, snapshot_id: str) -> SessionSnapshot:
+        return await self._offload(self.get_snapshot, snapshot_id)
+
+    async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
+        return await self._offload(self.load_chain, snapshot_id)
+
+    async def alist_sessions(self) -> list[SessionHeadRecord]:
+        return await self._offload(self.list_sessions)
+
+    async def alist_session_snapshots(self, session_id: str) -> list[str]:
+        return await self._offload(self.list_session_snapshots, session_id)
+
+    async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        return await self._offload(self.put_writes, writes)
+
+    async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
+        return await self._offload(self.get_writes, session_id, base_snapshot_id)
+
+    async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        return await self._offload(self.append_control, session_id, kind, payload)
+
+    async def alist_control(
+        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+    ) -> list[ControlItem]:
+        return await self._offload(self.list_control, session_id, after=after, kinds=kinds)
+
+    async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        await self._offload(self.put_blobs, blobs)
+
+    async def aget_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        return await self._offload(self.get_blobs, digests)
+
+    async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        return await self._offload(self.prune, keep=keep)
+
+    async def avacuum(self) -> None:
+        await self._offload(self.vacuum)
+
+    async def aclose(self) -> None:
+        await self._offload(self.close)

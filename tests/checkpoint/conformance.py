@@ -1,0 +1,729 @@
+"""The CheckpointStore conformance suite: every store must pass every test here.
+
+``test_store_conformance.py`` runs these tests once per store in ``STORE_FACTORIES`` through the
+``store`` fixture. A new backend adds a factory and passes the suite before it is merged.
+``AsyncOnlyStore`` is a real store that implements only the async twins (over an in-memory
+store), so the suite also checks the ABC's default sync-over-async delegation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import (
+    BlobIntegrityError,
+    CheckpointStore,
+    ControlItem,
+    DuplicateOperationError,
+    PruneReport,
+    SessionCommitReceipt,
+    SessionHeadRecord,
+    SessionSnapshot,
+    SessionSnapshotCommit,
+    SnapshotNotFoundError,
+    StepWrite,
+)
+from qitos.core.errors import (
+    CheckpointError,
+    CodecError,
+    HeadConflictError,
+    SessionNotFoundError,
+    SnapshotIntegrityError,
+    UsageError,
+)
+
+
+class AsyncOnlyStore(CheckpointStore):
+    """Implements only the abstract async twins; the sync methods come from the ABC defaults."""
+
+    def __init__(self) -> None:
+        self._inner = InMemoryCheckpointStore()
+
+    async def aget_session_head(self, session_id: str) -> SessionHeadRecord | None:
+        return self._inner.get_session_head(session_id)
+
+    async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        return self._inner.commit_session_snapshot(request)
+
+    async def afind_session_by_operation(self, operation_id: str) -> str | None:
+        return self._inner.find_session_by_operation(operation_id)
+
+    async def aget_snapshot(self, snapshot_id: str) -> SessionSnapshot:
+        return self._inner.get_snapshot(snapshot_id)
+
+    async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
+        return self._inner.load_chain(snapshot_id)
+
+    async def alist_sessions(self) -> list[SessionHeadRecord]:
+        return self._inner.list_sessions()
+
+    async def alist_session_snapshots(self, session_id: str) -> list[str]:
+        return self._inner.list_session_snapshots(session_id)
+
+    async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        return self._inner.put_writes(writes)
+
+    async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
+        return self._inner.get_writes(session_id, base_snapshot_id)
+
+    async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        return self._inner.append_control(session_id, kind, payload)
+
+    async def alist_control(
+        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+    ) -> list[ControlItem]:
+        return self._inner.list_control(session_id, after=after, kinds=kinds)
+
+    async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        self._inner.put_blobs(blobs)
+
+    async def aget_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        return self._inner.get_blobs(digests)
+
+    async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        return self._inner.prune(keep=keep)
+
+    async def avacuum(self) -> None:
+        self._inner.vacuum()
+
+    async def aclose(self) -> None:
+        self._inner.close()
+
+
+STORE_FACTORIES: dict[str, Callable[[Path], CheckpointStore]] = {
+    "memory": lambda tmp_path: InMemoryCheckpointStore(),
+    "sqlite": lambda tmp_path: SqliteCheckpointStore(tmp_path / "sessions.db"),
+    "async_only": lambda tmp_path: AsyncOnlyStore(),
+}
+
+
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
+    """Each registered store, fresh and empty."""
+    instance = STORE_FACTORIES[request.param](tmp_path)
+    yield instance
+    instance.close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def snap(
+    session_id: str,
+    parent: SessionSnapshot | None,
+    payload: Mapping[str, Any],
+    *,
+    base: SessionSnapshot | None = None,
+    full: bool = False,
+) -> SessionSnapshot:
+    """A snapshot after ``parent``; its base is ``base``, else the parent's base, else the parent."""
+    if full or parent is None:
+        base_id = None
+    elif base is not None:
+        base_id = base.snapshot_id
+    else:
+        base_id = parent.base_id or parent.snapshot_id
+    return SessionSnapshot.create(
+        session_id=session_id,
+        parent_id=None if parent is None else parent.snapshot_id,
+        base_id=base_id,
+        sequence=0 if parent is None else parent.sequence + 1,
+        payload=payload,
+    )
+
+
+def create(
+    store: CheckpointStore,
+    session_id: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    parent: SessionSnapshot | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    operation_id: str | None = None,
+) -> SessionSnapshot:
+    """Create a session whose first snapshot is full (optionally forked from ``parent``)."""
+    first = SessionSnapshot.create(
+        session_id=session_id,
+        parent_id=None if parent is None else parent.snapshot_id,
+        base_id=None,
+        sequence=0,
+        payload=payload if payload is not None else {"full": {"notes": []}},
+    )
+    store.commit_session_snapshot(
+        SessionSnapshotCommit(
+            session_id=session_id,
+            expected_head=None,
+            snapshot=first,
+            lifecycle="created",
+            session_metadata=metadata,
+            operation_id=operation_id,
+        )
+    )
+    return first
+
+
+def advance(
+    store: CheckpointStore,
+    head: SessionSnapshot,
+    payload: Mapping[str, Any],
+    *,
+    parent: SessionSnapshot | None = None,
+    lifecycle: str = "running",
+    **commit: Any,
+) -> SessionSnapshot:
+    """Commit a delta snapshot after ``parent`` (default: the head) with the head as expected."""
+    new = snap(head.session_id, parent or head, payload)
+    store.commit_session_snapshot(
+        SessionSnapshotCommit(
+            session_id=head.session_id, expected_head=head.snapshot_id, snapshot=new, lifecycle=lifecycle, **commit
+        )
+    )
+    return new
+
+
+def chain_of(store: CheckpointStore, session_id: str, steps: int) -> list[SessionSnapshot]:
+    """A session with a full first snapshot and ``steps`` deltas; all snapshots, oldest first."""
+    out = [create(store, session_id)]
+    for i in range(steps):
+        out.append(advance(store, out[-1], {"ops": [{"append": f"{session_id}-{i}"}]}))
+    return out
+
+
+def blob(data: bytes) -> tuple[str, bytes]:
+    return hashlib.sha256(data).hexdigest(), data
+
+
+# --------------------------------------------------------------------------- heads and commits
+
+
+def test_creating_a_session_sets_its_head(store: CheckpointStore) -> None:
+    first = SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload={"a": 1})
+    receipt = store.commit_session_snapshot(
+        SessionSnapshotCommit(
+            session_id="s",
+            expected_head=None,
+            snapshot=first,
+            lifecycle="created",
+            session_metadata={"agent": "notes", "task": "Index notes"},
+        )
+    )
+    assert (receipt.session_id, receipt.snapshot_id, receipt.previous_head, receipt.sequence) == (
+        "s",
+        first.snapshot_id,
+        None,
+        0,
+    )
+    head = store.get_session_head("s")
+    assert head is not None
+    assert (head.snapshot_id, head.sequence, head.lifecycle) == (first.snapshot_id, 0, "created")
+    assert head.metadata == {"agent": "notes", "task": "Index notes"}
+    assert head.updated_at == receipt.committed_at
+
+
+def test_head_of_an_unknown_session_is_none(store: CheckpointStore) -> None:
+    assert store.get_session_head("nope") is None
+
+
+def test_creating_an_existing_session_conflicts_naming_the_current_head(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    again = SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload={"b": 2})
+    with pytest.raises(HeadConflictError) as caught:
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(session_id="s", expected_head=None, snapshot=again, lifecycle="created")
+        )
+    assert (caught.value.session_id, caught.value.expected_head, caught.value.actual_head) == (
+        "s",
+        None,
+        first.snapshot_id,
+    )
+    assert first.snapshot_id in str(caught.value)
+    with pytest.raises(SnapshotNotFoundError):
+        store.get_snapshot(again.snapshot_id)
+
+
+def test_advancing_moves_the_head_and_reports_the_previous_one(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    second = snap("s", first, {"ops": [1]})
+    receipt = store.commit_session_snapshot(
+        SessionSnapshotCommit(session_id="s", expected_head=first.snapshot_id, snapshot=second, lifecycle="paused")
+    )
+    assert receipt.previous_head == first.snapshot_id
+    assert receipt.snapshot_id == second.snapshot_id
+    assert receipt.sequence == 1
+    head = store.get_session_head("s")
+    assert head is not None
+    assert (head.snapshot_id, head.sequence, head.lifecycle) == (second.snapshot_id, 1, "paused")
+
+
+def test_a_stale_expected_head_conflicts_naming_both_heads_and_stores_nothing(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    winner = advance(store, first, {"ops": ["winner"]})
+    loser = snap("s", first, {"ops": ["loser"]})
+    with pytest.raises(HeadConflictError) as caught:
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(
+                session_id="s",
+                expected_head=first.snapshot_id,
+                snapshot=loser,
+                lifecycle="running",
+                blobs=dict([blob(b"loser blob")]),
+            )
+        )
+    error = caught.value
+    assert (error.expected_head, error.actual_head) == (first.snapshot_id, winner.snapshot_id)
+    assert first.snapshot_id in str(error) and winner.snapshot_id in str(error)
+    head = store.get_session_head("s")
+    assert head is not None and head.snapshot_id == winner.snapshot_id
+    with pytest.raises(SnapshotNotFoundError):
+        store.get_snapshot(loser.snapshot_id)
+    assert store.get_blobs([blob(b"loser blob")[0]]) == {}
+
+
+def test_advancing_an_unknown_session_raises_session_not_found(store: CheckpointStore) -> None:
+    first = SessionSnapshot.create(session_id="ghost", parent_id=None, base_id=None, sequence=0, payload={})
+    with pytest.raises(SessionNotFoundError) as caught:
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(session_id="ghost", expected_head="0" * 64, snapshot=first, lifecycle="running")
+        )
+    assert caught.value.session_id == "ghost"
+
+
+def test_a_snapshot_of_another_session_is_refused(store: CheckpointStore) -> None:
+    other = SessionSnapshot.create(session_id="a", parent_id=None, base_id=None, sequence=0, payload={})
+    with pytest.raises(UsageError, match="belongs to session 'a'"):
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(session_id="b", expected_head=None, snapshot=other, lifecycle="created")
+        )
+    assert store.get_session_head("b") is None
+
+
+def test_a_snapshot_whose_parent_is_not_stored_is_refused_and_nothing_changes(store: CheckpointStore) -> None:
+    orphan = SessionSnapshot.create(session_id="s", parent_id="f" * 64, base_id=None, sequence=1, payload={})
+    with pytest.raises(SnapshotNotFoundError) as caught:
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(session_id="s", expected_head=None, snapshot=orphan, lifecycle="created")
+        )
+    assert caught.value.snapshot_id == "f" * 64
+    assert store.get_session_head("s") is None
+    assert store.list_sessions() == []
+
+
+def test_a_snapshot_altered_after_creation_is_refused(store: CheckpointStore) -> None:
+    good = SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload={"a": 1})
+    forged = SessionSnapshot(
+        snapshot_id=good.snapshot_id,
+        session_id="s",
+        parent_id=None,
+        base_id=None,
+        sequence=0,
+        created_at=good.created_at,
+        payload={"a": 2},
+    )
+    with pytest.raises(SnapshotIntegrityError) as caught:
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(session_id="s", expected_head=None, snapshot=forged, lifecycle="created")
+        )
+    assert caught.value.snapshot_id == good.snapshot_id
+    assert store.get_session_head("s") is None
+
+
+def test_session_metadata_is_kept_and_replaced_only_when_given(store: CheckpointStore) -> None:
+    first = create(store, "s", metadata={"agent": "a1", "parent_session": None})
+    second = advance(store, first, {"ops": [1]})
+    head = store.get_session_head("s")
+    assert head is not None and head.metadata == {"agent": "a1", "parent_session": None}
+    advance(store, second, {"ops": [2]}, session_metadata={"agent": "a1", "task": "renamed"})
+    head = store.get_session_head("s")
+    assert head is not None and head.metadata == {"agent": "a1", "task": "renamed"}
+
+
+def test_an_operation_id_creates_one_session_and_a_second_use_names_it(store: CheckpointStore) -> None:
+    parent = chain_of(store, "parent", 2)
+    child = create(store, "child-1", parent=parent[1], operation_id="fork-op-1")
+    assert store.find_session_by_operation("fork-op-1") == "child-1"
+    assert store.find_session_by_operation("other-op") is None
+    with pytest.raises(DuplicateOperationError) as caught:
+        create(store, "child-2", parent=parent[1], operation_id="fork-op-1")
+    assert (caught.value.operation_id, caught.value.session_id) == ("fork-op-1", "child-1")
+    assert store.get_session_head("child-2") is None
+    head = store.get_session_head("child-1")
+    assert head is not None and head.snapshot_id == child.snapshot_id
+    parent_head = store.get_session_head("parent")
+    assert parent_head is not None and parent_head.snapshot_id == parent[-1].snapshot_id
+
+
+def test_a_commit_refuses_a_non_json_payload_naming_it(store: CheckpointStore) -> None:
+    with pytest.raises(CodecError, match="payload"):
+        SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload={"t": (1, 2)})
+    with pytest.raises(CodecError, match="payload"):
+        SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload={"x": float("nan")})
+    with pytest.raises(CodecError, match="session_metadata"):
+        create(store, "s", metadata={1: "not a string key"})
+    assert store.get_session_head("s") is None
+
+
+# --------------------------------------------------------------------------- snapshots and chains
+
+
+def test_a_snapshot_reads_back_verified_and_equal(store: CheckpointStore) -> None:
+    payload = {"full": {"notes": ["été", "日本語", 'quote " and \\ slash'], "n": 1.5, "ok": True, "none": None}}
+    first = create(store, "s", payload)
+    loaded = store.get_snapshot(first.snapshot_id)
+    assert loaded == first
+    assert loaded.payload == payload
+    loaded.verify()
+
+
+def test_an_unknown_snapshot_raises_snapshot_not_found(store: CheckpointStore) -> None:
+    with pytest.raises(SnapshotNotFoundError) as caught:
+        store.get_snapshot("a" * 64)
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, CheckpointError)
+    assert caught.value.snapshot_id == "a" * 64
+    with pytest.raises(SnapshotNotFoundError):
+        store.load_chain("a" * 64)
+
+
+def test_mutating_a_payload_after_commit_does_not_change_what_is_stored(store: CheckpointStore) -> None:
+    payload: dict[str, Any] = {"full": {"notes": ["a"]}}
+    first = create(store, "s", payload)
+    payload["full"]["notes"].append("sneaky")
+    loaded = store.get_snapshot(first.snapshot_id)
+    assert loaded.payload == {"full": {"notes": ["a"]}}
+    loaded.payload["full"]["notes"].append("also sneaky")  # type: ignore[index]
+    assert store.get_snapshot(first.snapshot_id).payload == {"full": {"notes": ["a"]}}
+
+
+def test_a_large_payload_round_trips(store: CheckpointStore) -> None:
+    payload = {"full": {"text": "lorem ipsum dolor sit amet " * 5000, "items": list(range(3000))}}
+    first = create(store, "s", payload)
+    assert store.get_snapshot(first.snapshot_id).payload == payload
+    assert store.load_chain(first.snapshot_id) == [first]
+
+
+def test_the_chain_of_a_full_snapshot_is_itself(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    assert store.load_chain(first.snapshot_id) == [first]
+
+
+def test_the_chain_runs_from_the_base_to_the_snapshot_oldest_first(store: CheckpointStore) -> None:
+    snaps = chain_of(store, "s", 3)
+    rematerialized = snap("s", snaps[-1], {"full": {"notes": ["x"]}}, full=True)
+    store.commit_session_snapshot(
+        SessionSnapshotCommit(
+            session_id="s", expected_head=snaps[-1].snapshot_id, snapshot=rematerialized, lifecycle="running"
+        )
+    )
+    after = advance(store, rematerialized, {"ops": ["after full"]})
+    last = advance(store, after, {"ops": ["last"]})
+    assert store.load_chain(snaps[-1].snapshot_id) == snaps
+    assert [s.snapshot_id for s in store.load_chain(last.snapshot_id)] == [
+        rematerialized.snapshot_id,
+        after.snapshot_id,
+        last.snapshot_id,
+    ]
+
+
+def test_a_fork_chain_reaches_into_its_parent_session(store: CheckpointStore) -> None:
+    parent = chain_of(store, "parent", 3)
+    fork_first = snap("child", parent[2], {"ops": ["child-0"]})  # base: the parent's full snapshot
+    store.commit_session_snapshot(
+        SessionSnapshotCommit(session_id="child", expected_head=None, snapshot=fork_first, lifecycle="created")
+    )
+    child_next = advance(store, fork_first, {"ops": ["child-1"]})
+    chain = store.load_chain(child_next.snapshot_id)
+    assert [s.snapshot_id for s in chain] == [s.snapshot_id for s in parent[:3]] + [
+        fork_first.snapshot_id,
+        child_next.snapshot_id,
+    ]
+    assert [s.session_id for s in chain] == ["parent"] * 3 + ["child"] * 2
+    head = store.get_session_head("parent")
+    assert head is not None and head.snapshot_id == parent[-1].snapshot_id
+
+
+def test_a_base_that_is_not_an_ancestor_fails_the_chain_naming_the_snapshot(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    other = create(store, "other")
+    wrong = snap("s", first, {"ops": [1]}, base=other)
+    store.commit_session_snapshot(
+        SessionSnapshotCommit(session_id="s", expected_head=first.snapshot_id, snapshot=wrong, lifecycle="running")
+    )
+    with pytest.raises(SnapshotIntegrityError) as caught:
+        store.load_chain(wrong.snapshot_id)
+    assert caught.value.snapshot_id == wrong.snapshot_id
+    assert other.snapshot_id in str(caught.value)
+
+
+def test_sessions_are_listed_in_creation_order(store: CheckpointStore) -> None:
+    for name in ["zeta", "alpha", "mid"]:
+        create(store, name)
+    advance(store, store.get_snapshot(store.list_sessions()[0].snapshot_id), {"ops": [1]})
+    assert [head.session_id for head in store.list_sessions()] == ["zeta", "alpha", "mid"]
+    assert store.list_sessions()[0].sequence == 1
+
+
+def test_a_sessions_snapshots_are_listed_newest_first_within_the_session(store: CheckpointStore) -> None:
+    parent = chain_of(store, "parent", 2)
+    child = create(store, "child", parent=parent[1])
+    child_next = advance(store, child, {"ops": [1]})
+    assert store.list_session_snapshots("parent") == [s.snapshot_id for s in reversed(parent)]
+    assert store.list_session_snapshots("child") == [child_next.snapshot_id, child.snapshot_id]
+    with pytest.raises(SessionNotFoundError):
+        store.list_session_snapshots("ghost")
+
+
+# --------------------------------------------------------------------------- pending writes
+
+
+def _write(head: SessionSnapshot, kind: str, key: str, payload: Mapping[str, Any], step: int = 1) -> StepWrite:
+    return StepWrite(
+        session_id=head.session_id, base_snapshot_id=head.snapshot_id, step_id=step, kind=kind, key=key, payload=payload
+    )
+
+
+def test_the_first_write_of_a_key_is_kept(store: CheckpointStore) -> None:
+    head = create(store, "s")
+    first = _write(head, "tool_started", "call-1", {"name": "grep"})
+    assert store.put_writes([first, _write(head, "decision", "step", {"mode": "act"})]) == [True, True]
+    assert store.put_writes([_write(head, "tool_started", "call-1", {"name": "other"})]) == [False]
+    writes = store.get_writes("s", head.snapshot_id)
+    assert [(w.kind, w.key, dict(w.payload)) for w in writes] == [
+        ("tool_started", "call-1", {"name": "grep"}),
+        ("decision", "step", {"mode": "act"}),
+    ]
+    assert writes[0] == first
+
+
+def test_writes_come_back_in_write_order_per_base(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    second = advance(store, first, {"ops": [1]})
+    store.put_writes([_write(first, "tool_result", "b", {"n": 1}), _write(first, "tool_result", "a", {"n": 2})])
+    store.put_writes([_write(second, "tool_result", "a", {"n": 3}, step=2)])
+    store.put_writes([_write(first, "tool_result", "c", {"n": 4})])
+    assert [w.key for w in store.get_writes("s", first.snapshot_id)] == ["b", "a", "c"]
+    assert [(w.key, w.step_id) for w in store.get_writes("s", second.snapshot_id)] == [("a", 2)]
+    assert store.get_writes("s", "0" * 64) == []
+
+
+def test_a_write_batch_with_a_bad_write_stores_none_of_it(store: CheckpointStore) -> None:
+    head = create(store, "s")
+    other = create(store, "other")
+    good = _write(head, "tool_result", "ok", {"n": 1})
+    foreign = StepWrite(
+        session_id="s", base_snapshot_id=other.snapshot_id, step_id=1, kind="tool_result", key="x", payload={}
+    )
+    with pytest.raises(CheckpointError, match="belongs to session 'other'"):
+        store.put_writes([good, foreign])
+    missing = StepWrite(session_id="s", base_snapshot_id="e" * 64, step_id=1, kind="k", key="x", payload={})
+    with pytest.raises(SnapshotNotFoundError):
+        store.put_writes([good, missing])
+    with pytest.raises(CodecError, match="tool_result/bad"):
+        store.put_writes([good, _write(head, "tool_result", "bad", {"v": {1, 2}})])
+    assert store.get_writes("s", head.snapshot_id) == []
+    assert store.put_writes([]) == []
+
+
+# --------------------------------------------------------------------------- control items
+
+
+def test_control_positions_increase_per_session(store: CheckpointStore) -> None:
+    create(store, "a")
+    create(store, "b")
+    items = [
+        store.append_control("a", "steer", {"text": "first"}),
+        store.append_control("b", "pause", {}),
+        store.append_control("a", "pause", {"reason": "user"}),
+        store.append_control("a", "approve", {"call_id": "c1"}),
+    ]
+    assert [(i.session_id, i.position, i.kind) for i in items] == [
+        ("a", 1, "steer"),
+        ("b", 1, "pause"),
+        ("a", 2, "pause"),
+        ("a", 3, "approve"),
+    ]
+    listed = store.list_control("a")
+    assert listed == [items[0], items[2], items[3]]
+    assert listed[0].payload == {"text": "first"}
+
+
+def test_control_items_are_listed_after_a_position_and_by_kind(store: CheckpointStore) -> None:
+    create(store, "s")
+    for kind in ["steer", "pause", "steer", "reject", "approve"]:
+        store.append_control("s", kind, {"kind": kind})
+    assert [i.position for i in store.list_control("s", after=2)] == [3, 4, 5]
+    assert [i.position for i in store.list_control("s", kinds=["steer"])] == [1, 3]
+    assert [i.position for i in store.list_control("s", after=1, kinds={"approve", "reject"})] == [4, 5]
+    assert store.list_control("s", after=5) == []
+
+
+def test_control_rejects_bad_input_clearly(store: CheckpointStore) -> None:
+    create(store, "s")
+    with pytest.raises(SessionNotFoundError):
+        store.append_control("ghost", "pause", {})
+    with pytest.raises(SessionNotFoundError):
+        store.list_control("ghost")
+    with pytest.raises(UsageError, match="single string"):
+        store.list_control("s", kinds="steer")
+    with pytest.raises(UsageError, match="after"):
+        store.list_control("s", after=-1)
+    with pytest.raises(UsageError, match="control kind"):
+        store.append_control("s", "", {})
+    with pytest.raises(CodecError, match="control steer"):
+        store.append_control("s", "steer", {"text": ("tuple",)})
+    assert store.list_control("s") == []
+
+
+# --------------------------------------------------------------------------- blobs
+
+
+def test_blobs_are_content_addressed_and_verified(store: CheckpointStore) -> None:
+    key, data = blob(b"a large tool output" * 100)
+    store.put_blobs({key: data})
+    store.put_blobs({key: data})  # idempotent
+    assert store.get_blobs([key, "0" * 64]) == {key: data}
+    with pytest.raises(BlobIntegrityError) as caught:
+        store.put_blobs({"1" * 64: b"does not hash to that"})
+    assert caught.value.digest == "1" * 64
+    assert store.get_blobs(["1" * 64]) == {}
+    with pytest.raises(UsageError, match="single string"):
+        store.get_blobs(key)
+
+
+def test_blobs_in_a_commit_are_stored_with_the_snapshot(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    key, data = blob(b"exchange item body")
+    advance(store, first, {"ops": [{"blob": key}]}, blobs={key: data})
+    assert store.get_blobs([key]) == {key: data}
+    bad = snap("s", first, {"ops": []})
+    with pytest.raises(BlobIntegrityError):
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(
+                session_id="s", expected_head=first.snapshot_id, snapshot=bad, lifecycle="running", blobs={key: b"x"}
+            )
+        )
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def _rewound(store: CheckpointStore) -> tuple[list[SessionSnapshot], SessionSnapshot, list[SessionSnapshot]]:
+    """Session s: s0..s3, then a commit rewinding to s1 (s2, s3 become unreachable); fork f from s1."""
+    snaps = chain_of(store, "s", 3)
+    rewind = advance(store, snaps[3], {"ops": ["rewound"]}, parent=snaps[1])
+    store.put_writes([_write(snaps[3], "decision", "step", {"mode": "act"})])
+    store.put_writes([_write(rewind, "decision", "step", {"mode": "wait"})])
+    fork = [create(store, "f", parent=snaps[1])]
+    fork.append(advance(store, fork[0], {"ops": ["f1"]}))
+    return snaps, rewind, fork
+
+
+def test_prune_keeps_every_head_chain_and_drops_the_unreachable(store: CheckpointStore) -> None:
+    snaps, rewind, fork = _rewound(store)
+    report = store.prune()
+    assert report == PruneReport(deleted_snapshots=2, kept_snapshots=5)
+    for gone in snaps[2:]:
+        with pytest.raises(SnapshotNotFoundError):
+            store.get_snapshot(gone.snapshot_id)
+    assert store.get_writes("s", snaps[3].snapshot_id) == []
+    assert [w.key for w in store.get_writes("s", rewind.snapshot_id)] == ["step"]
+    assert [s.snapshot_id for s in store.load_chain(rewind.snapshot_id)] == [
+        snaps[0].snapshot_id,
+        snaps[1].snapshot_id,
+        rewind.snapshot_id,
+    ]
+    assert store.load_chain(fork[1].snapshot_id) == fork
+    assert store.prune() == PruneReport(deleted_snapshots=0, kept_snapshots=5)
+
+
+def test_prune_keeps_named_snapshots_with_their_chains(store: CheckpointStore) -> None:
+    snaps, _, _ = _rewound(store)
+    report = store.prune(keep=[snaps[3].snapshot_id])
+    assert report == PruneReport(deleted_snapshots=0, kept_snapshots=7)
+    assert store.load_chain(snaps[3].snapshot_id) == snaps
+    assert [w.kind for w in store.get_writes("s", snaps[3].snapshot_id)] == ["decision"]
+
+
+def test_prune_with_an_unknown_keep_raises_and_deletes_nothing(store: CheckpointStore) -> None:
+    snaps, _, _ = _rewound(store)
+    with pytest.raises(SnapshotNotFoundError) as caught:
+        store.prune(keep=["9" * 64])
+    assert caught.value.snapshot_id == "9" * 64
+    assert store.get_snapshot(snaps[3].snapshot_id) == snaps[3]
+    with pytest.raises(UsageError, match="single string"):
+        store.prune(keep=snaps[3].snapshot_id)
+
+
+def test_vacuum_after_prune_keeps_every_reachable_snapshot_restorable(store: CheckpointStore) -> None:
+    _, rewind, fork = _rewound(store)
+    store.prune()
+    store.vacuum()
+    for head in store.list_sessions():
+        chain = store.load_chain(head.snapshot_id)
+        assert chain[-1].snapshot_id == head.snapshot_id
+        for snapshot in chain:
+            snapshot.verify()
+    assert store.get_snapshot(rewind.snapshot_id) == rewind
+    assert store.list_session_snapshots("f") == [fork[1].snapshot_id, fork[0].snapshot_id]
+
+
+# --------------------------------------------------------------------------- lifecycle and async twins
+
+
+def test_a_closed_store_refuses_calls(store: CheckpointStore) -> None:
+    create(store, "s")
+    store.close()
+    with pytest.raises(CheckpointError, match="closed"):
+        store.get_session_head("s")
+    store.close()  # idempotent
+
+
+def test_the_store_is_a_context_manager(store: CheckpointStore) -> None:
+    with store as entered:
+        assert entered is store
+        create(store, "s")
+    with pytest.raises(CheckpointError, match="closed"):
+        store.list_sessions()
+
+
+def test_the_async_twins_do_what_the_sync_methods_do(store: CheckpointStore) -> None:
+    async def scenario() -> None:
+        first = SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload={"a": 1})
+        await store.acommit_session_snapshot(
+            SessionSnapshotCommit(
+                session_id="s", expected_head=None, snapshot=first, lifecycle="created", operation_id="op"
+            )
+        )
+        second = snap("s", first, {"ops": [1]})
+        receipt = await store.acommit_session_snapshot(
+            SessionSnapshotCommit(session_id="s", expected_head=first.snapshot_id, snapshot=second, lifecycle="run")
+        )
+        assert receipt.previous_head == first.snapshot_id
+        head = await store.aget_session_head("s")
+        assert head is not None and head.snapshot_id == second.snapshot_id
+        assert await store.afind_session_by_operation("op") == "s"
+        assert await store.aget_snapshot(second.snapshot_id) == second
+        assert await store.aload_chain(second.snapshot_id) == [first, second]
+        assert [h.session_id for h in await store.alist_sessions()] == ["s"]
+        assert await store.alist_session_snapshots("s") == [second.snapshot_id, first.snapshot_id]
+        assert await store.aput_writes([_write(second, "decision", "d", {})]) == [True]
+        assert [w.key for w in await store.aget_writes("s", second.snapshot_id)] == ["d"]
+        item = await store.aappend_control("s", "steer", {"text": "hi"})
+        assert await store.alist_control("s", after=0, kinds=["steer"]) == [item]
+        key, data = blob(b"async")
+        await store.aput_blobs({key: data})
+        assert await store.aget_blobs([key]) == {key: data}
+        assert await store.aprune(keep=()) == PruneReport(deleted_snapshots=0, kept_snapshots=2)
+        await store.avacuum()
+        async with store:
+            pass
+        with pytest.raises(CheckpointError, match="closed"):
+            await store.alist_sessions()
+
+    asyncio.run(scenario())
