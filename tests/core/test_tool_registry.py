@@ -1,0 +1,218 @@
+"""@tool and ToolRegistry: schemas from hints and docstrings, validation, and failures as results."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+import time
+from typing import Any, Literal
+
+import pytest
+
+from qitos import ToolRegistry, tool
+from qitos.core.errors import ToolDefinitionError
+from qitos.core.tool import ToolResult, validate_arguments
+
+
+class Mode(enum.Enum):
+    QUICK = "quick"
+    DEEP = "deep"
+
+
+@tool(idempotent=True)
+def search(query: str, limit: int = 5, mode: Mode = Mode.QUICK, tags: list[str] | None = None) -> list[str]:
+    """Search the notes.
+
+    Args:
+        query: what to look for.
+        limit: the most results to return.
+            Counted after de-duplication.
+        mode: how hard to look.
+        tags: only notes with these tags.
+    """
+    return [f"{query}:{i}" for i in range(limit)]
+
+
+def test_schema_comes_from_type_hints_and_the_docstring() -> None:
+    registry = ToolRegistry([search])
+    spec = registry.get("search")
+    assert spec is not None
+    assert spec.description == "Search the notes."
+    params = spec.parameters
+    assert params["required"] == ["query"]
+    assert params["additionalProperties"] is False
+    props = params["properties"]
+    assert props["query"] == {"type": "string", "description": "what to look for."}
+    assert props["limit"]["type"] == "integer" and props["limit"]["default"] == 5
+    assert props["limit"]["description"] == "the most results to return. Counted after de-duplication."
+    assert props["mode"]["enum"] == ["quick", "deep"]
+    assert props["tags"]["anyOf"] == [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]
+    assert spec.idempotent is True and spec.needs_approval is False
+    assert registry.schemas() == [{"name": "search", "description": "Search the notes.", "parameters": params}]
+
+
+def test_decorated_function_stays_callable() -> None:
+    assert search("x", limit=2) == ["x:0", "x:1"]
+
+
+def test_tool_options_are_declared_on_the_spec() -> None:
+    @tool(name="danger", timeout=3.0, needs_approval=True, max_output_chars=10, description="Risky.")
+    def risky(path: str) -> str:
+        return path
+
+    spec = ToolRegistry([risky]).get("danger")
+    assert spec is not None
+    assert (spec.timeout, spec.needs_approval, spec.max_output_chars, spec.description) == (3.0, True, 10, "Risky.")
+
+
+def test_literal_and_dict_hints_become_schemas() -> None:
+    def pick(kind: Literal["a", "b"], weights: dict[str, float]) -> str:
+        return kind
+
+    props = ToolRegistry([pick]).get("pick").parameters["properties"]  # type: ignore[union-attr]
+    assert props["kind"] == {"enum": ["a", "b"]}
+    assert props["weights"] == {"type": "object", "additionalProperties": {"type": "number"}}
+
+
+def test_an_unsupported_parameter_type_is_a_definition_error_naming_it() -> None:
+    def bad(handle: threading.Lock) -> None:
+        return None
+
+    with pytest.raises(ToolDefinitionError, match="'handle'"):
+        ToolRegistry([bad])
+
+
+def test_duplicate_and_invalid_names_are_rejected() -> None:
+    registry = ToolRegistry([search])
+    with pytest.raises(ToolDefinitionError, match="already registered"):
+        registry.register(search)
+    with pytest.raises(ToolDefinitionError, match="invalid tool name"):
+        registry.register(search, name="has space")
+
+
+def test_a_non_positive_timeout_is_a_definition_error() -> None:
+    with pytest.raises(ToolDefinitionError, match="timeout"):
+
+        @tool(timeout=0)
+        def never() -> None:
+            return None
+
+
+def test_include_registers_marked_methods_bound_to_their_object() -> None:
+    class Notes:
+        def __init__(self) -> None:
+            self.items = ["a", "b"]
+
+        @tool
+        def count(self) -> int:
+            """How many notes."""
+            return len(self.items)
+
+        def helper(self) -> None:
+            return None
+
+    registry = ToolRegistry()
+    registry.include(Notes())
+    assert registry.names() == ["count"]
+    assert registry.call("count", {}).output == 2
+
+
+# --------------------------------------------------------------------------- failures become results
+
+
+def test_unknown_tool_is_a_result_listing_the_available_tools() -> None:
+    result = ToolRegistry([search]).call("serch", {"query": "x"}, call_id="c1")
+    assert (result.ok, result.error_kind, result.call_id) == (False, "unknown_tool", "c1")
+    assert "'serch'" in (result.error or "") and "search" in (result.error or "")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({}, "missing required argument 'query'"),
+        ({"query": "x", "colour": 1}, "unexpected argument 'colour'"),
+        ({"query": 3}, "arguments.query: expected string"),
+        ({"query": "x", "limit": "5"}, "arguments.limit: expected integer"),
+        ({"query": "x", "limit": True}, "arguments.limit: expected integer"),
+        ({"query": "x", "mode": "slow"}, "arguments.mode"),
+        ({"query": "x", "tags": ["a", 2]}, "arguments.tags"),
+        ("query=x", "arguments must be an object"),
+    ],
+)
+def test_invalid_arguments_are_a_result_that_says_what_is_wrong(args: Any, expected: str) -> None:
+    result = ToolRegistry([search]).call("search", args)
+    assert result.ok is False and result.error_kind == "invalid_arguments"
+    assert expected in (result.error or "")
+
+
+def test_validate_arguments_returns_every_problem() -> None:
+    schema = ToolRegistry([search]).get("search").parameters  # type: ignore[union-attr]
+    problems = validate_arguments(schema, {"limit": "x", "extra": 1})
+    assert len(problems) == 3
+
+
+def test_a_raising_tool_is_a_result_with_the_exception() -> None:
+    def explode(n: int) -> int:
+        raise KeyError(f"no item {n}")
+
+    result = ToolRegistry([explode]).call("explode", {"n": 4})
+    assert result.ok is False and result.error_kind == "tool_error"
+    assert result.error == "KeyError: 'no item 4'"
+    assert result.as_text().startswith("ERROR (tool_error)")
+
+
+def test_a_slow_tool_times_out_as_a_result() -> None:
+    release = threading.Event()
+
+    @tool(timeout=0.2)
+    def slow() -> str:
+        release.wait(2.0)
+        return "late"
+
+    registry = ToolRegistry([slow])
+    started = time.perf_counter()
+    result = registry.call("slow", {})
+    elapsed = time.perf_counter() - started
+    release.set()
+    registry.close()
+    assert result.ok is False and result.error_kind == "timeout"
+    assert "0.2" in (result.error or "")
+    assert elapsed < 1.0
+
+
+def test_an_async_tool_runs_and_times_out() -> None:
+    @tool(timeout=0.2)
+    async def nap(seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "awake"
+
+    registry = ToolRegistry([nap])
+    assert registry.call("nap", {"seconds": 0.0}).output == "awake"
+    result = registry.call("nap", {"seconds": 2.0})
+    assert result.error_kind == "timeout"
+
+
+def test_output_over_the_cap_is_truncated_and_marked() -> None:
+    @tool(max_output_chars=10)
+    def big() -> str:
+        return "x" * 25
+
+    result = ToolRegistry([big]).call("big", {})
+    assert result.ok and result.truncated
+    assert result.output.startswith("x" * 10) and "truncated 15 of 25" in result.output
+    assert "x" * 11 not in result.output
+
+
+def test_output_under_the_cap_is_untouched() -> None:
+    @tool(max_output_chars=10)
+    def small() -> str:
+        return "short"
+
+    result = ToolRegistry([small]).call("small", {})
+    assert result.output == "short" and not result.truncated
+
+
+def test_tool_result_round_trips_through_its_dict_form() -> None:
+    result = ToolResult(call_id="c", name="n", ok=False, error="e", error_kind="timeout", duration_ms=1.5)
+    assert ToolResult.from_dict(result.to_dict()) == result
