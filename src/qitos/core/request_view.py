@@ -862,7 +862,7 @@ class _Builder:
             "reasoning": reasoning_policy.to_dict(),
             "continuation": None if continuation is None else continuation.to_dict(),
             "budget": budget.to_dict(),
-            "receipts": [r.to_dict() for r in receipts],
+            "receipts": [_receipt_identity(r) for r in receipts],
             "artifacts": [a.to_dict() for a in artifact_refs],
             "protocol": [protocol_id, tool_use_policy, tool_use_satisfied],
             "provenance": provenance,
@@ -982,6 +982,20 @@ class _Builder:
                     policy_id=policy_id,
                 )
         return receipt, summary_message
+
+
+def _receipt_identity(receipt: CompactionReceipt) -> list[Any]:
+    """A receipt's contribution to a request id, in O(1): its input ids are implied by the log
+    digest and the cut, so only their span is included."""
+    ids = receipt.input_exchange_ids
+    return [
+        receipt.receipt_id,
+        receipt.policy_id,
+        receipt.output_digest,
+        [ids[0], ids[-1], len(ids)] if ids else [],
+        list(receipt.declared_losses),
+        receipt.model_reference,
+    ]
 
 
 def _policy_id(policy: Any) -> str:

@@ -78,6 +78,8 @@ class _Cached:
     key: tuple[int, int, int, int]
     record: MemoryRecord | None
     sort_key: tuple[int, str, str]
+    scope: str
+    epoch: int
 
 
 class MemdirMemory:
@@ -107,6 +109,8 @@ class MemdirMemory:
         self.max_index_chars = max_index_chars
         self._recent: list[MemoryRecord] = []
         self._cache: dict[str, _Cached] = {}
+        self._epoch = 0
+        self._ordered: list[MemoryRecord] | None = None
         if create:
             self._ensure_layout()
         self._require_roots()
@@ -198,6 +202,7 @@ class MemdirMemory:
                 continue
             removed_stems.add(path.stem)
             del self._cache[path_text]
+            self._ordered = None
         self._recent = [r for r in self._recent if r.record_id != record_id]
         if removed_stems:
             self._update_index(add=None, remove=removed_stems)
@@ -232,34 +237,51 @@ class MemdirMemory:
         return folder
 
     def _scan(self) -> list[MemoryRecord]:
-        # record_id -> (sort key, record, path, scope); local files win over global ones.
-        found: dict[str, tuple[tuple[int, str, str], MemoryRecord, str, str]] = {}
-        seen_paths: set[str] = set()
+        """Every current record, oldest first: one directory scan and one ``lstat`` per file;
+        only new or changed files are parsed, and the ordering is reused when nothing changed."""
         roots = [("local", self.memory_dir)]
         if self.global_memory_dir is not None:
             roots.append(("global", self.global_memory_dir))
+        cache = self._cache
+        seen = 0
+        changed = False
         for scope, root in roots:
-            for path_text, st in _walk(str(root)):
-                seen_paths.add(path_text)
-                key = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
-                cached = self._cache.get(path_text)
+            for path_text, key in _walk(str(root)):
+                seen += 1
+                cached = cache.get(path_text)
                 if cached is None or cached.key != key:
-                    record = _read_record(Path(path_text), root, scope, st.st_mtime_ns)
+                    record = _read_record(Path(path_text), root, scope, key[0])
                     sort_key = (
                         (record.step_id, str(record.metadata.get("created_at", "")), record.record_id)
                         if record
                         else (0, "", "")
                     )
-                    cached = _Cached(key=key, record=record, sort_key=sort_key)
-                    self._cache[path_text] = cached
-                record = cached.record
-                if record is None:
-                    continue
-                previous = found.get(record.record_id)
-                if previous is None or (previous[3] == scope and _prefer(path_text, previous[2], record.record_id)):
-                    found[record.record_id] = (cached.sort_key, record, path_text, scope)
-        for gone in set(self._cache) - seen_paths:
-            del self._cache[gone]
+                    cache[path_text] = _Cached(key=key, record=record, sort_key=sort_key, scope=scope, epoch=0)
+                    changed = True
+                cache[path_text].epoch = self._epoch + 1
+        self._epoch += 1
+        if seen != len(cache):
+            changed = True
+            for gone in [p for p, c in cache.items() if c.epoch != self._epoch]:
+                del cache[gone]
+        if changed or self._ordered is None:
+            self._ordered = self._order()
+        return self._ordered
+
+    def _order(self) -> list[MemoryRecord]:
+        # record_id -> (sort key, record, path, scope); local files win over global ones.
+        found: dict[str, tuple[tuple[int, str, str], MemoryRecord, str, str]] = {}
+        for path_text, cached in self._cache.items():
+            record = cached.record
+            if record is None:
+                continue
+            previous = found.get(record.record_id)
+            if (
+                previous is None
+                or (previous[3] == "global" and cached.scope == "local")
+                or (previous[3] == cached.scope and _prefer(path_text, previous[2], record.record_id))
+            ):
+                found[record.record_id] = (cached.sort_key, record, path_text, cached.scope)
         return [entry[1] for entry in sorted(found.values(), key=lambda entry: entry[0])]
 
     def _update_index(self, *, add: tuple[Path, MemoryRecord, str] | None, remove: set[str]) -> None:
@@ -308,28 +330,35 @@ def _memory_type(record: MemoryRecord) -> str:
     return role if role in ("feedback", "user", "reference") else "project"
 
 
-def _walk(root: str) -> Iterable[tuple[str, os.stat_result]]:
-    """Regular ``*.md`` files under root (not MEMORY.md, not dotfiles), never through symlinks."""
+def _walk(root: str) -> Iterable[tuple[str, tuple[int, int, int, int]]]:
+    """``(path, (mtime_ns, ctime_ns, size, inode))`` of the regular ``*.md`` files under root (not
+    MEMORY.md, not dotfiles). Symlinks are never followed: a linked file or folder is skipped."""
     stack = [root]
+    lstat = os.stat
     while stack:
         folder = stack.pop()
         try:
-            entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError, OSError):
             continue
-        for entry in entries:
-            name = entry.name
-            if name.startswith("."):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-            elif name.endswith(".md") and not (folder == root and name == _INDEX):
+        try:
+            with os.scandir(fd) as entries:
+                names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries if not e.name.startswith(".")]
+            prefix = folder + os.sep
+            for name, is_dir in names:
+                if is_dir:
+                    stack.append(prefix + name)
+                    continue
+                if not name.endswith(".md") or (folder == root and name == _INDEX):
+                    continue
                 try:
-                    st = entry.stat(follow_symlinks=False)
+                    st = lstat(name, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 if stat_mod.S_ISREG(st.st_mode):
-                    yield entry.path, st
+                    yield prefix + name, (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+        finally:
+            os.close(fd)
 
 
 def _read_record(path: Path, root: Path, scope: str, mtime_ns: int) -> MemoryRecord | None:
