@@ -323,7 +323,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                     f"{self.path}: the database stayed locked by other writers for {self._retry_timeout:g} s "
                     f"({attempt + 1} attempts); last SQLite error: {busy}"
                 ) from busy
-            time.sleep(min(0.05, 0.001 * 2**attempt) * random.uniform(0.5, 1.0))
+            time.sleep(0.001 * 2 ** min(attempt, 6) * random.uniform(0.5, 1.0))  # 1 ms .. 64 ms
             attempt += 1
 
     def _error(self, exc: sqlite3.Error) -> CheckpointError:
