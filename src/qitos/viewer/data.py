@@ -1,0 +1,365 @@
+"""JSON views of runs and sessions, shared by the viewer's API and the CLI's ``--json`` output.
+
+Everything here reads through the library (the trace reader, a ``CheckpointStore`` and
+``Session.inspect``) and returns JSON-native dicts with stable shapes. No SQL, no loop logic, and
+no third-party imports: the viewer runs on the standard library alone.
+
+Shapes (every key is always present; missing values are ``null``):
+
+- run summary: ``run_id, dir, status, task, agent, steps, stop_reason, tokens, duration_s,
+  started_at, ended_at, final_result, error, model_steps, receipts``
+- session summary: ``session_id, lifecycle, sequence, snapshot_id, updated_at, created_at, task,
+  agent, parent_session_id, fork_snapshot_id``
+- session detail: ``session, inspection, inspection_error, integrity, snapshots,
+  snapshot_count, lineage, runs``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
+from qitos.core.agent_module import AgentModule
+from qitos.core.errors import CheckpointError, ConfigurationError, QitosError, UsageError
+from qitos.engine.composition import compose
+from qitos.trace.reader import RunTrace, TraceError, list_runs
+
+__all__ = [
+    "AmbiguousReferenceError",
+    "NotFoundError",
+    "find_run",
+    "inspection_to_dict",
+    "lineage",
+    "load_agent",
+    "run_detail",
+    "run_events",
+    "run_summary",
+    "runs_board",
+    "session_detail",
+    "session_summary",
+    "to_jsonable",
+]
+
+_FINAL_PREVIEW = 300
+_MAX_SNAPSHOTS = 200
+_MAX_LINEAGE = 200
+
+
+class NotFoundError(QitosError, LookupError):
+    """A run, session, record or store that was asked for does not exist."""
+
+
+class AmbiguousReferenceError(UsageError):
+    """A short reference matches several runs; give more of the id."""
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, mappings, tuples and enums as JSON-native values (other objects as ``repr``)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return [to_jsonable(v) for v in items]
+    enum_value = getattr(value, "value", None)
+    if isinstance(enum_value, str | int):
+        return enum_value
+    return repr(value)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _step_tokens(step: Mapping[str, Any]) -> int:
+    usage = ((step.get("model") or {}).get("response") or {}).get("usage") or {}
+    return int(usage.get("input_tokens", 0) or 0) + int(usage.get("output_tokens", 0) or 0)
+
+
+def run_summary(trace: RunTrace, *, steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One row of the runs board (see the module docstring for the shape)."""
+    manifest = trace.manifest()
+    summary = manifest.get("summary") or {}
+    status = manifest.get("status")
+    if steps is None and (status == "running" or not summary):
+        steps = trace.steps()
+    step_count = summary.get("steps")
+    tokens = (summary.get("token_usage") or {}).get("total_tokens")
+    if steps is not None:
+        if step_count is None:
+            step_count = len(steps)
+        if tokens is None:
+            tokens = sum(_step_tokens(s) for s in steps)
+    duration = summary.get("elapsed_seconds")
+    started = _parse_time(manifest.get("started_at"))
+    if duration is None and started is not None:
+        ended = _parse_time(manifest.get("ended_at")) or datetime.now(started.tzinfo)
+        duration = max(0.0, (ended - started).total_seconds())
+    final = summary.get("final_result")
+    if isinstance(final, str) and len(final) > _FINAL_PREVIEW:
+        final = final[: _FINAL_PREVIEW - 3] + "..."
+    task = manifest.get("task")
+    objective = task.get("objective") if isinstance(task, Mapping) else task
+    out: dict[str, Any] = {
+        "run_id": str(manifest.get("run_id") or os.path.basename(trace.run_dir)),
+        "dir": os.path.basename(trace.run_dir),
+        "status": status,
+        "task": objective,
+        "agent": manifest.get("agent"),
+        "steps": step_count,
+        "stop_reason": summary.get("stop_reason"),
+        "tokens": tokens,
+        "duration_s": round(float(duration), 3) if duration is not None else None,
+        "started_at": manifest.get("started_at"),
+        "ended_at": manifest.get("ended_at"),
+        "final_result": final,
+        "error": summary.get("error"),
+        "model_steps": None,
+        "receipts": None,
+    }
+    if steps is not None:
+        out["model_steps"] = sum(1 for s in steps if s.get("model"))
+        out["receipts"] = sum(len((s.get("request_view") or {}).get("receipts") or ()) for s in steps)
+    return out
+
+
+def runs_board(logdir: str) -> list[dict[str, Any]]:
+    """Summaries of every run under ``logdir``, newest first (unreadable runs are reported, not hidden)."""
+    rows = []
+    for trace in list_runs(logdir):
+        try:
+            rows.append(run_summary(trace))
+        except TraceError as exc:
+            rows.append(_broken_run(trace, str(exc)))
+    return rows
+
+
+def _broken_run(trace: RunTrace, error: str) -> dict[str, Any]:
+    name = os.path.basename(trace.run_dir)
+    keys = ("task", "agent", "steps", "stop_reason", "tokens", "duration_s", "started_at", "ended_at")
+    row: dict[str, Any] = {"run_id": name, "dir": name, "status": "unreadable", "error": error}
+    row.update({k: None for k in keys})
+    row.update(final_result=None, model_steps=None, receipts=None)
+    return row
+
+
+def find_run(logdir: str, ref: str) -> RunTrace:
+    """The run whose id or directory name is ``ref``, or the only one starting with it."""
+    if not ref:
+        raise NotFoundError("no run reference given")
+    runs = list_runs(logdir)
+    prefixed = []
+    for trace in runs:
+        name = os.path.basename(trace.run_dir)
+        try:
+            run_id = trace.run_id
+        except TraceError:
+            run_id = name
+        if ref in (run_id, name):
+            return trace
+        if run_id.startswith(ref) or name.startswith(ref):
+            prefixed.append(trace)
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if len(prefixed) > 1:
+        names = ", ".join(os.path.basename(t.run_dir) for t in prefixed[:5])
+        raise AmbiguousReferenceError(f"run {ref!r} is ambiguous: it matches {len(prefixed)} runs ({names})")
+    where = os.path.abspath(logdir)
+    raise NotFoundError(f"no run {ref!r} under {where}" + ("" if runs else " (no runs there)"))
+
+
+def run_detail(trace: RunTrace) -> dict[str, Any]:
+    """A run page: ``{"run": summary, "manifest": ..., "steps": [...]}``."""
+    steps = trace.steps()
+    return {"run": run_summary(trace, steps=steps), "manifest": trace.manifest(), "steps": steps}
+
+
+def run_events(trace: RunTrace, *, after: int = 0) -> dict[str, Any]:
+    """Events after the first ``after`` ones: ``{"events": [...], "next": n}`` (poll with ``after=next``)."""
+    events = trace.events()
+    return {"events": events[after:], "next": len(events)}
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
+    """One row of the sessions board (see the module docstring for the shape)."""
+    meta = head.metadata or {}
+    task = meta.get("task")
+    return {
+        "session_id": head.session_id,
+        "lifecycle": head.lifecycle,
+        "sequence": head.sequence,
+        "snapshot_id": head.snapshot_id,
+        "updated_at": head.updated_at,
+        "created_at": meta.get("created_at"),
+        "task": task.get("objective") if isinstance(task, Mapping) else task,
+        "agent": meta.get("agent"),
+        "parent_session_id": meta.get("parent_session_id"),
+        "fork_snapshot_id": meta.get("fork_snapshot_id"),
+    }
+
+
+def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
+    """Import ``"module:qualname"`` (an AgentModule class or zero-argument factory).
+
+    The current directory is put on ``sys.path`` first (as ``python -m`` does), so an agent in a
+    local module can be named. Raises ConfigurationError saying what is wrong.
+    """
+    module_name, sep, qualname = spec.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ConfigurationError(f"an agent is named 'module:Class' (for example qitos.demo:NotesAgent), got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    for part in qualname.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigurationError(f"module {module_name!r} has no {qualname!r}") from None
+    if isinstance(target, type):
+        if not issubclass(target, AgentModule):
+            raise ConfigurationError(f"{spec} is a class but not an AgentModule subclass")
+        return target
+    if callable(target):
+        return target  # type: ignore[no-any-return]
+    raise ConfigurationError(f"{spec} is neither an AgentModule class nor a factory")
+
+
+def inspection_to_dict(inspection: Any) -> dict[str, Any]:
+    """A ``SessionInspection`` as JSON (the last request view as its ``summary()``)."""
+    view = inspection.last_request_view
+    batch = inspection.tool_batch
+    return {
+        "head": to_jsonable(inspection.head),
+        "lifecycle": to_jsonable(inspection.lifecycle),
+        "capabilities": list(inspection.capabilities),
+        "snapshot_integrity": inspection.snapshot_integrity,
+        "budget": to_jsonable(inspection.budget),
+        "work_graph": to_jsonable(inspection.work_graph),
+        "last_request_view": view.summary() if view is not None else None,
+        "task": inspection.task,
+        "tool_batch": None
+        if batch is None
+        else {"step_id": batch.step_id, "calls": [to_jsonable(c) for c in batch.calls]},
+    }
+
+
+def _chain_integrity(store: CheckpointStore, snapshot_id: str) -> str:
+    try:
+        store.load_chain(snapshot_id)
+    except CheckpointError as exc:
+        return f"corrupt: {exc}"
+    return "verified"
+
+
+def lineage(
+    store: CheckpointStore, session_id: str, *, heads: Iterable[SessionHeadRecord] | None = None
+) -> dict[str, Any]:
+    """The fork tree containing ``session_id``, from its root session down.
+
+    Each node: ``session_id, lifecycle, snapshot_id, fork_snapshot_id, task, integrity, current,
+    children``; ``integrity`` is ``verified`` or names the failure of the node's head chain.
+    """
+    records = {h.session_id: h for h in (heads if heads is not None else store.list_sessions())}
+    if session_id not in records:
+        raise NotFoundError(f"session {session_id!r} not found")
+    children: dict[str, list[str]] = {}
+    for sid, head in records.items():
+        parent = (head.metadata or {}).get("parent_session_id")
+        if parent:
+            children.setdefault(str(parent), []).append(sid)
+    root = session_id
+    seen = {root}
+    while True:
+        parent = (records[root].metadata or {}).get("parent_session_id")
+        if not parent or parent not in records or parent in seen:
+            break
+        root = str(parent)
+        seen.add(root)
+    budget = [_MAX_LINEAGE]
+
+    def node(sid: str) -> dict[str, Any]:
+        budget[0] -= 1
+        head = records[sid]
+        row = session_summary(head)
+        kids = sorted(children.get(sid, []), key=lambda c: (records[c].metadata or {}).get("created_at") or "")
+        return {
+            "session_id": sid,
+            "lifecycle": head.lifecycle,
+            "snapshot_id": head.snapshot_id,
+            "fork_snapshot_id": row["fork_snapshot_id"],
+            "task": row["task"],
+            "integrity": _chain_integrity(store, head.snapshot_id),
+            "current": sid == session_id,
+            "children": [node(c) for c in kids if budget[0] > 0],
+        }
+
+    return node(root)
+
+
+def session_detail(store: CheckpointStore, session_id: str, *, agent: str | None = None) -> dict[str, Any]:
+    """A session page: summary, ``Session.inspect()`` (when the agent can be imported), snapshot ids,
+    the fork lineage and the run ids recorded in its snapshots.
+
+    ``agent`` overrides the ``"module:qualname"`` recorded in the session's metadata. When the agent
+    cannot be imported the page still shows the store's view (head, integrity, lineage) and
+    ``inspection_error`` says why the inspection is missing.
+    """
+    heads = store.list_sessions()
+    head = next((h for h in heads if h.session_id == session_id), None)
+    if head is None:
+        raise NotFoundError(f"session {session_id!r} not found")
+    spec = agent or (head.metadata or {}).get("agent")
+    inspection: dict[str, Any] | None = None
+    error: str | None = None
+    if not spec:
+        error = "the session does not record its agent"
+    else:
+        try:
+            factory = load_agent(str(spec))
+            session = compose(agent=factory, store=store).restore(session_id)
+            inspection = inspection_to_dict(session.inspect())
+        except QitosError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    integrity = inspection["snapshot_integrity"] if inspection else _chain_integrity(store, head.snapshot_id)
+    snapshot_ids = store.list_session_snapshots(session_id)
+    runs: list[str] = []
+    work_graph = (inspection or {}).get("work_graph") or {}
+    for step in work_graph.get("steps") or ():
+        for attempt in step.get("attempts") or ():
+            run_id = attempt.get("run_id")
+            if run_id and run_id not in runs:
+                runs.append(run_id)
+    return {
+        "session": session_summary(head),
+        "inspection": inspection,
+        "inspection_error": error,
+        "integrity": integrity,
+        "snapshots": snapshot_ids[:_MAX_SNAPSHOTS],
+        "snapshot_count": len(snapshot_ids),
+        "lineage": lineage(store, session_id, heads=heads),
+        "runs": runs,
+    }

@@ -1,0 +1,228 @@
+"""The trace and session viewer: a small standard-library HTTP server bound to 127.0.0.1.
+
+It serves the hand-written static app (``qitos/viewer/static``: no CDN, no build step, nothing
+fetched from the network) and a read-only JSON API over the trace reader and the checkpoint store:
+
+======================================  =====================================================
+``GET /api/runs``                       the runs board (``{"logdir", "runs": [summary...]}``)
+``GET /api/runs/<id>``                  ``{"run": summary, "manifest", "steps": [...]}``
+``GET /api/runs/<id>/events?after=N``   ``{"events": [...], "next": n}`` (poll with ``after``)
+``GET /api/sessions``                   ``{"db", "available", "sessions": [summary...]}``
+``GET /api/sessions/<id>``              inspection, snapshot ids, fork lineage with integrity
+======================================  =====================================================
+
+Shapes are documented in :mod:`qitos.viewer.data`. Errors are ``{"error": message}`` with 404
+(not found), 400 (bad request) or 500. Requests whose ``Host`` is not this loopback address are
+refused (a guard against DNS rebinding), every response forbids framing and sniffing, and the
+page's Content-Security-Policy allows only its own script and style.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.core.errors import QitosError, UsageError
+from qitos.trace.reader import TraceError
+from qitos.viewer.data import (
+    NotFoundError,
+    find_run,
+    run_detail,
+    run_events,
+    runs_board,
+    session_detail,
+    session_summary,
+)
+
+__all__ = ["DEFAULT_PORT", "HOST", "ViewerServer"]
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+_STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/index.html": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+}
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+class ViewerServer:
+    """The viewer over a trace directory and (optionally) a session database.
+
+    Args:
+        logdir: the directory holding ``<run_id>/`` trace folders.
+        db: a SQLite session store file; it is opened (read through the store API) only if it exists.
+        port: the TCP port on 127.0.0.1; 0 picks a free one (read it back from :attr:`port`).
+    """
+
+    def __init__(self, logdir: str = "./runs", *, db: str | None = None, port: int = DEFAULT_PORT) -> None:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise UsageError(f"port must be an int between 0 and 65535, got {port!r}")
+        self.logdir = logdir
+        self.db = db
+        self._store: SqliteCheckpointStore | None = None
+        self._store_lock = threading.Lock()
+        self._static: dict[str, bytes] = {}
+        handler = type("ViewerHandler", (_Handler,), {"viewer": self})
+        try:
+            self.httpd = ThreadingHTTPServer((HOST, port), handler)
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {HOST}:{port}: {exc.strerror or exc}") from exc
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The port actually bound."""
+        return int(self.httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The viewer's address."""
+        return f"http://{HOST}:{self.port}/"
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`shutdown` (or KeyboardInterrupt) in this thread."""
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def start(self) -> ViewerServer:
+        """Serve from a daemon thread; returns self."""
+        self._thread = threading.Thread(target=self.serve_forever, name="qitos-viewer", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        """Stop serving, close the socket and the store."""
+        if self._thread is not None:
+            self.httpd.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.httpd.server_close()
+        with self._store_lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def __enter__(self) -> ViewerServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- data access
+
+    def store(self) -> SqliteCheckpointStore | None:
+        """The session store, opened on first use once its file exists."""
+        with self._store_lock:
+            if self._store is None and self.db and os.path.isfile(self.db):
+                self._store = SqliteCheckpointStore(self.db)
+            return self._store
+
+    def static_file(self, name: str) -> bytes:
+        """A packaged static file (cached)."""
+        data = self._static.get(name)
+        if data is None:
+            data = resources.files("qitos.viewer").joinpath("static", name).read_bytes()
+            self._static[name] = data
+        return data
+
+    def api(self, path: str, query: dict[str, list[str]]) -> Any:
+        """Answer one API path (without the ``/api`` prefix); raises NotFoundError or UsageError."""
+        parts = [unquote(p) for p in path.strip("/").split("/") if p]
+        if parts == ["runs"]:
+            return {"logdir": os.path.abspath(self.logdir), "runs": runs_board(self.logdir)}
+        if len(parts) == 2 and parts[0] == "runs":
+            return run_detail(find_run(self.logdir, parts[1]))
+        if len(parts) == 3 and parts[0] == "runs" and parts[2] == "events":
+            after_text = (query.get("after") or ["0"])[0]
+            if not after_text.isdigit():
+                raise UsageError(f"after must be a non-negative integer, got {after_text!r}")
+            return run_events(find_run(self.logdir, parts[1]), after=int(after_text))
+        if parts == ["sessions"]:
+            store = self.store()
+            sessions = [session_summary(h) for h in store.list_sessions()] if store is not None else []
+            return {
+                "db": os.path.abspath(self.db) if self.db else None,
+                "available": store is not None,
+                "sessions": sessions,
+            }
+        if len(parts) == 2 and parts[0] == "sessions":
+            store = self.store()
+            if store is None:
+                raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+            return session_detail(store, parts[1])
+        raise NotFoundError(f"no API endpoint /api/{'/'.join(parts)}")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    viewer: ViewerServer
+    server_version = "qitos-viewer"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the viewer does not log every request."""
+
+    def do_GET(self) -> None:
+        """Serve a static file or an API answer."""
+        if not self._host_allowed():
+            self._send_json(HTTPStatus.FORBIDDEN, {"error": "the viewer only answers requests for its own address"})
+            return
+        parts = urlsplit(self.path)
+        if parts.path.startswith("/api/"):
+            self._api(parts.path[len("/api") :], parse_qs(parts.query))
+            return
+        entry = _STATIC.get(parts.path)
+        if entry is None:
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no such page {parts.path}"})
+            return
+        name, content_type = entry
+        self._send(HTTPStatus.OK, self.viewer.static_file(name), content_type)
+
+    def do_HEAD(self) -> None:
+        """Refuse HEAD politely (the viewer is GET-only)."""
+        self._send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "use GET"})
+
+    def _host_allowed(self) -> bool:
+        host = (self.headers.get("Host") or "").strip().lower()
+        port = self.viewer.port
+        return host in (f"{HOST}:{port}", f"localhost:{port}") or (port == 80 and host in (HOST, "localhost"))
+
+    def _api(self, path: str, query: dict[str, list[str]]) -> None:
+        try:
+            payload = self.viewer.api(path, query)
+        except NotFoundError as exc:
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+        except UsageError as exc:
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        except (QitosError, TraceError, OSError) as exc:
+            self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
+        else:
+            self._send_json(HTTPStatus.OK, payload)
+
+    def _send_json(self, status: HTTPStatus, payload: Any) -> None:
+        body = json.dumps(payload, ensure_ascii=False, default=repr).encode("utf-8")
+        self._send(status, body, "application/json; charset=utf-8")
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Content-Security-Policy", _CSP)
+        self.end_headers()
+        self.wfile.write(body)

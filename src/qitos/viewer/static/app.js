@@ -1,0 +1,911 @@
+// qitos viewer: a hand-written single-page app over the local JSON API.
+// Every value that comes from a run or a session is put into the page with textContent
+// (through el() below), never parsed as HTML: a "<script>" in a tool output stays text.
+"use strict";
+
+(function () {
+  const app = document.getElementById("app");
+  const liveBadge = document.getElementById("live");
+  const POLL_BOARD_MS = 3000;
+  const POLL_LIVE_MS = 1200;
+  const OUTPUT_PREVIEW = 1500;
+
+  // ------------------------------------------------------------------ helpers
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    if (attrs) {
+      for (const [key, value] of Object.entries(attrs)) {
+        if (value === null || value === undefined || value === false) continue;
+        if (key === "class") node.className = value;
+        else if (key === "text") node.textContent = String(value);
+        else if (key.startsWith("on") && typeof value === "function") node.addEventListener(key.slice(2), value);
+        else if (key === "dataset") Object.assign(node.dataset, value);
+        else if (key === "style") Object.assign(node.style, value); // CSSOM: allowed by the page's CSP
+        else node.setAttribute(key, value === true ? "" : String(value));
+      }
+    }
+    append(node, children);
+    return node;
+  }
+
+  function append(node, children) {
+    for (const child of children) {
+      if (child === null || child === undefined || child === false) continue;
+      if (Array.isArray(child)) append(node, child);
+      else if (child instanceof Node) node.appendChild(child);
+      else node.appendChild(document.createTextNode(String(child)));
+    }
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+
+  function fmtNumber(v) {
+    return v === null || v === undefined ? "–" : Number(v).toLocaleString("en-US");
+  }
+
+  function fmtDuration(s) {
+    if (s === null || s === undefined) return "–";
+    if (s < 1) return `${Math.round(s * 1000)} ms`;
+    if (s < 60) return `${s.toFixed(2)} s`;
+    const m = Math.floor(s / 60);
+    return `${m} min ${Math.round(s - m * 60)} s`;
+  }
+
+  function fmtTime(iso) {
+    if (!iso) return "–";
+    const d = new Date(iso);
+    return isNaN(d) ? String(iso) : d.toLocaleString();
+  }
+
+  function short(id, n) {
+    const s = String(id ?? "");
+    return s.length > (n || 14) ? s.slice(0, n || 14) + "…" : s;
+  }
+
+  function json(value) {
+    return JSON.stringify(value, null, 2);
+  }
+
+  function badge(value, kind) {
+    const v = value === null || value === undefined ? "–" : String(value);
+    return el("span", { class: `badge ${kind || "b-" + v.replace(/[^a-z_]/gi, "")}`, text: v });
+  }
+
+  function kv(rows) {
+    return el(
+      "dl",
+      { class: "kv" },
+      rows.filter((r) => r).map(([k, v]) => [el("dt", { text: k }), el("dd", null, v instanceof Node ? v : v ?? "–")])
+    );
+  }
+
+  function section(title, ...children) {
+    return el("section", { class: "card" }, el("h2", { text: title }), children);
+  }
+
+  function pre(value, cls) {
+    return el("pre", { class: cls || "code", text: typeof value === "string" ? value : json(value) });
+  }
+
+  // A long text shown truncated with a button to see all of it.
+  function longText(value, cls) {
+    const textValue = typeof value === "string" ? value : json(value);
+    const node = el("pre", { class: cls || "code" });
+    if (textValue.length <= OUTPUT_PREVIEW) {
+      node.textContent = textValue;
+      return node;
+    }
+    let expanded = false;
+    const button = el("button", { class: "link", type: "button" });
+    const render = () => {
+      node.textContent = expanded ? textValue : textValue.slice(0, OUTPUT_PREVIEW) + "\n…";
+      button.textContent = expanded ? "show less" : `show all (${fmtNumber(textValue.length)} characters)`;
+    };
+    button.addEventListener("click", () => {
+      expanded = !expanded;
+      render();
+    });
+    render();
+    return el("div", null, node, button);
+  }
+
+  async function api(path) {
+    const response = await fetch("/api" + path, { cache: "no-store", headers: { Accept: "application/json" } });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (e) {
+      throw new Error(`${response.status} ${response.statusText}`);
+    }
+    if (!response.ok) {
+      const err = new Error((data && data.error) || response.statusText);
+      err.status = response.status;
+      throw err;
+    }
+    return data;
+  }
+
+  function showError(error) {
+    clear(app);
+    app.appendChild(
+      el("div", { class: "card error-card" }, el("h1", { text: error.status === 404 ? "Not found" : "Error" }), el("p", { class: "error", text: error.message }), el("p", null, el("a", { href: "#/", text: "Back to the board" })))
+    );
+  }
+
+  // ------------------------------------------------------------------ routing and polling
+
+  let pollTimer = null;
+  let routeToken = 0;
+
+  function stopPolling() {
+    if (pollTimer) clearTimeout(pollTimer);
+    pollTimer = null;
+    liveBadge.hidden = true;
+  }
+
+  function schedule(token, fn, ms, live) {
+    if (token !== routeToken) return;
+    liveBadge.hidden = !live;
+    pollTimer = setTimeout(() => {
+      if (token === routeToken) fn();
+    }, ms);
+  }
+
+  function route() {
+    stopPolling();
+    routeToken += 1;
+    const token = routeToken;
+    const hash = location.hash.replace(/^#/, "") || "/";
+    const parts = hash.split("/").filter((p) => p).map(decodeURIComponent);
+    if (parts.length === 0) return boardPage(token);
+    if (parts[0] === "runs" && parts.length === 2) return runPage(token, parts[1]);
+    if (parts[0] === "runs" && parts.length === 5 && parts[2] === "steps" && parts[4] === "request")
+      return requestPage(token, parts[1], Number(parts[3]));
+    if (parts[0] === "sessions" && parts.length === 2) return sessionPage(token, parts[1]);
+    showError({ status: 404, message: `no page ${hash}` });
+  }
+
+  window.addEventListener("hashchange", route);
+
+  // ------------------------------------------------------------------ board
+
+  const board = { filter: "", status: "", sortKey: "started_at", sortDir: -1, sessionSortKey: "updated_at", sessionSortDir: -1 };
+
+  const RUN_COLUMNS = [
+    ["run_id", "Run"],
+    ["status", "Status"],
+    ["task", "Task"],
+    ["agent", "Agent"],
+    ["steps", "Steps"],
+    ["stop_reason", "Stop reason"],
+    ["tokens", "Tokens"],
+    ["duration_s", "Duration"],
+    ["started_at", "Started"],
+  ];
+  const SESSION_COLUMNS = [
+    ["session_id", "Session"],
+    ["lifecycle", "Lifecycle"],
+    ["task", "Task"],
+    ["agent", "Agent"],
+    ["sequence", "Sequence"],
+    ["parent_session_id", "Forked from"],
+    ["updated_at", "Updated"],
+  ];
+
+  function compare(a, b, key, dir) {
+    const x = a[key];
+    const y = b[key];
+    if (x === y) return 0;
+    if (x === null || x === undefined) return 1;
+    if (y === null || y === undefined) return -1;
+    return (x < y ? -1 : 1) * dir;
+  }
+
+  function matches(row, keys) {
+    const needle = board.filter.trim().toLowerCase();
+    if (!needle) return true;
+    return keys.some((k) => String(row[k] ?? "").toLowerCase().includes(needle));
+  }
+
+  function sortHeader(columns, state, keyName, dirName, rerender) {
+    return el(
+      "tr",
+      null,
+      columns.map(([key, label]) => {
+        const active = state[keyName] === key;
+        return el(
+          "th",
+          { "aria-sort": active ? (state[dirName] > 0 ? "ascending" : "descending") : null },
+          el(
+            "button",
+            {
+              type: "button",
+              class: "sort" + (active ? " active" : ""),
+              onclick: () => {
+                if (state[keyName] === key) state[dirName] = -state[dirName];
+                else {
+                  state[keyName] = key;
+                  state[dirName] = 1;
+                }
+                rerender();
+              },
+            },
+            label,
+            active ? (state[dirName] > 0 ? " ▲" : " ▼") : ""
+          )
+        );
+      })
+    );
+  }
+
+  function boardPage(token) {
+    clear(app);
+    const runsBox = el("div", { class: "table-wrap", id: "runs-table" }, el("p", { class: "muted", text: "Loading runs…" }));
+    const sessionsBox = el("div", { class: "table-wrap", id: "sessions-table" }, el("p", { class: "muted", text: "Loading sessions…" }));
+    const filterInput = el("input", { type: "search", id: "filter", placeholder: "Filter by id, task, agent, stop reason…", value: board.filter });
+    const statusSelect = el(
+      "select",
+      { id: "status-filter", "aria-label": "status" },
+      ["", "running", "completed", "stopped", "failed"].map((s) => el("option", { value: s, text: s || "any status" }))
+    );
+    statusSelect.value = board.status;
+    const meta = el("p", { class: "muted small" });
+    let data = { runs: null, sessions: null };
+
+    const renderRuns = () => {
+      clear(runsBox);
+      if (!data.runs) return;
+      const rows = data.runs.runs
+        .filter((r) => !board.status || r.status === board.status)
+        .filter((r) => matches(r, ["run_id", "task", "agent", "stop_reason", "status"]))
+        .sort((a, b) => compare(a, b, board.sortKey, board.sortDir));
+      if (!data.runs.runs.length) {
+        runsBox.appendChild(el("p", { class: "muted", text: `No runs in ${data.runs.logdir} yet. Run "qitos demo" to make one.` }));
+        return;
+      }
+      runsBox.appendChild(
+        el(
+          "table",
+          { class: "grid" },
+          el("thead", null, sortHeader(RUN_COLUMNS, board, "sortKey", "sortDir", renderRuns)),
+          el(
+            "tbody",
+            null,
+            rows.map((r) =>
+              el(
+                "tr",
+                { dataset: { run: r.run_id } },
+                el("td", null, el("a", { href: `#/runs/${encodeURIComponent(r.run_id)}`, class: "mono", text: short(r.run_id, 22) })),
+                el("td", null, badge(r.status)),
+                el("td", { class: "task", title: r.task || "" }, r.task || "–"),
+                el("td", { class: "mono small" }, r.agent || "–"),
+                el("td", { class: "num" }, fmtNumber(r.steps)),
+                el("td", null, r.stop_reason ? badge(r.stop_reason, "b-reason") : "–"),
+                el("td", { class: "num" }, fmtNumber(r.tokens)),
+                el("td", { class: "num" }, fmtDuration(r.duration_s)),
+                el("td", { class: "small" }, fmtTime(r.started_at))
+              )
+            )
+          )
+        )
+      );
+      if (!rows.length) runsBox.appendChild(el("p", { class: "muted", text: "No run matches the filter." }));
+    };
+
+    const renderSessions = () => {
+      clear(sessionsBox);
+      if (!data.sessions) return;
+      if (!data.sessions.available) {
+        sessionsBox.appendChild(el("p", { class: "muted", text: data.sessions.db ? `No session store at ${data.sessions.db}.` : "No session store configured (qitos trace serve --db PATH)." }));
+        return;
+      }
+      const rows = data.sessions.sessions
+        .filter((s) => matches(s, ["session_id", "task", "agent", "lifecycle"]))
+        .sort((a, b) => compare(a, b, board.sessionSortKey, board.sessionSortDir));
+      sessionsBox.appendChild(
+        el(
+          "table",
+          { class: "grid" },
+          el("thead", null, sortHeader(SESSION_COLUMNS, board, "sessionSortKey", "sessionSortDir", renderSessions)),
+          el(
+            "tbody",
+            null,
+            rows.map((s) =>
+              el(
+                "tr",
+                { dataset: { session: s.session_id } },
+                el("td", null, el("a", { href: `#/sessions/${encodeURIComponent(s.session_id)}`, class: "mono", text: short(s.session_id, 22) })),
+                el("td", null, badge(s.lifecycle)),
+                el("td", { class: "task", title: s.task || "" }, s.task || "–"),
+                el("td", { class: "mono small" }, s.agent || "–"),
+                el("td", { class: "num" }, fmtNumber(s.sequence)),
+                el("td", null, s.parent_session_id ? el("a", { href: `#/sessions/${encodeURIComponent(s.parent_session_id)}`, class: "mono", text: short(s.parent_session_id, 18) }) : "–"),
+                el("td", { class: "small" }, fmtTime(s.updated_at))
+              )
+            )
+          )
+        )
+      );
+      if (!data.sessions.sessions.length) sessionsBox.appendChild(el("p", { class: "muted", text: "No sessions in the store yet." }));
+    };
+
+    filterInput.addEventListener("input", () => {
+      board.filter = filterInput.value;
+      renderRuns();
+      renderSessions();
+    });
+    statusSelect.addEventListener("change", () => {
+      board.status = statusSelect.value;
+      renderRuns();
+    });
+
+    app.appendChild(
+      el(
+        "div",
+        null,
+        el("div", { class: "toolbar" }, el("h1", { text: "Board" }), filterInput, statusSelect),
+        meta,
+        el("section", { class: "card" }, el("h2", { text: "Runs" }), runsBox),
+        el("section", { class: "card" }, el("h2", { text: "Sessions" }), sessionsBox)
+      )
+    );
+
+    const load = async () => {
+      try {
+        const [runs, sessions] = await Promise.all([api("/runs"), api("/sessions")]);
+        if (token !== routeToken) return;
+        data = { runs, sessions };
+        meta.textContent = `Traces: ${runs.logdir}` + (sessions.db ? ` · Sessions: ${sessions.db}` : "");
+        renderRuns();
+        renderSessions();
+        const live = runs.runs.some((r) => r.status === "running") || sessions.sessions.some((s) => s.lifecycle === "running");
+        schedule(token, load, live ? POLL_LIVE_MS : POLL_BOARD_MS, live);
+      } catch (error) {
+        if (token === routeToken) showError(error);
+      }
+    };
+    load();
+  }
+
+  // ------------------------------------------------------------------ run page
+
+  const openSteps = new Map(); // run id -> Set of open step ids
+
+  function callLabel(action) {
+    const args = Object.entries(action.args || {})
+      .map(([k, v]) => {
+        let s = typeof v === "string" ? JSON.stringify(v) : JSON.stringify(v);
+        if (s && s.length > 40) s = s.slice(0, 37) + "…";
+        return `${k}=${s}`;
+      })
+      .join(", ");
+    return `${action.name}(${args})`;
+  }
+
+  function stepTokens(step) {
+    const usage = (((step.model || {}).response || {}).usage) || {};
+    return (usage.input_tokens || 0) + (usage.output_tokens || 0);
+  }
+
+  function budgetBar(rv) {
+    const u = rv.units || {};
+    const max = u.max_input || u.available || u.used || 1;
+    const pct = (v) => `${Math.max(0, Math.min(100, (100 * (v || 0)) / max)).toFixed(2)}%`;
+    const free = Math.max(0, (u.available || 0) - (u.used || 0));
+    const bar = el(
+      "div",
+      { class: "budget-bar", role: "img", "aria-label": `used ${u.used} of ${u.available} available ${rv.unit}` },
+      el("span", { class: "seg used", style: { width: pct(u.used) }, title: `selected: ${fmtNumber(u.used)} ${rv.unit}` }),
+      el("span", { class: "seg free", style: { width: pct(free) }, title: `free: ${fmtNumber(free)} ${rv.unit}` }),
+      el("span", { class: "seg reserved", style: { width: pct(u.reserved_output) }, title: `reserved for output: ${fmtNumber(u.reserved_output)} ${rv.unit}` })
+    );
+    const legend = el(
+      "p",
+      { class: "small budget-legend" },
+      el("span", { class: "key used" }),
+      ` selected ${fmtNumber(u.used)}`,
+      el("span", { class: "key free" }),
+      ` free ${fmtNumber(free)} of ${fmtNumber(u.available)} available`,
+      el("span", { class: "key reserved" }),
+      ` reserved for output ${fmtNumber(u.reserved_output)}`,
+      ` · max input ${fmtNumber(u.max_input)} ${rv.unit}`,
+      u.omitted ? ` · omitted ${fmtNumber(u.omitted)} of ${fmtNumber(u.total)}` : ""
+    );
+    return el("div", { class: "budget" }, bar, legend);
+  }
+
+  function stepCard(runId, step, openSet) {
+    const decision = step.decision || {};
+    const actions = step.actions || [];
+    const results = step.results || [];
+    const failed = results.filter((r) => !r.ok).length;
+    const rv = step.request_view;
+    const details = el("details", { class: "step", id: `step-${step.step_id}`, dataset: { step: step.step_id } });
+    if (openSet.has(step.step_id)) details.open = true;
+    details.addEventListener("toggle", () => {
+      if (details.open) openSet.add(step.step_id);
+      else openSet.delete(step.step_id);
+    });
+    const tokens = stepTokens(step);
+    details.appendChild(
+      el(
+        "summary",
+        null,
+        el("span", { class: "step-no", text: `#${step.step_id}` }),
+        badge(decision.mode, "b-mode"),
+        el("span", { class: "step-title" }, actions.length ? actions.map(callLabel).join("; ") : decision.mode === "final" ? "final answer" : decision.rationale || ""),
+        results.length ? el("span", { class: failed ? "pill bad" : "pill good", text: failed ? `${failed} failed` : `${results.length} ok` }) : null,
+        rv ? el("span", { class: "pill", text: `ctx ${fmtNumber(rv.units.used)}/${fmtNumber(rv.units.available)}` }) : null,
+        rv && rv.receipts && rv.receipts.length ? el("span", { class: "pill warn", text: `${rv.receipts.length} receipt${rv.receipts.length > 1 ? "s" : ""}` }) : null,
+        tokens ? el("span", { class: "pill", text: `${fmtNumber(tokens)} tok` }) : null,
+        el("span", { class: "muted small right", text: `${fmtNumber(Math.round(step.duration_ms || 0))} ms` }),
+        step.stop_reason ? badge(step.stop_reason, "b-reason") : null
+      )
+    );
+    const body = el("div", { class: "step-body" });
+    body.appendChild(
+      el(
+        "div",
+        { class: "block" },
+        el("h3", { text: "Decision" }),
+        kv([
+          ["mode", decision.mode],
+          decision.rationale ? ["rationale", decision.rationale] : null,
+          decision.final_answer ? ["final answer", longText(decision.final_answer, "answer")] : null,
+          decision.meta && Object.keys(decision.meta).length ? ["meta", pre(decision.meta)] : null,
+        ])
+      )
+    );
+    if (actions.length) {
+      body.appendChild(
+        el(
+          "div",
+          { class: "block" },
+          el("h3", { text: "Actions" }),
+          actions.map((a) => el("div", { class: "action" }, el("div", null, el("strong", { class: "mono", text: a.name }), el("span", { class: "muted small mono", text: ` ${a.id}` })), pre(a.args || {})))
+        )
+      );
+    }
+    const observation = step.observation || {};
+    if (results.length || observation.feedback || observation.env !== undefined) {
+      body.appendChild(
+        el(
+          "div",
+          { class: "block" },
+          el("h3", { text: "Observations" }),
+          results.map((r) =>
+            el(
+              "div",
+              { class: "result " + (r.ok ? "ok" : "err") },
+              el("div", null, el("strong", { class: "mono", text: r.name }), " ", badge(r.ok ? "ok" : r.error_kind || "error", r.ok ? "b-completed" : "b-failed"), el("span", { class: "muted small", text: ` ${fmtNumber(Math.round(r.duration_ms || 0))} ms${r.truncated ? " · truncated by the tool's output cap" : ""}` })),
+              longText(r.ok ? (typeof r.output === "string" ? r.output : json(r.output)) : r.error || "", "output")
+            )
+          ),
+          observation.feedback ? el("div", { class: "feedback" }, el("strong", { text: "feedback: " }), observation.feedback) : null,
+          observation.env !== undefined ? kv([["environment", longText(observation.env)]]) : null
+        )
+      );
+    }
+    const diff = step.state_diff || [];
+    body.appendChild(
+      el(
+        "div",
+        { class: "block" },
+        el("h3", { text: `State diff (${diff.length})` }),
+        diff.length
+          ? el(
+              "table",
+              { class: "grid diff" },
+              el("thead", null, el("tr", null, el("th", { text: "op" }), el("th", { text: "field" }), el("th", { text: "change" }))),
+              el(
+                "tbody",
+                null,
+                diff.map((op) => {
+                  const { op: kind, field, ...rest } = op;
+                  let change = rest;
+                  if (kind === "set") change = rest.value;
+                  else if (kind === "extend") change = rest.items;
+                  return el("tr", null, el("td", null, badge(kind, "b-op")), el("td", { class: "mono", text: field }), el("td", null, longText(change, "code small")));
+                })
+              )
+            )
+          : el("p", { class: "muted small", text: "no state change" })
+      )
+    );
+    if (step.model) {
+      const response = step.model.response || {};
+      body.appendChild(
+        el(
+          "div",
+          { class: "block" },
+          el("h3", { text: "Model" }),
+          kv([
+            ["model", response.model || "–"],
+            ["finish", response.finish_reason || "–"],
+            ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out`],
+            response.text ? ["text", longText(response.text, "answer")] : null,
+            response.tool_calls && response.tool_calls.length ? ["tool calls", pre(response.tool_calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments ?? c.raw_arguments })))] : null,
+          ])
+        )
+      );
+    }
+    if (rv) {
+      body.appendChild(
+        el(
+          "div",
+          { class: "block" },
+          el("h3", { text: "Request" }),
+          budgetBar(rv),
+          el("p", null, el("a", { href: `#/runs/${encodeURIComponent(runId)}/steps/${step.step_id}/request`, class: "button", text: "Open the request inspector" }))
+        )
+      );
+    }
+    if (step.critics && step.critics.length) body.appendChild(el("div", { class: "block" }, el("h3", { text: "Critics" }), pre(step.critics)));
+    details.appendChild(body);
+    return details;
+  }
+
+  function runHeader(detail) {
+    const r = detail.run;
+    return el(
+      "div",
+      null,
+      el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / run"),
+      el("div", { class: "title-row" }, el("h1", { class: "mono", text: r.run_id }), badge(r.status)),
+      el(
+        "section",
+        { class: "card" },
+        kv([
+          ["task", r.task],
+          ["agent", r.agent],
+          ["stop reason", r.stop_reason ? badge(r.stop_reason, "b-reason") : "–"],
+          ["steps", fmtNumber(r.steps)],
+          ["tokens", fmtNumber(r.tokens)],
+          ["duration", fmtDuration(r.duration_s)],
+          ["started", fmtTime(r.started_at)],
+          ["ended", fmtTime(r.ended_at)],
+          r.error ? ["error", el("span", { class: "error", text: r.error })] : null,
+        ]),
+        detail.manifest.summary && detail.manifest.summary.final_result ? el("div", null, el("h3", { text: "Final answer" }), longText(detail.manifest.summary.final_result, "answer")) : null
+      )
+    );
+  }
+
+  function runPage(token, runId) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading run…" }));
+    if (!openSteps.has(runId)) openSteps.set(runId, new Set());
+    const openSet = openSteps.get(runId);
+    let eventsOpen = false;
+    const load = async () => {
+      try {
+        const detail = await api(`/runs/${encodeURIComponent(runId)}`);
+        if (token !== routeToken) return;
+        const scroll = window.scrollY;
+        clear(app);
+        app.appendChild(runHeader(detail));
+        const timeline = el("section", { class: "card" }, el("h2", { text: `Timeline (${detail.steps.length} step${detail.steps.length === 1 ? "" : "s"})` }));
+        if (!detail.steps.length) timeline.appendChild(el("p", { class: "muted", text: detail.run.status === "running" ? "Waiting for the first step…" : "No step was committed." }));
+        detail.steps.forEach((s) => timeline.appendChild(stepCard(detail.run.run_id, s, openSet)));
+        app.appendChild(timeline);
+        const eventsBox = el("details", { class: "card events" }, el("summary", null, el("h2", { class: "inline", text: "Events" })));
+        eventsBox.open = eventsOpen;
+        const eventsBody = el("div", null);
+        eventsBox.appendChild(eventsBody);
+        const loadEvents = async () => {
+          const data = await api(`/runs/${encodeURIComponent(runId)}/events`);
+          clear(eventsBody);
+          eventsBody.appendChild(
+            el(
+              "table",
+              { class: "grid events-table" },
+              el("thead", null, el("tr", null, ["#", "type", "step", "phase", "ok", "details"].map((h) => el("th", { text: h })))),
+              el(
+                "tbody",
+                null,
+                data.events.map((e, i) =>
+                  el(
+                    "tr",
+                    { class: e.ok === false ? "bad-row" : null },
+                    el("td", { class: "num", text: i }),
+                    el("td", null, badge(e.event_type, "b-event")),
+                    el("td", { class: "num", text: e.step_id }),
+                    el("td", { text: e.phase || "" }),
+                    el("td", { text: e.ok === false ? "no" : "yes" }),
+                    el("td", null, e.error ? el("div", { class: "error", text: e.error }) : null, e.payload ? longText(e.payload, "code small") : null)
+                  )
+                )
+              )
+            )
+          );
+        };
+        eventsBox.addEventListener("toggle", () => {
+          eventsOpen = eventsBox.open;
+          if (eventsBox.open) loadEvents().catch((e) => eventsBody.appendChild(el("p", { class: "error", text: e.message })));
+        });
+        if (eventsOpen) await loadEvents();
+        app.appendChild(eventsBox);
+        window.scrollTo(0, scroll);
+        const live = detail.run.status === "running";
+        if (live) schedule(token, load, POLL_LIVE_MS, true);
+        else liveBadge.hidden = true;
+      } catch (error) {
+        if (token === routeToken) showError(error);
+      }
+    };
+    load();
+  }
+
+  // ------------------------------------------------------------------ request inspector
+
+  function idList(title, ids, cls, units) {
+    return el(
+      "div",
+      { class: `idlist ${cls}` },
+      el("h3", null, `${title} `, el("span", { class: "count", text: `(${ids.length})` })),
+      ids.length
+        ? el(
+            "ul",
+            null,
+            ids.map((id) => el("li", { class: "chip mono", dataset: { exchange: id } }, id, units && units[id] !== undefined ? el("span", { class: "units", text: ` ${fmtNumber(units[id])}` }) : null))
+          )
+        : el("p", { class: "muted small", text: "none" })
+    );
+  }
+
+  function receiptCard(receipt) {
+    return el(
+      "div",
+      { class: "receipt", dataset: { receipt: receipt.receipt_id } },
+      el("h3", null, "Compaction receipt ", el("span", { class: "mono", text: receipt.receipt_id })),
+      kv([
+        ["policy", el("span", { class: "mono", text: receipt.policy_id })],
+        ["omitted exchanges", el("span", null, (receipt.input_exchange_ids || []).map((id) => el("span", { class: "chip mono", text: id })))],
+        ["output digest", el("span", { class: "mono small", text: receipt.output_digest })],
+        ["model", receipt.model_reference || "none (no summary)"],
+      ]),
+      el("h4", { text: "Declared losses" }),
+      (receipt.declared_losses || []).length ? el("ul", { class: "losses" }, receipt.declared_losses.map((l) => el("li", { text: l }))) : el("p", { class: "muted small", text: "none declared" })
+    );
+  }
+
+  function requestView(rv) {
+    const ex = rv.exchanges || {};
+    const units = ex.units || null;
+    const contributions = rv.contributions || {};
+    const selected = contributions.selected || [];
+    const dropped = contributions.dropped || [];
+    return el(
+      "div",
+      { class: "request-view" },
+      section(
+        "Budget",
+        kv([
+          ["request id", el("span", { class: "mono small", text: rv.request_id })],
+          ["target", rv.target ? el("span", { class: "mono small", text: Object.values(rv.target).filter((v) => v !== null && v !== "").join(" · ") || "–" }) : "–"],
+          ["unit", rv.unit],
+          ["messages", fmtNumber(rv.messages)],
+          ["tools", (rv.tools || []).join(", ") || "none"],
+        ]),
+        budgetBar(rv)
+      ),
+      section(
+        "Exchanges",
+        el("div", { class: "columns" }, idList("Selected", ex.selected || [], "selected", units), idList("Protected", ex.protected || [], "protected", units), idList("Omitted", ex.omitted || [], "omitted", units)),
+        units ? null : el("p", { class: "muted small", text: `Unit counts per exchange are not recorded; totals: ${fmtNumber((rv.units || {}).used)} selected, ${fmtNumber((rv.units || {}).omitted)} omitted ${rv.unit}.` })
+      ),
+      section(
+        "Context contributions",
+        selected.length
+          ? el(
+              "table",
+              { class: "grid" },
+              el("thead", null, el("tr", null, ["id", "source", "units", "sensitivity", "revision"].map((h) => el("th", { text: h })))),
+              el("tbody", null, selected.map((c) => el("tr", null, el("td", { class: "mono", text: c.contribution_id }), el("td", { text: c.source }), el("td", { class: "num", text: fmtNumber(c.units) }), el("td", null, badge(c.sensitivity, "b-sens")), el("td", { class: "mono small", text: short(c.revision || c.digest, 16) }))))
+            )
+          : el("p", { class: "muted small", text: "no contribution selected" }),
+        dropped.length ? el("div", null, el("h3", { text: `Dropped (${dropped.length})` }), pre(dropped)) : null
+      ),
+      section(
+        `Compaction receipts (${(rv.receipts || []).length})`,
+        (rv.receipts || []).length ? rv.receipts.map(receiptCard) : el("p", { class: "muted", text: "Nothing was omitted from this request." }),
+        rv.compaction_summary ? kv([["summary", pre(rv.compaction_summary)]]) : null,
+        (rv.authorizing_receipt_ids || []).length ? kv([["authorizing receipts", el("span", { class: "mono small", text: rv.authorizing_receipt_ids.join(", ") })]]) : null
+      ),
+      (rv.reasons || []).length ? section("Selection reasons", el("ul", null, rv.reasons.map((r) => el("li", { text: r })))) : null
+    );
+  }
+
+  function requestPage(token, runId, stepId) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading request…" }));
+    api(`/runs/${encodeURIComponent(runId)}`)
+      .then((detail) => {
+        if (token !== routeToken) return;
+        clear(app);
+        const modelSteps = detail.steps.filter((s) => s.request_view);
+        const step = detail.steps.find((s) => s.step_id === stepId);
+        const index = modelSteps.findIndex((s) => s.step_id === stepId);
+        const prev = index > 0 ? modelSteps[index - 1] : null;
+        const next = index >= 0 && index < modelSteps.length - 1 ? modelSteps[index + 1] : null;
+        const runLink = `#/runs/${encodeURIComponent(detail.run.run_id)}`;
+        app.appendChild(
+          el(
+            "div",
+            null,
+            el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / ", el("a", { href: runLink, class: "mono", text: short(detail.run.run_id, 22) }), ` / step ${stepId} / request`),
+            el(
+              "div",
+              { class: "title-row" },
+              el("h1", { text: `Request inspector · step ${stepId}` }),
+              el(
+                "span",
+                { class: "pager" },
+                prev ? el("a", { href: `${runLink}/steps/${prev.step_id}/request`, text: `← step ${prev.step_id}` }) : null,
+                next ? el("a", { href: `${runLink}/steps/${next.step_id}/request`, text: `step ${next.step_id} →` }) : null
+              )
+            )
+          )
+        );
+        if (!step) {
+          app.appendChild(el("p", { class: "error", text: `run ${detail.run.run_id} has no step ${stepId}` }));
+          return;
+        }
+        if (!step.request_view) {
+          app.appendChild(el("p", { class: "muted", text: `Step ${stepId} did not call the model (its decision came from the agent's decide).` }));
+          return;
+        }
+        app.appendChild(requestView(step.request_view));
+        if (step.model) {
+          const response = step.model.response || {};
+          app.appendChild(
+            section(
+              "Model reply",
+              kv([
+                ["model", response.model || "–"],
+                ["finish", response.finish_reason || "–"],
+                ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out`],
+                ["request digest", el("span", { class: "mono small", text: step.model.request_digest || "–" })],
+              ]),
+              response.text ? longText(response.text, "answer") : null,
+              response.tool_calls && response.tool_calls.length ? pre(response.tool_calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments ?? c.raw_arguments }))) : null
+            )
+          );
+        }
+      })
+      .catch((error) => {
+        if (token === routeToken) showError(error);
+      });
+  }
+
+  // ------------------------------------------------------------------ session page
+
+  function lineageNode(node) {
+    return el(
+      "li",
+      { class: node.current ? "current" : null, dataset: { session: node.session_id } },
+      el(
+        "div",
+        { class: "node" },
+        node.current ? el("strong", { class: "mono", text: short(node.session_id, 26) }) : el("a", { href: `#/sessions/${encodeURIComponent(node.session_id)}`, class: "mono", text: short(node.session_id, 26) }),
+        " ",
+        badge(node.lifecycle),
+        " ",
+        badge(node.integrity === "verified" ? "verified" : "corrupt", node.integrity === "verified" ? "b-completed" : "b-failed"),
+        el("div", { class: "small muted" }, "head ", el("span", { class: "mono", text: short(node.snapshot_id, 18), title: node.snapshot_id }), node.fork_snapshot_id ? [" · forked at ", el("span", { class: "mono", text: short(node.fork_snapshot_id, 18), title: node.fork_snapshot_id })] : null),
+        node.integrity !== "verified" ? el("div", { class: "error small", text: node.integrity }) : null
+      ),
+      node.children && node.children.length ? el("ul", null, node.children.map(lineageNode)) : null
+    );
+  }
+
+  function sessionPage(token, sessionId) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading session…" }));
+    const load = async () => {
+      try {
+        const d = await api(`/sessions/${encodeURIComponent(sessionId)}`);
+        if (token !== routeToken) return;
+        clear(app);
+        const s = d.session;
+        const ins = d.inspection;
+        app.appendChild(el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / session"));
+        app.appendChild(el("div", { class: "title-row" }, el("h1", { class: "mono", text: s.session_id }), badge(s.lifecycle), badge(d.integrity === "verified" ? "verified" : "corrupt", d.integrity === "verified" ? "b-completed" : "b-failed")));
+        app.appendChild(
+          section(
+            "Session",
+            kv([
+              ["task", s.task],
+              ["agent", s.agent],
+              ["head snapshot", el("span", { class: "mono small", text: s.snapshot_id })],
+              ["sequence", fmtNumber(s.sequence)],
+              ["created", fmtTime(s.created_at)],
+              ["updated", fmtTime(s.updated_at)],
+              ["integrity", d.integrity === "verified" ? "verified" : el("span", { class: "error", text: d.integrity })],
+              ins ? ["capabilities", el("span", null, ins.capabilities.map((c) => el("span", { class: "chip", text: c })))] : null,
+            ]),
+            d.inspection_error ? el("p", { class: "notice", text: `Inspection unavailable: ${d.inspection_error}` }) : null
+          )
+        );
+        app.appendChild(section("Lineage", el("ul", { class: "tree" }, lineageNode(d.lineage))));
+        if (ins) {
+          const budget = ins.budget || {};
+          app.appendChild(
+            section(
+              "Budget",
+              kv([
+                ["used", pre(budget.used || {})],
+                ["limits", pre(budget.limits || {})],
+                ["durability", pre(budget.durability || {})],
+              ])
+            )
+          );
+          if (ins.tool_batch) {
+            app.appendChild(
+              section(
+                `Tool batch of step ${ins.tool_batch.step_id}`,
+                el(
+                  "table",
+                  { class: "grid" },
+                  el("thead", null, el("tr", null, ["call", "tool", "args", "status", "error"].map((h) => el("th", { text: h })))),
+                  el("tbody", null, ins.tool_batch.calls.map((c) => el("tr", null, el("td", { class: "mono small", text: c.call_id }), el("td", { class: "mono", text: c.tool }), el("td", null, longText(c.args, "code small")), el("td", null, badge(c.status)), el("td", { class: "error small", text: c.error || "" }))))
+                ),
+                ins.tool_batch.calls.some((c) => c.status === "awaiting_approval") ? el("p", { class: "small muted", text: `Approve or reject with: qitos sessions approve ${s.session_id} CALL_ID` }) : null
+              )
+            );
+          }
+          const steps = (ins.work_graph || {}).steps || [];
+          app.appendChild(
+            section(
+              `Work graph (${steps.length} step${steps.length === 1 ? "" : "s"})`,
+              steps.length
+                ? el(
+                    "table",
+                    { class: "grid" },
+                    el("thead", null, el("tr", null, ["step", "mode", "attempts", "tool calls"].map((h) => el("th", { text: h })))),
+                    el(
+                      "tbody",
+                      null,
+                      steps.map((w) =>
+                        el(
+                          "tr",
+                          null,
+                          el("td", { class: "mono", text: w.work_item }),
+                          el("td", null, w.mode ? badge(w.mode, "b-mode") : "–"),
+                          el("td", null, (w.attempts || []).map((a) => el("div", { class: "small" }, badge(a.outcome), " ", el("a", { href: `#/runs/${encodeURIComponent(a.run_id || "")}`, class: "mono", text: short(a.run_id, 16) }), " ", el("span", { class: "mono muted", text: short(a.snapshot_id, 14), title: a.snapshot_id })))),
+                          el("td", null, (w.tool_calls || []).map((c) => el("div", { class: "small" }, el("span", { class: "mono", text: c.tool }), " ", badge(c.outcome, c.outcome === "ok" ? "b-completed" : "b-failed"))))
+                        )
+                      )
+                    )
+                  )
+                : el("p", { class: "muted small", text: "no committed step yet" })
+            )
+          );
+          if (ins.last_request_view) {
+            app.appendChild(el("h2", { class: "section-title", text: "Last request" }));
+            app.appendChild(requestView(ins.last_request_view));
+          }
+        }
+        app.appendChild(
+          section(
+            `Snapshots (${fmtNumber(d.snapshot_count)}, newest first)`,
+            el("ol", { class: "snapshots mono small" }, d.snapshots.map((id) => el("li", { text: id }))),
+            d.snapshot_count > d.snapshots.length ? el("p", { class: "muted small", text: `… and ${d.snapshot_count - d.snapshots.length} older` }) : null
+          )
+        );
+        if (d.runs.length) app.appendChild(section("Runs", el("ul", null, d.runs.map((r) => el("li", null, el("a", { href: `#/runs/${encodeURIComponent(r)}`, class: "mono", text: r }))))));
+        const live = s.lifecycle === "running";
+        if (live) schedule(token, load, POLL_LIVE_MS, true);
+        else liveBadge.hidden = true;
+      } catch (error) {
+        if (token === routeToken) showError(error);
+      }
+    };
+    load();
+  }
+
+  route();
+})();
