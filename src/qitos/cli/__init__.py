@@ -1,1 +1,6 @@
-"""qitos.cli."""
+"""The ``qitos`` command (typer + rich); the entry point is :func:`qitos.cli.app.main`.
+
+typer and rich are imported only here, never by ``import qitos``.
+"""
+
+__all__: list[str] = []

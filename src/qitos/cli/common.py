@@ -1,0 +1,144 @@
+"""What every ``qitos`` command shares: exit codes, one-line errors, JSON output, consoles.
+
+Exit codes:
+
+====  ==========================================================================
+0     success (a run that completed, or paused / awaits approval as asked)
+1     a run failed or stopped abnormally, or an unexpected error
+2     usage error: bad option or argument, wrong configuration
+3     not found: no such run, session, snapshot, record or store
+====  ==========================================================================
+
+Errors are printed as one line on stderr (``error: ...``); ``qitos --debug`` (or ``QITOS_DEBUG=1``)
+adds the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import click
+import typer
+from rich.console import Console
+
+from qitos.checkpoint.store import SnapshotNotFoundError
+from qitos.core.errors import QitosError, SessionNotFoundError, UsageError
+from qitos.viewer.data import NotFoundError
+
+__all__ = [
+    "DEFAULT_DB",
+    "DEFAULT_LOGDIR",
+    "DEFAULT_MEMORY_DIR",
+    "EXIT_FAILED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CliError",
+    "cli_command",
+    "console",
+    "debug_enabled",
+    "exit_code_for",
+    "fail",
+    "print_json",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+
+DEFAULT_DB = os.path.join(".qitos", "sessions.db")
+DEFAULT_LOGDIR = "./runs"
+DEFAULT_MEMORY_DIR = os.path.join(".qitos", "memory")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CliError(Exception):
+    """An error the CLI reports as one line with a chosen exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Stop the command with ``message`` on stderr and exit ``code``."""
+    raise CliError(message, code)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code an exception maps to (see the module docstring)."""
+    if isinstance(exc, CliError):
+        return exc.code
+    if isinstance(exc, NotFoundError | SessionNotFoundError | SnapshotNotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, CliError | QitosError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def debug_enabled() -> bool:
+    """Whether ``--debug`` was given to ``qitos`` (or ``QITOS_DEBUG`` is set)."""
+    if os.environ.get("QITOS_DEBUG", "").strip() not in ("", "0", "false", "no"):
+        return True
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return bool(root is not None and isinstance(root.obj, dict) and root.obj.get("debug"))
+
+
+def cli_command(fn: Callable[P, R]) -> Callable[P, R]:
+    """Wrap a command: exceptions become one line on stderr and a meaningful exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+            raise
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            if debug_enabled():
+                traceback.print_exc(file=sys.stderr)
+            typer.echo(f"error: {_message(exc)}", err=True)
+            raise typer.Exit(exit_code_for(exc)) from None
+
+    return wrapper
+
+
+def print_json(value: Any) -> None:
+    """Write ``value`` as indented JSON on stdout (stable key order as built)."""
+    typer.echo(json.dumps(value, indent=2, ensure_ascii=False, default=repr))
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console on the current stdout (or stderr): colours and live output only on a TTY.
+
+    Markup is off: text from runs is printed as text (styles come from ``rich.text.Text``). Off a
+    terminal, long lines are not wrapped (pipes and files get whole lines).
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream.isatty()
+    width = None if terminal else _pipe_width()
+    return Console(file=stream, highlight=False, markup=False, soft_wrap=not terminal, width=width)
+
+
+def _pipe_width() -> int:
+    try:
+        return max(40, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        return 160

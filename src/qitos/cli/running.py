@@ -1,0 +1,224 @@
+"""Running agents from the CLI: ``qitos demo`` and ``qitos run`` (and the helpers ``sessions resume`` uses).
+
+The commands only wire library parts together (an Engine or a ``compose()`` session, a model
+adapter, the live renderer as an engine hook, a trace directory); the loop is the engine's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.cli.common import (
+    DEFAULT_LOGDIR,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    cli_command,
+    console,
+    fail,
+    print_json,
+)
+from qitos.cli.models import MODEL_FORMS, load_local_model, resolve_model
+from qitos.cli.render import LiveRenderer
+from qitos.core.task import Task, TaskBudget
+from qitos.engine.composition import compose
+from qitos.engine.engine import Engine
+from qitos.engine.events import EngineResult
+from qitos.engine.model_path import ModelContext
+from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
+from qitos.viewer.data import load_agent
+
+__all__ = [
+    "DEMO_DEFAULT_MODEL",
+    "DEMO_DEFAULT_POLICY",
+    "DEMO_SCRIPTED_CAPACITY",
+    "DEMO_TASK",
+    "demo",
+    "exit_code_for_result",
+    "outcome",
+    "run",
+]
+
+# The demo's defaults. The embedded local model becomes the default once it ships: switch
+# DEMO_DEFAULT_POLICY to "model" and DEMO_DEFAULT_MODEL to "local".
+DEMO_DEFAULT_POLICY = "scripted"
+DEMO_DEFAULT_MODEL = "scripted"
+DEMO_TASK = "Index the notes in this workspace: list them, read each one, and write INDEX.md."
+# The scripted demo model declares a small context window so that late requests need compaction
+# (and the viewer has receipts to show).
+DEMO_SCRIPTED_CAPACITY = 6000
+
+_NORMAL_STOPS = frozenset({"paused", "awaiting_approval"})
+_COMPACTION = {"closed_window": ClosedExchangeWindowCompactor}
+
+
+def outcome(result: EngineResult[Any], **extra: Any) -> dict[str, Any]:
+    """The JSON shape of a finished run (``--json`` of demo, run and sessions resume)."""
+    task_result = result.task_result
+    data: dict[str, Any] = {
+        "run_id": result.run_id,
+        "session_id": None,
+        "status": task_result.status if task_result else None,
+        "stop_reason": result.state.stop_reason,
+        "steps": result.step_count,
+        "final_result": result.state.final_result,
+        "tokens": int((task_result.token_usage or {}).get("total_tokens", 0)) if task_result else 0,
+        "run_dir": result.run_dir,
+        "error": task_result.error if task_result else None,
+    }
+    data.update(extra)
+    return data
+
+
+def exit_code_for_result(result: EngineResult[Any]) -> int:
+    """0 when the run completed (or paused / awaits approval, as asked), else 1."""
+    status = result.task_result.status if result.task_result else None
+    if status == "completed" or result.state.stop_reason in _NORMAL_STOPS:
+        return EXIT_OK
+    return EXIT_FAILED
+
+
+def renderer_hooks(json_out: bool, *, max_tokens: int | None = None) -> tuple[list[Any], LiveRenderer | None]:
+    """The live renderer as an engine hook (none with ``--json``: stdout is for the JSON only)."""
+    if json_out:
+        return [], None
+    renderer = LiveRenderer(console(), max_tokens=max_tokens)
+    return [renderer], renderer
+
+
+def finish(result: EngineResult[Any], json_out: bool, renderer: LiveRenderer | None, **extra: Any) -> None:
+    """Print the outcome (JSON or a trace hint) and exit with the run's code."""
+    if renderer is not None:
+        renderer.close()
+    data = outcome(result, **extra)
+    if json_out:
+        print_json(data)
+    else:
+        out = console()
+        if data.get("session_id"):
+            out.print(f"session: {data['session_id']}  (qitos sessions show {data['session_id']})", soft_wrap=True)
+        if data.get("run_dir"):
+            out.print(f"trace: {data['run_dir']}  (qitos trace show {data['run_id']})", soft_wrap=True)
+    raise typer.Exit(exit_code_for_result(result))
+
+
+# --------------------------------------------------------------------------- qitos demo
+
+
+@cli_command
+def demo(
+    policy: Annotated[
+        str | None,
+        typer.Option(help="scripted: a deterministic decide policy; model: the engine's model path."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="With --policy model: local (the embedded model) or scripted (a fixed script)."),
+    ] = None,
+    workspace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Notes directory. Missing or empty: the bundled notes are copied there. Default: a temp dir."
+        ),
+    ] = None,
+    trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
+) -> None:
+    """Run the demo agent end to end, offline: it lists, reads and indexes a few notes."""
+    from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
+
+    chosen = policy or ("model" if model else DEMO_DEFAULT_POLICY)
+    if chosen not in ("scripted", "model"):
+        fail(f"--policy must be scripted or model, got {chosen!r}", EXIT_USAGE)
+    if chosen == "scripted" and model:
+        fail("--model applies to --policy model (the scripted policy uses no model)", EXIT_USAGE)
+    model_spec = (model or DEMO_DEFAULT_MODEL) if chosen == "model" else None
+    if model_spec not in (None, "local", "scripted"):
+        fail(f"qitos demo --model takes local or scripted, got {model_spec!r}", EXIT_USAGE)
+    root, copied = prepare_workspace(workspace)
+    adapter: Any = None
+    if model_spec == "scripted":
+        from qitos.models.scripted import ScriptedModel
+
+        adapter = ScriptedModel(scripted_model_responses(root), max_input_units=DEMO_SCRIPTED_CAPACITY)
+    elif model_spec == "local":
+        adapter = load_local_model()
+    hooks, renderer = renderer_hooks(json_out)
+    if not json_out:
+        origin = "bundled notes copied" if copied else "existing notes"
+        what = f"policy {chosen}" + (f", model {model_spec}" if model_spec else "")
+        console().print(f"workspace: {root} ({origin}); {what}", highlight=False)
+    agent = NotesAgent(root, policy=chosen)  # type: ignore[arg-type]
+    engine = Engine(
+        agent,
+        model=adapter,
+        hooks=hooks,
+        trace_logdir=trace_dir,
+        context=ModelContext(compaction_policy=ClosedExchangeWindowCompactor()),
+    )
+    task = Task(objective=DEMO_TASK, budget=TaskBudget(max_steps=max_steps))
+    result = engine.run(task)
+    finish(result, json_out, renderer, workspace=str(root), policy=chosen, model=model_spec)
+
+
+# --------------------------------------------------------------------------- qitos run
+
+
+def compaction_extensions(compact: bool) -> dict[str, Any]:
+    """``compose`` keyword arguments for the optional closed-window compaction."""
+    if not compact:
+        return {}
+    return {"extensions": dict(_COMPACTION), "compaction": {"provider": "closed_window"}}
+
+
+@cli_command
+def run(
+    agent: Annotated[str, typer.Argument(help="The agent as module:Class (an AgentModule class or factory).")],
+    task: Annotated[str, typer.Argument(help="The task objective.")],
+    model: Annotated[str | None, typer.Option(help=f"Model: {MODEL_FORMS}.")] = None,
+    base_url: Annotated[str | None, typer.Option(help="API root for --model openai:NAME.")] = None,
+    max_input_units: Annotated[
+        int | None, typer.Option(min=1, help="Declared context capacity of the model (its unit).")
+    ] = None,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit (the task budget).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Token budget.")] = None,
+    trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
+    session_db: Annotated[
+        str | None, typer.Option(help="Run as a durable session in this SQLite store (resumable).")
+    ] = None,
+    compact: Annotated[
+        bool, typer.Option(help="Let old closed exchanges be omitted (with receipts) when the context is full.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
+) -> None:
+    """Run an agent on a task (API key from $QITOS_API_KEY or $OPENAI_API_KEY)."""
+    factory = load_agent(agent)
+    adapter = resolve_model(model, base_url=base_url, max_input_units=max_input_units)
+    the_task = Task(objective=task, budget=TaskBudget(max_steps=max_steps, max_tokens=max_tokens))
+    hooks, renderer = renderer_hooks(json_out, max_tokens=max_tokens)
+    if session_db:
+        Path(session_db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        store = SqliteCheckpointStore(session_db)
+        composition = compose(
+            agent=factory,
+            store=store,
+            model=adapter,
+            hooks=hooks,
+            trace_logdir=trace_dir,
+            **compaction_extensions(compact),
+        )
+        session = composition.session(the_task)
+        try:
+            result = session.run()
+        finally:
+            store.close()
+        finish(result, json_out, renderer, session_id=session.session_id.value)
+    instance = factory()
+    context = ModelContext(compaction_policy=ClosedExchangeWindowCompactor() if compact else None)
+    engine = Engine(instance, model=adapter, hooks=hooks, trace_logdir=trace_dir, context=context)
+    finish(engine.run(the_task), json_out, renderer)
