@@ -113,7 +113,7 @@ def test_messages_are_instructions_then_context_then_history() -> None:
     msgs = view.messages()
     assert msgs[0] == SYSTEM[0]
     assert [m["role"] for m in msgs[1:4]] == ["system", "developer", "user"]
-    assert msgs[2]["content"] == "<context id=\"d\" source=\"project\">\nuse notes\n</context>"
+    assert msgs[2]["content"] == '<context id="d" source="project">\nuse notes\n</context>'
     assert [m["role"] for m in msgs[4:]] == ["user", "assistant", "tool"]
     assert msgs[5]["tool_calls"] == [{"id": "ex-000001-0", "name": "lookup", "arguments": {"k": 0}}]
     assert msgs[6] == {"role": "tool", "content": "r0", "tool_call_id": "ex-000001-0"}
@@ -535,3 +535,16 @@ def test_property_a_view_fits_or_raises_and_never_breaks_the_rules(
         log, instructions=SYSTEM, context_budget=budget, context_contributions=contribs, compaction_policy=policy
     )
     assert again == view
+
+
+def test_compact_summary_folds_omitted_ids_into_runs() -> None:
+    view = RequestView.from_exchange_log(
+        build_log([200] * 20), context_budget=SMALL, compaction_policy=ClosedExchangeWindowCompactor()
+    )
+    full, compact = view.summary(), view.summary(compact=True)
+    omitted = full["exchanges"]["omitted"]
+    assert compact["exchanges"]["omitted"] == [[omitted[0], omitted[-1]]]
+    assert compact["exchanges"]["omitted_count"] == full["exchanges"]["omitted_count"] == len(omitted)
+    assert compact["receipts"][0]["input_exchange_ids"] == [[omitted[0], omitted[-1]]]
+    assert compact["receipts"][0]["input_count"] == len(omitted)
+    assert len(json.dumps(compact)) < len(json.dumps(full))

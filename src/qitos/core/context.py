@@ -366,9 +366,10 @@ class ContextContribution:
         return out
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class ContextRequest:
-    """What a contributor is told about the request it contributes to."""
+    """What a contributor is told about the request it contributes to: the step, the task text,
+    the session's exchange log (None outside a session) and the agent state."""
 
     step_id: int
     task: str

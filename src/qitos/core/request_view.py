@@ -406,12 +406,28 @@ class RequestView:
         """The tool schemas as given: ``{"name", "description", "parameters"}``."""
         return [json.loads(text) for text in self.tool_schemas_json]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, *, compact: bool = False) -> dict[str, Any]:
         """JSON-native summary for traces and the viewer. Never contains secret content (nor any
-        contribution content: only ids, units and digests)."""
+        contribution content: only ids, units and digests).
+
+        With ``compact=True`` the omitted exchange ids (in ``exchanges.omitted`` and in each
+        receipt's ``input_exchange_ids``) are given as runs ``[[first, last], ...]`` instead of every
+        id, so a summary written on every step of a long run stays small; ``omitted_count`` and
+        ``input_count`` give the counts in both forms.
+        """
         sel = self.selection
         prov = self.provenance
         contexts = [json.loads(text) for text in self.context_json]
+
+        def ids(values: Sequence[str]) -> list[Any]:
+            return _id_runs(values) if compact else list(values)
+
+        receipts = []
+        for receipt in self.compaction_receipts:
+            record = receipt.to_dict()
+            record["input_exchange_ids"] = ids(receipt.input_exchange_ids)
+            record["input_count"] = len(receipt.input_exchange_ids)
+            receipts.append(record)
         return {
             "request_id": self.request_id,
             "schema_version": self.schema_version,
@@ -429,7 +445,8 @@ class RequestView:
             },
             "exchanges": {
                 "selected": list(sel.selected_exchange_ids),
-                "omitted": list(sel.omitted_exchange_ids),
+                "omitted": ids(sel.omitted_exchange_ids),
+                "omitted_count": len(sel.omitted_exchange_ids),
                 "protected": list(sel.protected_exchange_ids),
             },
             "contributions": {
@@ -444,7 +461,7 @@ class RequestView:
                 ({"receipt_id": c["receipt_id"], "units": c["units"]} for c in contexts if c["kind"] == "summary"),
                 None,
             ),
-            "receipts": [r.to_dict() for r in self.compaction_receipts],
+            "receipts": receipts,
             "authorizing_receipt_ids": list(prov.get("authorizing_receipt_ids", [])),
             "reasons": list(sel.reasons),
             "tools": [json.loads(t).get("name") for t in self.tool_schemas_json],
@@ -625,6 +642,20 @@ class RequestView:
             tool_use_policy=data["tool_use_policy"],
             tool_use_satisfied=data["tool_use_satisfied"],
         )
+
+
+def _id_runs(ids: Sequence[str]) -> list[list[str]]:
+    """Consecutive exchange ids (``ex-000001``, ``ex-000002``, ...) folded into ``[first, last]`` runs."""
+    runs: list[list[str]] = []
+    previous = -2
+    for eid in ids:
+        number = int(eid[3:]) if eid.startswith("ex-") and eid[3:].isdigit() else -2
+        if runs and number == previous + 1 and number >= 0:
+            runs[-1][1] = eid
+        else:
+            runs.append([eid, eid])
+        previous = number
+    return runs
 
 
 def _span(ids: Sequence[str]) -> str:
