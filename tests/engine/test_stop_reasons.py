@@ -22,9 +22,13 @@ def noop() -> str:
     return "ok"
 
 
+deleted: list[str] = []
+
+
 @tool(needs_approval=True)
 def delete(path: str) -> str:
     """Delete a file (needs a human's approval)."""
+    deleted.append(path)
     return f"deleted {path}"
 
 
@@ -207,7 +211,7 @@ def test_awaiting_approval(policy_agent: Any) -> None:
         "args": {"path": "notes.txt"},
         "status": "pending",
     }
-    assert not any(e.event_type.value == "tool_call" for e in result.events)  # the tool did not run
+    assert deleted == []  # the tool did not run
 
 
 def test_cancelled_after_the_step(policy_agent: Any) -> None:
