@@ -1,0 +1,715 @@
+"""``OpenAICompatibleModel``: chat completions over HTTP (OpenAI, vLLM, Ollama, llama.cpp server...).
+
+One adapter for every server that speaks the ``/v1/chat/completions`` wire format, over ``httpx``
+(a sync ``Client`` for :meth:`~OpenAICompatibleModel.complete`, an ``AsyncClient`` for
+:meth:`~OpenAICompatibleModel.acomplete`; both reused across calls).
+
+Requests: the view's provider-neutral messages become chat messages (``developer`` is sent as
+``system`` unless ``developer_role`` says otherwise); assistant tool calls become
+``{"id", "type": "function", "function": {"name", "arguments": "<json>"}}``; tool results become
+``tool`` messages. Every tool message must answer a call declared by the assistant message before
+it, and every declared call must be answered before the next turn; otherwise a
+:class:`~qitos.core.errors.ContextError` is raised before anything is sent. Tools go out in the
+function format; ``tool_choice`` is sent when the view's ``tool_use_policy`` is ``required`` or
+``none`` (or when given to the constructor).
+
+Streaming: with ``on_delta`` the request is sent with ``"stream": true`` and the server-sent
+events are read as they arrive: text deltas go to ``on_delta``, tool-call deltas are accumulated
+by index, usage is taken from the final chunk (``stream_options.include_usage``).
+
+Failures: 408/409/429/5xx responses and connection errors or timeouts are retried up to
+``max_retries`` times with jittered exponential backoff (``backoff_base * 2**attempt``, capped at
+``backoff_max``, drawn from its upper half), honouring ``Retry-After`` / ``retry-after-ms`` up to
+``max_retry_after`` seconds; each retry is reported to the adapter's listeners as
+``("model_retry", {"attempt", "max_retries", "delay_s", "reason", "status_code"})``. A stream that
+already delivered text is never retried (the text was shown). Other 4xx responses raise
+:class:`~qitos.core.errors.ModelError` at once with ``status_code``, the provider's message and
+``body``. A body that is not the expected JSON raises ModelError naming what is wrong.
+
+Secrets: the API key (and any header value whose name mentions key, token, auth or secret) is
+replaced by ``***`` in every error message, error body, event payload and ``repr``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from qitos.core.errors import ConfigurationError, ContextError, ModelError
+from qitos.models.base import (
+    DeltaCallback,
+    ModelAdapter,
+    ModelResponse,
+    ToolCall,
+    Unit,
+    Usage,
+    check_allow_model_requests,
+    check_capacity,
+)
+
+if TYPE_CHECKING:
+    from qitos.core.request_view import RequestView
+
+__all__ = ["OpenAICompatibleModel", "to_openai_messages", "to_openai_tools"]
+
+_RETRY_STATUS = frozenset({408, 409, 429})
+_SECRET_HEADER_HINTS = ("key", "token", "auth", "secret")
+
+
+@dataclass(frozen=True)
+class _Failure:
+    message: str
+    retryable: bool
+    status_code: int | None = None
+    body: str | None = None
+    retry_after: float | None = None
+    reason: str = ""
+
+
+class OpenAICompatibleModel(ModelAdapter):
+    """A chat-completions model over HTTP. See the module docstring for behaviour.
+
+    ``base_url`` is the API root (``http://127.0.0.1:8000/v1``); ``/chat/completions`` is added
+    unless the URL already ends with it. Capacity is whatever you declare (``max_input_units`` in
+    ``unit``), never derived from ``model``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        api_key: str | None = None,
+        max_input_units: int | None = None,
+        unit: Unit = "tokens",
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        developer_role: str = "system",
+        stream_usage: bool = True,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+        max_retry_after: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        check_capacity(max_input_units, unit)
+        if not isinstance(model, str) or not model:
+            raise ConfigurationError(f"model must be a non-empty string, got {model!r}")
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if timeout <= 0:
+            raise ConfigurationError(f"timeout must be > 0 seconds, got {timeout}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigurationError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if backoff_base < 0 or backoff_max < 0 or max_retry_after < 0:
+            raise ConfigurationError("backoff_base, backoff_max and max_retry_after must be >= 0")
+        self.model_id = model
+        self.max_input_units = max_input_units
+        self.unit = unit
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url if self.base_url.endswith("/chat/completions") else self.base_url + "/chat/completions"
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.tool_choice = tool_choice
+        self.extra_body = dict(extra_body or {})
+        self.developer_role = developer_role
+        self.stream_usage = stream_usage
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_retry_after = max_retry_after
+        self._headers = {"Content-Type": "application/json", **dict(headers or {})}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._secrets = tuple(
+            s for s in [api_key or "", *(v for k, v in (headers or {}).items() if _looks_secret(k))] if len(s) >= 4
+        )
+        self._transport = transport
+        self._async_transport = async_transport
+        self._client: httpx.Client | None = None
+        self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        self._client_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ public
+
+    def complete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
+        """Send the view as a chat completion (streamed when ``on_delta`` is given)."""
+        check_allow_model_requests()
+        body, headers = self._prepare(view, stream=on_delta is not None)
+        client = self._sync_client()
+        attempt = 0
+        while True:
+            try:
+                if on_delta is None:
+                    response = client.post(self.url, content=body, headers=headers)
+                    if response.status_code < 300:
+                        return self._parse_body(response.content)
+                    failure = self._http_failure(response.status_code, response.headers, response.content)
+                else:
+                    with client.stream("POST", self.url, content=body, headers=headers) as response:
+                        if response.status_code < 300:
+                            return self._read_stream(response.iter_lines(), on_delta)
+                        failure = self._http_failure(response.status_code, response.headers, response.read())
+            except httpx.TransportError as exc:
+                failure = self._transport_failure(exc)
+            delay = self._retry_delay(failure, attempt)
+            attempt += 1
+            time.sleep(delay)
+
+    async def acomplete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
+        """Async twin of :meth:`complete` over ``httpx.AsyncClient``."""
+        check_allow_model_requests()
+        body, headers = self._prepare(view, stream=on_delta is not None)
+        client = self._async_client()
+        attempt = 0
+        while True:
+            try:
+                if on_delta is None:
+                    response = await client.post(self.url, content=body, headers=headers)
+                    if response.status_code < 300:
+                        return self._parse_body(response.content)
+                    failure = self._http_failure(response.status_code, response.headers, response.content)
+                else:
+                    async with client.stream("POST", self.url, content=body, headers=headers) as response:
+                        if response.status_code < 300:
+                            return await self._aread_stream(response.aiter_lines(), on_delta)
+                        failure = self._http_failure(response.status_code, response.headers, await response.aread())
+            except httpx.TransportError as exc:
+                failure = self._transport_failure(exc)
+            delay = self._retry_delay(failure, attempt)
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    def close(self) -> None:
+        """Close the sync HTTP client (async clients: :meth:`aclose`)."""
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close the async HTTP client of the running event loop, and the sync one."""
+        loop = asyncio.get_running_loop()
+        entry = self._aclients.pop(id(loop), None)
+        if entry is not None:
+            await entry[1].aclose()
+        self.close()
+
+    def __enter__(self) -> OpenAICompatibleModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def api_key(self) -> str | None:
+        """The API key, for trace writers that redact it (never shown by ``repr`` or errors)."""
+        auth = self._headers.get("Authorization", "")
+        return auth.removeprefix("Bearer ") if auth else None
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret this adapter sends (API key, secret-looking header values), for redaction."""
+        return self._secrets
+
+    def describe(self) -> dict[str, Any]:
+        """Adapter, model id, declared capacity and the (redacted) base URL."""
+        return {**super().describe(), "base_url": self._redact(self.base_url)}
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAICompatibleModel(model={self.model_id!r}, base_url={self._redact(self.base_url)!r}, "
+            f"max_input_units={self.max_input_units!r}, unit={self.unit!r})"
+        )
+
+    # ------------------------------------------------------------------ request building (I/O-free)
+
+    def build_payload(self, view: RequestView, *, stream: bool = False) -> dict[str, Any]:
+        """The JSON body this adapter sends for ``view``."""
+        payload: dict[str, Any] = {
+            "model": self.model_id,
+            "messages": to_openai_messages(view.messages(), developer_role=self.developer_role),
+        }
+        tools = view.tools()
+        if tools:
+            payload["tools"] = to_openai_tools(tools)
+            choice = self.tool_choice
+            if choice is None:
+                policy = getattr(view, "tool_use_policy", "auto")
+                choice = policy if policy in ("required", "none") else None
+            if choice is not None:
+                payload["tool_choice"] = choice
+        if self.temperature is not None:
+            payload["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            payload["max_tokens"] = self.max_tokens
+        if stream:
+            payload["stream"] = True
+            if self.stream_usage:
+                payload["stream_options"] = {"include_usage": True}
+        payload.update(self.extra_body)
+        return payload
+
+    def _prepare(self, view: RequestView, *, stream: bool) -> tuple[bytes, dict[str, str]]:
+        payload = self.build_payload(view, stream=stream)
+        try:
+            body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise ContextError(f"request for {self.model_id!r} is not JSON-serializable: {exc}") from exc
+        headers = self._headers if not stream else {**self._headers, "Accept": "text/event-stream"}
+        return body, headers
+
+    # ------------------------------------------------------------------ clients
+
+    def _sync_client(self) -> httpx.Client:
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), transport=self._transport)
+                client = self._client
+        return client
+
+    def _async_client(self) -> httpx.AsyncClient:
+        # An AsyncClient belongs to the loop it was first used on; keep one per live loop.
+        loop = asyncio.get_running_loop()
+        entry = self._aclients.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            for key, (old_loop, _) in list(self._aclients.items()):
+                if old_loop.is_closed():
+                    del self._aclients[key]
+            client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), transport=self._async_transport)
+            entry = (loop, client)
+            self._aclients[id(loop)] = entry
+        return entry[1]
+
+    # ------------------------------------------------------------------ failures and retries
+
+    def _http_failure(self, status: int, headers: httpx.Headers, content: bytes) -> _Failure:
+        text = self._redact(content.decode("utf-8", errors="replace"))
+        detail = _provider_message(text)
+        message = f"{self.model_id} at {self._redact(self.url)}: HTTP {status}: {detail}"
+        retryable = status in _RETRY_STATUS or status >= 500
+        retry_after = _retry_after(headers) if retryable else None
+        return _Failure(message, retryable, status, text, retry_after, f"HTTP {status}")
+
+    def _transport_failure(self, exc: httpx.TransportError) -> _Failure:
+        if isinstance(exc, httpx.TimeoutException):
+            detail = f"timed out after {self.timeout} s ({type(exc).__name__})"
+            short = f"{type(exc).__name__} after {self.timeout} s"
+        else:
+            detail = f"connection failed ({type(exc).__name__}: {exc})"
+            short = f"{type(exc).__name__}: {exc}"
+        message = f"{self.model_id} at {self._redact(self.url)}: {self._redact(detail)}"
+        return _Failure(message, True, reason=self._redact(short))
+
+    def _retry_delay(self, failure: _Failure, attempt: int) -> float:
+        """Seconds to wait before the next attempt; raises ModelError when there is none."""
+        if not failure.retryable:
+            raise ModelError(failure.message, status_code=failure.status_code, body=failure.body)
+        if attempt >= self.max_retries:
+            tries = attempt + 1
+            raise ModelError(
+                f"{failure.message} (gave up after {tries} attempt{'s' if tries > 1 else ''})",
+                status_code=failure.status_code,
+                body=failure.body,
+            )
+        if failure.retry_after is not None:
+            if failure.retry_after > self.max_retry_after:
+                raise ModelError(
+                    f"{failure.message} (server asked to retry after {failure.retry_after:.0f} s, more than "
+                    f"max_retry_after={self.max_retry_after:.0f} s)",
+                    status_code=failure.status_code,
+                    body=failure.body,
+                )
+            delay = failure.retry_after
+        else:
+            ceiling = min(self.backoff_max, self.backoff_base * (2**attempt))
+            delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+        self.emit(
+            "model_retry",
+            {
+                "model": self.model_id,
+                "attempt": attempt + 1,
+                "max_retries": self.max_retries,
+                "delay_s": round(delay, 4),
+                "reason": failure.reason,
+                "status_code": failure.status_code,
+            },
+        )
+        return delay
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    # ------------------------------------------------------------------ responses
+
+    def _parse_body(self, content: bytes) -> ModelResponse:
+        try:
+            data = json.loads(content)
+        except ValueError as exc:
+            excerpt = self._redact(content[:200].decode("utf-8", errors="replace"))
+            raise ModelError(
+                f"{self.model_id}: malformed response body, not JSON ({exc}): {excerpt!r}",
+                status_code=200,
+                body=self._redact(content.decode("utf-8", errors="replace")),
+            ) from exc
+        return self._parse_completion(data)
+
+    def _parse_completion(self, data: Any) -> ModelResponse:
+        def bad(problem: str) -> ModelError:
+            body = self._redact(json.dumps(data, ensure_ascii=False)[:4000])
+            return ModelError(f"{self.model_id}: malformed chat completion: {problem}", status_code=200, body=body)
+
+        if not isinstance(data, dict):
+            raise bad(f"expected a JSON object, got {type(data).__name__}")
+        if data.get("error"):
+            raise bad(f"provider error in a 200 response: {self._redact(_provider_message(json.dumps(data)))}")
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise bad("no 'choices'")
+        choice = choices[0]
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            raise bad("choices[0] has no 'message' object")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            content = _content_text(content)
+        calls = []
+        for i, raw_call in enumerate(message.get("tool_calls") or ()):
+            function = raw_call.get("function") if isinstance(raw_call, dict) else None
+            if not isinstance(function, dict):
+                raise bad(f"tool_calls[{i}] has no 'function' object")
+            arguments = function.get("arguments", "")
+            raw_arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            calls.append(
+                ToolCall.from_raw(
+                    id=str(raw_call.get("id") or f"call_{i}"),
+                    name=str(function.get("name") or ""),
+                    raw_arguments=raw_arguments,
+                )
+            )
+        return ModelResponse(
+            text=content,
+            tool_calls=tuple(calls),
+            usage=_usage(data.get("usage")),
+            finish_reason=choice.get("finish_reason"),
+            model=str(data.get("model") or self.model_id),
+            raw=data,
+        )
+
+    def _read_stream(self, lines: Iterable[str], on_delta: DeltaCallback) -> ModelResponse:
+        acc = _StreamAccumulator(self, on_delta)
+        try:
+            for line in lines:
+                acc.feed(line)
+                if acc.done:
+                    break
+        except httpx.TransportError as exc:
+            acc.interrupted(exc)
+        return acc.result()
+
+    async def _aread_stream(self, lines: Any, on_delta: DeltaCallback) -> ModelResponse:
+        acc = _StreamAccumulator(self, on_delta)
+        try:
+            async for line in lines:
+                acc.feed(line)
+                if acc.done:
+                    break
+        except httpx.TransportError as exc:
+            acc.interrupted(exc)
+        return acc.result()
+
+
+class _StreamAccumulator:
+    """Assembles a ModelResponse from chat-completion SSE lines (I/O-free)."""
+
+    def __init__(self, model: OpenAICompatibleModel, on_delta: DeltaCallback) -> None:
+        self.model = model
+        self.on_delta = on_delta
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.data_lines: list[str] = []
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+        self.model_name = ""
+        self.response_id = ""
+        self.chunks = 0
+        self.delivered = 0
+        self.done = False
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\r")
+        if not line:
+            self._dispatch()
+        elif line.startswith("data:"):
+            self.data_lines.append(line[5:].removeprefix(" "))
+        # other SSE fields (event:, id:, retry:) and comments (":") carry nothing we need
+
+    def _dispatch(self) -> None:
+        if not self.data_lines:
+            return
+        data, self.data_lines = "\n".join(self.data_lines), []
+        if data.strip() == "[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:
+            raise ModelError(
+                f"{self.model.model_id}: malformed stream chunk, not JSON ({exc}): {self.model._redact(data[:200])!r}",
+                status_code=200,
+                body=self.model._redact(data),
+            ) from exc
+        if not isinstance(chunk, dict):
+            raise ModelError(f"{self.model.model_id}: malformed stream chunk: expected an object", status_code=200)
+        if chunk.get("error"):
+            detail = self.model._redact(_provider_message(json.dumps(chunk)))
+            raise ModelError(f"{self.model.model_id}: provider error in stream: {detail}", status_code=200)
+        self.chunks += 1
+        self.model_name = chunk.get("model") or self.model_name
+        self.response_id = chunk.get("id") or self.response_id
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                self.text.append(content)
+                self.delivered += 1
+                self.on_delta(content)
+            for tc in delta.get("tool_calls") or ():
+                self._merge_call(tc)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _merge_call(self, tc: Any) -> None:
+        if not isinstance(tc, dict):
+            return
+        index = tc.get("index")
+        slot = self.calls.setdefault(index if isinstance(index, int) else len(self.calls), {})
+        slot.setdefault("id", "")
+        slot.setdefault("name", "")
+        slot.setdefault("arguments", "")
+        if tc.get("id"):
+            slot["id"] = str(tc["id"])
+        function = tc.get("function") or {}
+        name = function.get("name")
+        if name and name != slot["name"]:  # some servers repeat the full name in every delta
+            slot["name"] += str(name)
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            slot["arguments"] += arguments
+        elif arguments is not None:
+            slot["arguments"] += json.dumps(arguments, ensure_ascii=False)
+
+    def interrupted(self, exc: httpx.TransportError) -> None:
+        if self.delivered:
+            raise ModelError(
+                f"{self.model.model_id}: stream interrupted after {self.delivered} text chunks "
+                f"({type(exc).__name__}); not retried because text was already delivered"
+            ) from exc
+        raise exc
+
+    def result(self) -> ModelResponse:
+        self._dispatch()
+        if not self.done and self.finish_reason is None:
+            raise ModelError(
+                f"{self.model.model_id}: stream ended before completion (no [DONE] and no finish_reason "
+                f"after {self.chunks} chunks)",
+                status_code=200,
+            )
+        calls = tuple(
+            ToolCall.from_raw(id=slot["id"] or f"call_{i}", name=slot["name"], raw_arguments=slot["arguments"])
+            for i, slot in sorted(self.calls.items())
+        )
+        text = "".join(self.text)
+        return ModelResponse(
+            text=text if (text or not calls) else None,
+            tool_calls=calls,
+            usage=_usage(self.usage),
+            finish_reason=self.finish_reason,
+            model=self.model_name or self.model.model_id,
+            raw={
+                "id": self.response_id,
+                "object": "chat.completion.stream",
+                "chunks": self.chunks,
+                "usage": self.usage,
+            },
+        )
+
+
+# ---------------------------------------------------------------------- conversions
+
+
+def to_openai_tools(tools: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Provider-neutral tool schemas in the OpenAI function-tool format."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": dict(t.get("parameters") or {"type": "object", "properties": {}}),
+            },
+        }
+        for t in tools
+    ]
+
+
+def to_openai_messages(
+    messages: Iterable[Mapping[str, Any]], *, developer_role: str = "system"
+) -> list[dict[str, Any]]:
+    """Provider-neutral messages as chat-completion messages, checking call/result pairing.
+
+    Raises ContextError for a tool result without a preceding call, or a call left unanswered
+    when the conversation moves on.
+    """
+    out: list[dict[str, Any]] = []
+    pending: dict[str, str] = {}
+    for i, msg in enumerate(messages):
+        role = msg.get("role")
+        if role != "tool" and pending:
+            _unanswered(pending, i)
+        if role == "assistant":
+            item: dict[str, Any] = {"role": "assistant", "content": _text_or_none(msg.get("content"))}
+            calls = msg.get("tool_calls") or ()
+            if calls:
+                item["tool_calls"] = []
+                for call in calls:
+                    call_id = str(call.get("id") or "")
+                    if not call_id:
+                        raise ContextError(f"message {i}: an assistant tool call has no id")
+                    pending[call_id] = str(call.get("name"))
+                    item["tool_calls"].append(
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": call.get("name"), "arguments": _arguments_text(call.get("arguments"))},
+                        }
+                    )
+            elif item["content"] is None:
+                item["content"] = ""
+            out.append(item)
+        elif role == "tool":
+            call_id = str(msg.get("tool_call_id") or "")
+            if call_id not in pending:
+                raise ContextError(
+                    f"message {i}: tool result for call {call_id!r} without a preceding assistant call declaring it"
+                )
+            del pending[call_id]
+            out.append({"role": "tool", "tool_call_id": call_id, "content": _text(msg.get("content"))})
+        elif role in ("system", "user", "developer"):
+            out.append({"role": developer_role if role == "developer" else role, "content": _text(msg.get("content"))})
+        else:
+            raise ContextError(f"message {i}: unknown role {role!r}")
+    if pending:
+        _unanswered(pending, None)
+    return out
+
+
+def _unanswered(pending: Mapping[str, str], index: int | None) -> None:
+    where = f"before message {index}" if index is not None else "at the end of the request"
+    calls = ", ".join(f"{cid} ({name})" for cid, name in pending.items())
+    raise ContextError(f"assistant tool calls without results {where}: {calls}")
+
+
+def _text(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, str | list):
+        return content
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _text_or_none(content: Any) -> Any:
+    return None if content is None or content == "" else _text(content)
+
+
+def _arguments_text(arguments: Any) -> str:
+    if arguments is None:
+        return "{}"
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def _content_text(content: Any) -> str:
+    """Text of a content-part list (``[{"type": "text", "text": ...}]``)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _usage(data: Any) -> Usage:
+    if not isinstance(data, dict):
+        return Usage()
+    prompt = data.get("prompt_tokens", data.get("input_tokens", 0))
+    completion = data.get("completion_tokens", data.get("output_tokens", 0))
+    return Usage(
+        input_tokens=prompt if isinstance(prompt, int) else 0,
+        output_tokens=completion if isinstance(completion, int) else 0,
+    )
+
+
+def _provider_message(text: str) -> str:
+    """The provider's error message from an error body (several common shapes), else an excerpt."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str) and error:
+            return error
+        for key in ("message", "detail"):
+            if data.get(key):
+                return str(data[key])
+    excerpt = text.strip()
+    return (excerpt[:300] + "...") if len(excerpt) > 300 else (excerpt or "(empty body)")
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _looks_secret(header_name: str) -> bool:
+    lowered = header_name.lower()
+    return any(hint in lowered for hint in _SECRET_HEADER_HINTS)

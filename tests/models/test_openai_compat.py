@@ -1,0 +1,455 @@
+"""OpenAICompatibleModel against a real chat-completions server on 127.0.0.1 (plain and SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+from typing import Any
+
+import pytest
+from loopback_chat_server import (
+    LoopbackChatServer,
+    Reply,
+    completion,
+    delta_chunk,
+    json_reply,
+    sse_reply,
+    unused_port,
+    usage_chunk,
+)
+
+import qitos.models.base as model_base
+from qitos.core.errors import ContextError, ModelError
+from qitos.core.exchange import ExchangeLog
+from qitos.core.request_view import RequestView
+from qitos.kit.parsers.base import ParseError
+from qitos.kit.parsers.native import decision_from_tool_calls
+from qitos.models.base import ModelRequestsDisabledError
+from qitos.models.openai_compat import OpenAICompatibleModel, to_openai_messages
+
+ADD_TOOL = {
+    "name": "add",
+    "description": "Add two integers.",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+}
+KEY = "sk-test-SECRET-0123456789abcdef"
+
+
+def view_of(
+    *turns: dict[str, Any], tools: list[dict[str, Any]] | None = None, tool_use_policy: str = "auto"
+) -> RequestView:
+    """A RequestView: a system instruction, the task, then optional closed turns (assistant + tools)."""
+    log = ExchangeLog(log_id="test-log")
+    ex = log.open([{"role": "user", "content": "What is 2 + 3?"}])
+    for turn in turns:
+        log.record_output(ex.exchange_id, turn["assistant"])
+        for call_id, result in turn.get("results", {}).items():
+            log.record_tool_result(ex.exchange_id, call_id, result)
+        log.close(ex.exchange_id)
+        ex = log.open(turn.get("next_inputs", []))
+    return RequestView.from_exchange_log(
+        log,
+        instructions=[{"role": "system", "content": "You are terse."}],
+        tool_schemas=tools or [],
+        tool_use_policy=tool_use_policy,
+    )
+
+
+@pytest.fixture
+def server() -> Any:
+    with LoopbackChatServer() as srv:
+        yield srv
+
+
+def model_for(server: LoopbackChatServer, **options: Any) -> OpenAICompatibleModel:
+    options.setdefault("backoff_base", 0.001)
+    options.setdefault("backoff_max", 0.01)
+    return OpenAICompatibleModel("loopback-model", base_url=server.url, api_key=KEY, **options)
+
+
+# --------------------------------------------------------------------------- plain requests
+
+
+def test_plain_completion_sends_chat_messages_and_reads_text_usage_and_finish_reason(
+    server: LoopbackChatServer,
+) -> None:
+    server.push(json_reply(completion("5", usage=(21, 2))))
+    model = model_for(server, temperature=0.0, max_tokens=64, max_input_units=8000)
+
+    response = model.complete(view_of())
+
+    assert response.text == "5"
+    assert response.tool_calls == ()
+    assert (response.usage.input_tokens, response.usage.output_tokens, response.usage.total_tokens) == (21, 2, 23)
+    assert response.finish_reason == "stop"
+    assert response.model == "loopback-model"
+    assert response.raw["id"] == "chatcmpl-1"
+    [request] = server.requests
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["Authorization"] == f"Bearer {KEY}"
+    assert request.body == {
+        "model": "loopback-model",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is 2 + 3?"},
+        ],
+        "temperature": 0.0,
+        "max_tokens": 64,
+    }
+    assert (model.max_input_units, model.unit) == (8000, "tokens")
+
+
+def test_tool_call_round_trip_keeps_calls_and_results_paired(server: LoopbackChatServer) -> None:
+    server.push(
+        json_reply(completion(tool_calls=[{"id": "call_9", "name": "add", "arguments": '{"a": 2, "b": 3}'}])),
+        json_reply(completion("The sum is 5.")),
+    )
+    model = model_for(server)
+
+    first = model.complete(view_of(tools=[ADD_TOOL]))
+    decision = decision_from_tool_calls(first, tool_names=["add"])
+    assert decision.mode == "act"
+    [action] = decision.actions
+    assert (action.id, action.name, dict(action.args)) == ("call_9", "add", {"a": 2, "b": 3})
+
+    turn = {"assistant": first.message(), "results": {"call_9": "5"}}
+    second = model.complete(view_of(turn, tools=[ADD_TOOL]))
+    assert decision_from_tool_calls(second).final_answer == "The sum is 5."
+
+    sent = server.requests[1].body
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "add", "description": "Add two integers.", "parameters": ADD_TOOL["parameters"]},
+        }
+    ]
+    assert "tool_choice" not in sent
+    assistant, tool_msg = sent["messages"][2], sent["messages"][3]
+    assert assistant["role"] == "assistant" and assistant["content"] is None
+    [call] = assistant["tool_calls"]
+    assert call["id"] == "call_9" and call["type"] == "function" and call["function"]["name"] == "add"
+    assert json.loads(call["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert tool_msg == {"role": "tool", "tool_call_id": "call_9", "content": "5"}
+
+
+def test_required_tool_use_policy_is_sent_as_tool_choice(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion(tool_calls=[{"id": "c", "name": "add", "arguments": '{"a":1,"b":1}'}])))
+    model_for(server).complete(view_of(tools=[ADD_TOOL], tool_use_policy="required"))
+    assert server.requests[0].body["tool_choice"] == "required"
+
+
+def test_wrong_tool_name_and_malformed_arguments_are_kept_and_reported(server: LoopbackChatServer) -> None:
+    server.push(
+        json_reply(
+            completion(
+                tool_calls=[
+                    {"id": "c1", "name": "subtract", "arguments": '{"a": 1}'},
+                    {"id": "c2", "name": "add", "arguments": '{"a": 1, "b": '},
+                ]
+            )
+        )
+    )
+    response = model_for(server).complete(view_of(tools=[ADD_TOOL]))
+
+    wrong, malformed = response.tool_calls
+    assert wrong.name == "subtract" and wrong.arguments == {"a": 1}
+    assert malformed.arguments is None and malformed.raw_arguments == '{"a": 1, "b": '
+    with pytest.raises(ParseError) as info:
+        decision_from_tool_calls(response, tool_names=["add"])
+    assert "no tool named 'subtract'" in info.value.feedback
+    assert "available: add" in info.value.feedback
+    assert "not a JSON object" in info.value.feedback and '{"a": 1, "b": ' in info.value.feedback
+    # The assistant message stays valid for the exchange log, raw arguments included.
+    log = ExchangeLog(log_id="x")
+    ex = log.open([{"role": "user", "content": "t"}])
+    log.record_output(ex.exchange_id, response.message())
+    recorded = log.exchange(ex.exchange_id).output
+    assert recorded is not None
+    assert dict(recorded.tool_calls[1].arguments) == {"_raw_arguments": '{"a": 1, "b": '}
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_streaming_delivers_text_deltas_in_order_and_usage_from_the_last_chunk(server: LoopbackChatServer) -> None:
+    server.push(
+        sse_reply(
+            [
+                delta_chunk(content="The "),
+                delta_chunk(content="sum "),
+                delta_chunk(content="is 5."),
+                delta_chunk(finish_reason="stop"),
+                usage_chunk(30, 4),
+            ]
+        )
+    )
+    deltas: list[str] = []
+
+    response = model_for(server).complete(view_of(), on_delta=deltas.append)
+
+    assert deltas == ["The ", "sum ", "is 5."]
+    assert response.text == "The sum is 5."
+    assert response.finish_reason == "stop"
+    assert response.usage.total_tokens == 34
+    body = server.requests[0].body
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert server.requests[0].headers["Accept"] == "text/event-stream"
+
+
+def test_streaming_accumulates_interleaved_tool_call_deltas_by_index(server: LoopbackChatServer) -> None:
+    server.push(
+        sse_reply(
+            [
+                delta_chunk(tool_calls=[{"index": 0, "id": "call_a", "function": {"name": "add", "arguments": ""}}]),
+                delta_chunk(tool_calls=[{"index": 1, "id": "call_b", "function": {"name": "add", "arguments": '{"a'}}]),
+                delta_chunk(tool_calls=[{"index": 0, "function": {"arguments": '{"a": 1, '}}]),
+                delta_chunk(tool_calls=[{"index": 1, "function": {"arguments": '": 5, "b": 6}'}}]),
+                delta_chunk(tool_calls=[{"index": 0, "function": {"arguments": '"b": 2}'}}]),
+                delta_chunk(finish_reason="tool_calls"),
+            ]
+        )
+    )
+    deltas: list[str] = []
+    response = model_for(server).complete(view_of(tools=[ADD_TOOL]), on_delta=deltas.append)
+
+    assert deltas == []
+    assert response.text is None
+    assert [(c.id, c.name, c.arguments) for c in response.tool_calls] == [
+        ("call_a", "add", {"a": 1, "b": 2}),
+        ("call_b", "add", {"a": 5, "b": 6}),
+    ]
+    assert response.finish_reason == "tool_calls"
+
+
+def test_a_malformed_stream_chunk_raises_a_model_error_naming_it(server: LoopbackChatServer) -> None:
+    server.push(sse_reply([delta_chunk(content="ok"), "{not json"]))
+    with pytest.raises(ModelError, match="malformed stream chunk"):
+        model_for(server).complete(view_of(), on_delta=lambda _: None)
+
+
+def test_a_stream_without_done_or_finish_reason_is_an_error_not_an_answer(server: LoopbackChatServer) -> None:
+    server.push(sse_reply([delta_chunk(content="The sum")], done=False))
+    with pytest.raises(ModelError, match="stream ended before completion"):
+        model_for(server).complete(view_of(), on_delta=lambda _: None)
+
+
+def test_a_stream_cut_after_text_was_delivered_is_not_retried(server: LoopbackChatServer) -> None:
+    server.push(sse_reply([delta_chunk(content="partial "), delta_chunk(content="more")], drop_after_chunks=1))
+    deltas: list[str] = []
+    with pytest.raises(ModelError) as info:
+        model_for(server, max_retries=3).complete(view_of(), on_delta=deltas.append)
+    assert deltas == ["partial "]
+    assert len(server.requests) == 1
+    assert "ended before completion" in str(info.value) or "interrupted" in str(info.value)
+
+
+# --------------------------------------------------------------------------- failures and retries
+
+
+def test_429_then_success_retries_and_reports_the_retry_as_an_event(server: LoopbackChatServer) -> None:
+    server.push(
+        json_reply({"error": {"message": "slow down"}}, status=429, headers={"retry-after-ms": "30"}),
+        json_reply(completion("5")),
+    )
+    model = model_for(server)
+    events: list[tuple[str, dict[str, Any]]] = []
+    model.subscribe(lambda kind, payload: events.append((kind, payload)))
+
+    response = model.complete(view_of())
+
+    assert response.text == "5"
+    assert len(server.requests) == 2
+    assert events == [
+        (
+            "model_retry",
+            {
+                "model": "loopback-model",
+                "attempt": 1,
+                "max_retries": 3,
+                "delay_s": 0.03,
+                "reason": "HTTP 429",
+                "status_code": 429,
+            },
+        )
+    ]
+
+
+def test_500_until_retries_run_out_raises_with_status_and_attempt_count(server: LoopbackChatServer) -> None:
+    for _ in range(3):
+        server.push(json_reply({"error": {"message": "upstream exploded"}}, status=500))
+    model = model_for(server, max_retries=2)
+    events: list[str] = []
+    model.subscribe(lambda kind, payload: events.append(kind))
+
+    with pytest.raises(ModelError) as info:
+        model.complete(view_of())
+
+    assert info.value.status_code == 500
+    assert "upstream exploded" in str(info.value)
+    assert "gave up after 3 attempts" in str(info.value)
+    assert info.value.body is not None and "upstream exploded" in info.value.body
+    assert len(server.requests) == 3
+    assert events == ["model_retry", "model_retry"]
+
+
+def test_400_raises_at_once_with_the_providers_message(server: LoopbackChatServer) -> None:
+    server.push(
+        json_reply({"error": {"message": "messages[1].content: too long", "type": "invalid_request"}}, status=400)
+    )
+    with pytest.raises(ModelError) as info:
+        model_for(server).complete(view_of())
+    assert info.value.status_code == 400
+    assert "HTTP 400" in str(info.value) and "messages[1].content: too long" in str(info.value)
+    assert len(server.requests) == 1
+    restored = pickle.loads(pickle.dumps(info.value))
+    assert (restored.status_code, str(restored)) == (400, str(info.value))
+
+
+def test_retry_after_longer_than_allowed_stops_instead_of_waiting(server: LoopbackChatServer) -> None:
+    server.push(json_reply({"error": "busy"}, status=503, headers={"Retry-After": "3600"}))
+    with pytest.raises(ModelError, match="retry after 3600 s"):
+        model_for(server, max_retry_after=5).complete(view_of())
+
+
+def test_a_timeout_becomes_a_model_error_after_the_retries(server: LoopbackChatServer) -> None:
+    server.push(Reply(delay=1.0, body=b"{}"), Reply(delay=1.0, body=b"{}"))
+    model = model_for(server, timeout=0.2, max_retries=1)
+    with pytest.raises(ModelError) as info:
+        model.complete(view_of())
+    assert "timed out after 0.2 s" in str(info.value)
+    assert "gave up after 2 attempts" in str(info.value)
+    assert info.value.status_code is None
+
+
+def test_connection_refused_is_retried_then_reported(server: LoopbackChatServer) -> None:
+    model = OpenAICompatibleModel(
+        "m", base_url=f"http://127.0.0.1:{unused_port()}/v1", max_retries=1, backoff_base=0.001
+    )
+    events: list[str] = []
+    model.subscribe(lambda kind, payload: events.append(payload["reason"]))
+    with pytest.raises(ModelError, match="connection failed"):
+        model.complete(view_of())
+    assert len(events) == 1 and "ConnectError" in events[0]
+
+
+def test_a_dropped_connection_is_retried(server: LoopbackChatServer) -> None:
+    server.push(Reply(drop=True), json_reply(completion("5")))
+    assert model_for(server).complete(view_of()).text == "5"
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"<html>Bad Gateway</html>", "not JSON"),
+        ({"id": "x", "choices": []}, "no 'choices'"),
+        ({"choices": [{"index": 0}]}, "no 'message'"),
+        ([1, 2], "expected a JSON object"),
+        ({"error": {"message": "quota exceeded"}}, "quota exceeded"),
+    ],
+)
+def test_malformed_response_bodies_raise_model_errors_naming_the_problem(
+    server: LoopbackChatServer, body: Any, problem: str
+) -> None:
+    server.push(json_reply(body))
+    with pytest.raises(ModelError) as info:
+        model_for(server).complete(view_of())
+    assert problem in str(info.value)
+    assert info.value.body
+
+
+# --------------------------------------------------------------------------- secrets and guards
+
+
+def test_the_api_key_never_appears_in_errors_bodies_events_or_repr(server: LoopbackChatServer) -> None:
+    echo = {"error": {"message": f"invalid api key {KEY}"}}
+    server.push(json_reply(echo, status=500), json_reply(echo, status=401))
+    model = OpenAICompatibleModel(
+        "loopback-model",
+        base_url=server.url,
+        api_key=KEY,
+        headers={"X-Api-Token": "tok-SECRET-HEADER-VALUE"},
+        backoff_base=0.001,
+    )
+    payloads: list[dict[str, Any]] = []
+    model.subscribe(lambda kind, payload: payloads.append(payload))
+
+    with pytest.raises(ModelError) as info:
+        model.complete(view_of())
+
+    everything = " ".join(
+        [str(info.value), info.value.body or "", repr(model), json.dumps(payloads), str(model.describe())]
+    )
+    assert KEY not in everything
+    assert "invalid api key ***" in str(info.value)
+    assert server.requests[0].headers["X-Api-Token"] == "tok-SECRET-HEADER-VALUE"
+    assert model.api_key == KEY and KEY in model.secrets()
+
+
+def test_requests_are_refused_while_model_requests_are_disabled(
+    server: LoopbackChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(model_base, "ALLOW_MODEL_REQUESTS", False)
+    with pytest.raises(ModelRequestsDisabledError, match="ALLOW_MODEL_REQUESTS"):
+        model_for(server).complete(view_of())
+    assert server.requests == []
+
+
+def test_a_tool_result_without_its_call_is_refused_before_sending() -> None:
+    with pytest.raises(ContextError, match="without a preceding assistant call"):
+        to_openai_messages([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c9", "content": "5"}])
+    with pytest.raises(ContextError, match="without results"):
+        to_openai_messages(
+            [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "add", "arguments": {}}]},
+                {"role": "user", "content": "next"},
+            ]
+        )
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"base_url": "127.0.0.1:8000"}, "base_url"),
+        ({"base_url": "http://x", "unit": "words"}, "unit"),
+        ({"base_url": "http://x", "max_input_units": 0}, "max_input_units"),
+        ({"base_url": "http://x", "max_retries": -1}, "max_retries"),
+        ({"base_url": "http://x", "timeout": 0}, "timeout"),
+    ],
+)
+def test_bad_constructor_arguments_are_configuration_errors(options: dict[str, Any], problem: str) -> None:
+    from qitos.core.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=problem):
+        OpenAICompatibleModel("m", **options)
+
+
+# --------------------------------------------------------------------------- async twin
+
+
+def test_acomplete_plain_and_streaming_match_the_sync_path(server: LoopbackChatServer) -> None:
+    server.push(
+        json_reply({"error": {"message": "busy"}}, status=503, headers={"retry-after-ms": "5"}),
+        json_reply(completion(tool_calls=[{"id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'}])),
+        sse_reply([delta_chunk(content="5"), delta_chunk(content="!", finish_reason="stop")]),
+    )
+    model = model_for(server)
+    retries: list[int] = []
+    model.subscribe(lambda kind, payload: retries.append(payload["status_code"]))
+
+    async def run() -> tuple[Any, Any, list[str]]:
+        first = await model.acomplete(view_of(tools=[ADD_TOOL]))
+        deltas: list[str] = []
+        second = await model.acomplete(view_of(), on_delta=deltas.append)
+        await model.aclose()
+        return first, second, deltas
+
+    first, second, deltas = asyncio.run(run())
+    assert retries == [503]
+    assert first.tool_calls[0].arguments == {"a": 2, "b": 3}
+    assert (second.text, deltas) == ("5!", ["5", "!"])
