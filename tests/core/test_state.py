@@ -244,7 +244,7 @@ def _mutate(state: TrackedState, kind: str, payload: Any) -> None:
         state.items = payload
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     initial=st.lists(_values, max_size=3), table=st.dictionaries(_keys, _values, max_size=3), ops=st.lists(_mutations)
 )

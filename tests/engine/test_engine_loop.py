@@ -243,3 +243,38 @@ def test_an_unusable_model_reply_becomes_wait_with_feedback_never_a_final_answer
     first = result.records[0].decision
     assert first.mode == "wait" and "missing_tool" in first.meta["feedback"]
     assert result.state.final_result == "ok, done" and result.step_count == 2
+
+
+def test_sync_events_are_framed_and_each_step_is_bracketed(policy_agent: Any) -> None:
+    policy = _scripted([Decision.act([Action("echo", {"text": "a"})]), Decision.wait()])
+    streamed: list[Any] = []
+    result = Engine(policy_agent(policy, tools=[echo])).run("t", on_event=streamed.append)
+    types = [e.event_type.value for e in result.events]
+    assert [e.event_type.value for e in streamed] == types
+    assert types[0] == "run_start" and types[-1] == "run_end"
+    assert types.count("run_start") == 1 and types.count("run_end") == 1
+    for step in range(result.step_count):
+        step_types = [
+            e.event_type.value for e in result.events if e.step_id == step and e.event_type.value != "run_start"
+        ]
+        assert step_types[0] == "step_start" and step_types[-1] == "step_end"
+        assert step_types.index("decide") < step_types.index("act") < step_types.index("reduce")
+        assert step_types.index("reduce") < step_types.index("check_stop")
+    steps_seen = [e.step_id for e in result.events]
+    assert steps_seen == sorted(steps_seen)
+
+
+def test_an_init_state_error_propagates_after_the_stream_ended_with_run_end() -> None:
+    class Broken(AgentModule[Any, Any, Any]):
+        def init_state(self, task: str, **kwargs: Any) -> Any:
+            raise KeyError("missing corpus")
+
+        def reduce(self, state: Any, observation: Any, decision: Any) -> Any:
+            return state
+
+    streamed: list[Any] = []
+    with pytest.raises(KeyError, match="missing corpus"):
+        Engine(Broken()).run("t", on_event=streamed.append)
+    types = [e.event_type.value for e in streamed]
+    assert types == ["run_start", "error", "run_end"]
+    assert streamed[-1].ok is False and "missing corpus" in (streamed[-1].error or "")
