@@ -181,6 +181,33 @@ def test_a_slow_tool_times_out_as_a_result() -> None:
     assert elapsed < 1.0
 
 
+def test_abandoned_timed_out_calls_do_not_make_later_calls_time_out() -> None:
+    release = threading.Event()
+    ran: list[str] = []
+
+    @tool(timeout=0.1)
+    def hang() -> str:
+        """Never returns in time."""
+        release.wait(3.0)
+        return "late"
+
+    @tool(timeout=0.5)
+    def fast() -> str:
+        """Returns at once."""
+        ran.append("fast")
+        return "fast"
+
+    registry = ToolRegistry([hang, fast])
+    try:
+        assert [registry.call("hang", {}).error_kind for _ in range(5)] == ["timeout"] * 5
+        result = registry.call("fast", {})
+        assert (result.ok, result.output, result.error) == (True, "fast", None)
+        assert ran == ["fast"]
+    finally:
+        release.set()
+        registry.close()
+
+
 def test_an_async_tool_runs_and_times_out() -> None:
     @tool(timeout=0.2)
     async def nap(seconds: float) -> str:

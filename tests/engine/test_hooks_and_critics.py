@@ -7,6 +7,7 @@ from typing import Any
 from qitos import Action, Decision, Engine, tool
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine.policies import CriticVerdict
+from qitos.trace.reader import open_run
 
 
 @tool
@@ -219,3 +220,20 @@ def test_retries_are_bounded_and_the_step_then_stands(policy_agent: Any) -> None
     assert len(calls) == 3  # first try + 2 retries on step 0
     assert result.state.log == ["call 3"]
     assert result.state.stop_reason == "final"
+
+
+def test_a_listener_failing_on_run_end_keeps_run_end_last_and_the_error_in_the_trace(
+    policy_agent: Any, tmp_path: Any
+) -> None:
+    class FailsOnEnd(EngineHook):
+        def on_event(self, event: Any) -> None:
+            if event.event_type.value == "run_end":
+                raise RuntimeError("renderer crashed")
+
+    result = Engine(policy_agent(two_steps, tools=[count]), hooks=[FailsOnEnd()], trace_logdir=str(tmp_path)).run("t")
+    types = [e.event_type.value for e in result.events]
+    assert types[-1] == "run_end" and types.count("run_end") == 1
+    errors = [e for e in result.events if e.event_type.value == "error"]
+    assert errors and "FailsOnEnd.on_event raised RuntimeError: renderer crashed" in (errors[0].error or "")
+    written = [e["event_type"] for e in open_run(result.run_dir).events()]
+    assert written == types
