@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from qitos.checkpoint.store import (
     SessionSnapshot,
     SessionSnapshotCommit,
     SnapshotNotFoundError,
+    StepWrite,
 )
 from qitos.core.errors import CheckpointError, ConfigurationError, SnapshotIntegrityError
 
@@ -332,3 +334,36 @@ def test_a_pruned_snapshot_is_gone_from_the_file_after_vacuum(db: Path) -> None:
             store.get_snapshot(dead_end.snapshot_id)
         assert store.load_chain(rewind.snapshot_id) == [rewind]
     assert b"unreachable secret" not in db.read_bytes()
+
+
+def test_reads_leave_no_open_read_snapshot_behind(db: Path) -> None:
+    # A statement left half-read would pin a WAL snapshot and stop other processes' checkpoints.
+    with SqliteCheckpointStore(db) as store:
+        snaps = _session(store, steps=2)
+        store.append_control("s", "steer", {"text": "a"})
+        store.put_writes(
+            [StepWrite(session_id="s", base_snapshot_id=snaps[2].snapshot_id, step_id=3, kind="k", key="v", payload={})]
+        )
+        data = b"blob"
+        store.put_blobs({hashlib.sha256(data).hexdigest(): data})
+        reads: list[Callable[[], object]] = [
+            lambda: store.get_session_head("s"),
+            lambda: store.get_session_head("ghost"),
+            lambda: store.find_session_by_operation("none"),
+            lambda: store.get_snapshot(snaps[1].snapshot_id),
+            lambda: store.load_chain(snaps[2].snapshot_id),
+            store.list_sessions,
+            lambda: store.list_session_snapshots("s"),
+            lambda: store.list_control("s"),
+            lambda: store.get_writes("s", snaps[2].snapshot_id),
+            lambda: store.get_blobs([hashlib.sha256(data).hexdigest()]),
+        ]
+        other = sqlite3.connect(db, isolation_level=None, timeout=0.2)
+        try:
+            for position, read in enumerate(reads, start=100):
+                read()
+                other.execute("INSERT INTO control VALUES ('s', ?, 'pause', '{}', 'now')", (position,))
+                busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                assert busy == 0, f"read #{position - 100} left a read snapshot open"
+        finally:
+            other.close()

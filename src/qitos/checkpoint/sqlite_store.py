@@ -251,6 +251,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         self._compress_min = compress_min_bytes
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._cursor: sqlite3.Cursor | None = None
         self._pid = os.getpid()
         self._closed = False
         _LIVE.add(self)
@@ -265,17 +266,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         self._lock = threading.Lock()
         if self._conn is not None:
             _INHERITED.append(self._conn)
-            self._conn = None
+        self._conn = self._cursor = None
         self._pid = os.getpid()
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self) -> sqlite3.Cursor:
         if self._closed:
             raise CheckpointError(f"{self!r} is closed")
         if self._pid != os.getpid():  # forked without os.register_at_fork hooks running
             self._forget_parent_connection()
-        if self._conn is None:
+        if self._cursor is None:
             self._conn = self._open()
-        return self._conn
+            self._cursor = self._conn.cursor()  # one reused cursor: cheaper than conn.execute's new one
+        return self._cursor
 
     def _open(self) -> sqlite3.Connection:
         if self.path != ":memory:" and not self.path.startswith("file:"):
@@ -293,13 +295,13 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            _migrate(conn, self.path)
+            _migrate(conn.cursor(), self.path)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _run(self, fn: Callable[[sqlite3.Connection], _T], *, write: bool) -> _T:
+    def _run(self, fn: Callable[[sqlite3.Cursor], _T], *, write: bool) -> _T:
         """Run ``fn`` on this process's connection (in a BEGIN IMMEDIATE transaction if ``write``),
         retrying the whole call while the database is busy or locked."""
         deadline: float | None = None
@@ -307,8 +309,8 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         while True:
             with self._lock:
                 try:
-                    conn = self._connection()
-                    return _in_transaction(conn, fn) if write else fn(conn)
+                    cur = self._connection()
+                    return _in_transaction(cur, fn) if write else fn(cur)
                 except sqlite3.OperationalError as exc:
                     if not _is_busy(exc):
                         raise self._error(exc) from exc
@@ -341,7 +343,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
         """Read the current mutable head for one session (None if there is no such session)."""
-        row = self._run(lambda conn: conn.execute(_SQL_HEAD_GET, (session_id,)).fetchone(), write=False)
+        row = self._run(lambda cur: _one(cur.execute(_SQL_HEAD_GET, (session_id,))), write=False)
         return None if row is None else _head_record(row)
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
@@ -356,14 +358,14 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         expected = request.expected_head
         operation_id = request.operation_id
 
-        def commit(conn: sqlite3.Connection) -> str:
-            execute = conn.execute
+        def commit(cur: sqlite3.Cursor) -> str:
+            execute = cur.execute
             now = utc_now()
             head = (snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
             if expected is None:
                 created = (session_id, *head, metadata_json or "{}")
                 if execute(_SQL_HEAD_CREATE, created).rowcount != 1:
-                    actual = execute(_SQL_HEAD_ID, (session_id,)).fetchone()
+                    actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
                     raise HeadConflictError(session_id, None, None if actual is None else actual[0])
             else:
                 if metadata_json is None:
@@ -371,12 +373,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 else:
                     moved = execute(_SQL_HEAD_ADVANCE_METADATA, (*head, metadata_json, session_id, expected))
                 if moved.rowcount != 1:
-                    actual = execute(_SQL_HEAD_ID, (session_id,)).fetchone()
+                    actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
                     if actual is None:
                         raise SessionNotFoundError(session_id)
                     raise HeadConflictError(session_id, expected, actual[0])
             if operation_id is not None:
-                owner = execute(_SQL_OPERATION_GET, (operation_id,)).fetchone()
+                owner = _one(execute(_SQL_OPERATION_GET, (operation_id,)))
                 if owner is not None:
                     raise DuplicateOperationError(operation_id, owner[0])
             parent_id = snapshot.parent_id
@@ -384,7 +386,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             if (
                 parent_id is not None
                 and parent_id != expected
-                and execute(_SQL_SNAPSHOT_SESSION, (parent_id,)).fetchone() is None
+                and _one(execute(_SQL_SNAPSHOT_SESSION, (parent_id,))) is None
             ):
                 raise SnapshotNotFoundError(parent_id)
             execute(
@@ -401,7 +403,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 ),
             )
             if blobs:
-                conn.executemany(_SQL_BLOB_INSERT, blobs)
+                cur.executemany(_SQL_BLOB_INSERT, blobs)
             if operation_id is not None:
                 execute(_SQL_OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
             return now
@@ -417,12 +419,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def find_session_by_operation(self, operation_id: str) -> str | None:
         """The session a commit with this ``operation_id`` created, or None."""
-        row = self._run(lambda conn: conn.execute(_SQL_OPERATION_GET, (operation_id,)).fetchone(), write=False)
+        row = self._run(lambda cur: _one(cur.execute(_SQL_OPERATION_GET, (operation_id,))), write=False)
         return None if row is None else str(row[0])
 
     def get_snapshot(self, snapshot_id: str) -> SessionSnapshot:
         """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
-        rows = self._run(lambda conn: _snapshot_rows(conn, _SQL_SNAPSHOT_GET, (snapshot_id,), snapshot_id), write=False)
+        rows = self._run(lambda cur: _snapshot_rows(cur, _SQL_SNAPSHOT_GET, (snapshot_id,), snapshot_id), write=False)
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
         return _snapshot(rows[0])
@@ -430,7 +432,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
         rows = self._run(
-            lambda conn: _snapshot_rows(conn, _SQL_CHAIN, (snapshot_id, _MAX_CHAIN), snapshot_id), write=False
+            lambda cur: _snapshot_rows(cur, _SQL_CHAIN, (snapshot_id, _MAX_CHAIN), snapshot_id), write=False
         )
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
@@ -448,15 +450,15 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def list_sessions(self) -> list[SessionHeadRecord]:
         """Every session head, in creation order."""
-        rows = self._run(lambda conn: conn.execute(_SQL_HEAD_LIST).fetchall(), write=False)
+        rows = self._run(lambda cur: cur.execute(_SQL_HEAD_LIST).fetchall(), write=False)
         return [_head_record(row) for row in rows]
 
     def list_session_snapshots(self, session_id: str) -> list[str]:
         """The session's head chain within the session, newest first."""
 
-        def read(conn: sqlite3.Connection) -> list[str]:
-            ids = [row[0] for row in conn.execute(_SQL_SESSION_CHAIN, (session_id,))]
-            if not ids and conn.execute(_SQL_HEAD_ID, (session_id,)).fetchone() is None:
+        def read(cur: sqlite3.Cursor) -> list[str]:
+            ids = [row[0] for row in cur.execute(_SQL_SESSION_CHAIN, (session_id,))]
+            if not ids and _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
                 raise SessionNotFoundError(session_id)
             return ids
 
@@ -470,22 +472,22 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         if not rows:
             return []
 
-        def put(conn: sqlite3.Connection) -> list[bool]:
+        def put(cur: sqlite3.Cursor) -> list[bool]:
             checked: set[tuple[str, str]] = set()
             for write in writes:
                 pair = (write.session_id, write.base_snapshot_id)
                 if pair not in checked:
-                    base = conn.execute(_SQL_SNAPSHOT_SESSION, (write.base_snapshot_id,)).fetchone()
+                    base = _one(cur.execute(_SQL_SNAPSHOT_SESSION, (write.base_snapshot_id,)))
                     check_write_base(write, None if base is None else base[0])
                     checked.add(pair)
-            return [conn.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
+            return [cur.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
 
         return self._run(put, write=True)
 
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
         """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
         rows = self._run(
-            lambda conn: conn.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall(), write=False
+            lambda cur: cur.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall(), write=False
         )
         return [
             StepWrite(
@@ -505,12 +507,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Durably append one control item; the store assigns its position."""
         payload_json = check_control(session_id, kind, payload)
 
-        def append(conn: sqlite3.Connection) -> tuple[int, str]:
-            if conn.execute(_SQL_HEAD_ID, (session_id,)).fetchone() is None:
+        def append(cur: sqlite3.Cursor) -> tuple[int, str]:
+            if _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
                 raise SessionNotFoundError(session_id)
-            position = int(conn.execute(_SQL_CONTROL_NEXT, (session_id,)).fetchone()[0])
+            position = int(_one(cur.execute(_SQL_CONTROL_NEXT, (session_id,)))[0])
             now = utc_now()
-            conn.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now))
+            cur.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now))
             return position, now
 
         position, created_at = self._run(append, write=True)
@@ -527,9 +529,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         wanted = name_set(kinds, "kinds")
         start = check_after(after)
 
-        def read(conn: sqlite3.Connection) -> list[Any]:
-            rows = conn.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
-            if not rows and conn.execute(_SQL_HEAD_ID, (session_id,)).fetchone() is None:
+        def read(cur: sqlite3.Cursor) -> list[Any]:
+            rows = cur.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
+            if not rows and _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
                 raise SessionNotFoundError(session_id)
             return rows
 
@@ -551,16 +553,16 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
         checked = check_blobs(blobs)
         if checked:
-            self._run(lambda conn: conn.executemany(_SQL_BLOB_INSERT, checked), write=True)
+            self._run(lambda cur: cur.executemany(_SQL_BLOB_INSERT, checked), write=True)
 
     def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
         """The stored blobs among ``digests`` (absent digests are absent from the result); verified."""
         wanted = sorted(name_set(digests, "digests") or ())
 
-        def read(conn: sqlite3.Connection) -> dict[str, bytes]:
+        def read(cur: sqlite3.Cursor) -> dict[str, bytes]:
             found: dict[str, bytes] = {}
             for digest in wanted:
-                row = conn.execute(_SQL_BLOB_GET, (digest,)).fetchone()
+                row = _one(cur.execute(_SQL_BLOB_GET, (digest,)))
                 if row is not None:
                     found[digest] = bytes(row[0])
             return found
@@ -575,18 +577,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
         named = sorted(name_set(keep, "keep") or ())
 
-        def prune(conn: sqlite3.Connection) -> PruneReport:
-            conn.execute(_SQL_KEEP_TABLE)
-            conn.execute(_SQL_KEEP_CLEAR)
-            conn.executemany(_SQL_KEEP_INSERT, [(snapshot_id,) for snapshot_id in named])
-            missing = conn.execute(_SQL_KEEP_MISSING).fetchone()
+        def prune(cur: sqlite3.Cursor) -> PruneReport:
+            cur.execute(_SQL_KEEP_TABLE)
+            cur.execute(_SQL_KEEP_CLEAR)
+            cur.executemany(_SQL_KEEP_INSERT, [(snapshot_id,) for snapshot_id in named])
+            missing = _one(cur.execute(_SQL_KEEP_MISSING))
             if missing is not None:
                 raise SnapshotNotFoundError(missing[0])
-            conn.execute(_SQL_PRUNE)
-            deleted = int(conn.execute("SELECT changes()").fetchone()[0])  # rowcount is -1 after WITH
-            conn.execute(_SQL_PRUNE_WRITES)
-            conn.execute(_SQL_KEEP_CLEAR)
-            kept = int(conn.execute(_SQL_SNAPSHOT_COUNT).fetchone()[0])
+            cur.execute(_SQL_PRUNE)
+            deleted = int(_one(cur.execute("SELECT changes()"))[0])  # rowcount is -1 after WITH
+            cur.execute(_SQL_PRUNE_WRITES)
+            cur.execute(_SQL_KEEP_CLEAR)
+            kept = int(_one(cur.execute(_SQL_SNAPSHOT_COUNT))[0])
             return PruneReport(deleted_snapshots=deleted, kept_snapshots=kept)
 
         return self._run(prune, write=True)
@@ -594,9 +596,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def vacuum(self) -> None:
         """Rebuild the file to reclaim space freed by pruning, then truncate the WAL."""
 
-        def vacuum(conn: sqlite3.Connection) -> None:
-            conn.execute("VACUUM")
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        def vacuum(cur: sqlite3.Cursor) -> None:
+            cur.execute("VACUUM")
+            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
         self._run(vacuum, write=False)
 
@@ -605,7 +607,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
-            self._conn = None
+            self._conn = self._cursor = None
             self._closed = True
 
 
@@ -620,39 +622,46 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in message or "busy" in message
 
 
-def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-    conn.execute("BEGIN IMMEDIATE")
+def _one(cur: sqlite3.Cursor) -> Any:
+    """The single row of a lookup, or None. Reads to the end, so the reused cursor's statement
+    is finished and holds no read snapshot between calls (``fetchone`` would leave it open)."""
+    rows = cur.fetchall()
+    return rows[0] if rows else None
+
+
+def _in_transaction(cur: sqlite3.Cursor, fn: Callable[[sqlite3.Cursor], _T]) -> _T:
+    cur.execute("BEGIN IMMEDIATE")
     try:
-        result = fn(conn)
-        conn.execute("COMMIT")
+        result = fn(cur)
+        cur.execute("COMMIT")
     except BaseException:
-        if conn.in_transaction:
+        if cur.connection.in_transaction:
             with contextlib.suppress(sqlite3.Error):  # SQLite already rolled back; keep the first error
-                conn.execute("ROLLBACK")
+                cur.execute("ROLLBACK")
         raise
     return result
 
 
-def _migrate(conn: sqlite3.Connection, path: str) -> None:
+def _migrate(cur: sqlite3.Cursor, path: str) -> None:
     """Bring the file to SCHEMA_VERSION, one transaction per pending migration."""
-    if _schema_version(conn, path) == SCHEMA_VERSION:
+    if _schema_version(cur, path) == SCHEMA_VERSION:
         return
     for migration in _MIGRATIONS:
 
-        def apply(conn: sqlite3.Connection, migration: _Migration = migration) -> None:
-            conn.execute(_SQL_SCHEMA_TABLE)
-            if _schema_version(conn, path) < migration.version:
+        def apply(cur: sqlite3.Cursor, migration: _Migration = migration) -> None:
+            cur.execute(_SQL_SCHEMA_TABLE)
+            if _schema_version(cur, path) < migration.version:
                 for statement in migration.statements:
-                    conn.execute(statement)
-                conn.execute(_SQL_SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
+                    cur.execute(statement)
+                cur.execute(_SQL_SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
 
-        _in_transaction(conn, apply)
+        _in_transaction(cur, apply)
 
 
-def _schema_version(conn: sqlite3.Connection, path: str) -> int:
-    if conn.execute(_SQL_SCHEMA_EXISTS).fetchone() is None:
+def _schema_version(cur: sqlite3.Cursor, path: str) -> int:
+    if _one(cur.execute(_SQL_SCHEMA_EXISTS)) is None:
         return 0
-    version = int(conn.execute(_SQL_SCHEMA_VERSION).fetchone()[0])
+    version = int(_one(cur.execute(_SQL_SCHEMA_VERSION))[0])
     if version > SCHEMA_VERSION:
         raise CheckpointError(
             f"{path} has checkpoint schema version {version}, newer than this qitos supports "
@@ -661,9 +670,9 @@ def _schema_version(conn: sqlite3.Connection, path: str) -> int:
     return version
 
 
-def _snapshot_rows(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], snapshot_id: str) -> list[Any]:
+def _snapshot_rows(cur: sqlite3.Cursor, sql: str, params: tuple[Any, ...], snapshot_id: str) -> list[Any]:
     try:
-        return conn.execute(sql, params).fetchall()
+        return cur.execute(sql, params).fetchall()
     except sqlite3.OperationalError as exc:
         if "decode" in str(exc).lower():
             raise SnapshotIntegrityError(snapshot_id, f"a stored row is not valid text: {exc}") from exc
