@@ -265,3 +265,41 @@ def test_encode_and_decode_value_work_standalone() -> None:
     value = {"p": Point(1, 2)}
     hint = dict[str, Point]
     assert decode_value(encode_value(value, hint), hint) == value
+
+
+@dataclass
+class TypedState(StateSchema):
+    count: int = 0
+    ratio: float = 0.0
+    name: str = ""
+    flag: bool = False
+    numbers: list[int] = field(default_factory=list)
+    when: dt.datetime = dt.datetime(2020, 1, 1)
+    day: dt.date = dt.date(2020, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "path"),
+    [
+        ("count", "3", "state.count"),
+        ("count", True, "state.count"),
+        ("count", 2.5, "state.count"),
+        ("ratio", True, "state.ratio"),
+        ("name", 5, "state.name"),
+        ("flag", 1, "state.flag"),
+        ("numbers", [1, "a"], "state.numbers[1]"),
+        ("when", dt.date(2024, 1, 1), "state.when"),
+        ("day", dt.datetime(2024, 1, 1, 5), "state.day"),
+    ],
+)
+def test_a_value_of_the_wrong_type_fails_when_encoded_not_when_restored(name: str, value: Any, path: str) -> None:
+    # Otherwise to_dict() succeeds, the snapshot is stored, and from_dict() fails (or changes the type) later.
+    state = TypedState(**{name: value})
+    with pytest.raises(CodecError) as info:
+        state.to_dict()
+    assert info.value.path == path
+
+
+def test_an_int_in_a_float_field_round_trips_as_an_equal_number() -> None:
+    back = TypedState.from_dict(TypedState(ratio=3).to_dict())  # type: ignore[arg-type]
+    assert back.ratio == 3.0 and type(back.ratio) is float
