@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +153,36 @@ def test_dict_key_writes_are_recorded_as_a_keys_op() -> None:
     state.table["c"] = 3
     del state.table["a"]
     assert state.drain_changes() == [{"op": "keys", "field": "table", "put": {"c": 3}, "delete": ["a"]}]
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass
+class KeyedState(StateSchema):
+    by_color: dict[Color, int] = field(default_factory=dict)
+    by_number: dict[int, str] = field(default_factory=dict)
+
+
+def test_key_ops_encode_keys_as_to_dict_does() -> None:
+    state = KeyedState(by_color={Color.BLUE: 0}, by_number={1: "one"})
+    state.drain_changes()
+    before = state.to_dict()
+    state.by_color[Color.RED] = 1
+    del state.by_color[Color.BLUE]
+    state.by_number[3] = "three"
+    ops = state.drain_changes()
+    assert (
+        apply_changes(copy.deepcopy(before), ops)
+        == state.to_dict()
+        == {
+            **before,
+            "by_color": {"red": 1},
+            "by_number": {"1": "one", "3": "three"},
+        }
+    )
 
 
 def test_other_list_mutations_mark_the_field_replaced() -> None:
