@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
@@ -104,10 +105,13 @@ def raw_anchor(path: Path) -> tuple[Callable[[], float], sqlite3.Connection]:
 
 
 def timed(fn: Callable[[], object], repeat: int) -> float:
-    t0 = time.perf_counter()
+    """Median µs per call (robust to the machine's other load)."""
+    samples = []
     for _ in range(repeat):
+        t0 = time.perf_counter()
         fn()
-    return (time.perf_counter() - t0) / repeat * 1e6
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
 
 
 _RESTORE = r"""
@@ -116,10 +120,18 @@ from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 t0 = time.perf_counter()
 store = SqliteCheckpointStore(sys.argv[1])
 head = store.get_session_head("bench")
-chain = store.load_chain(head.snapshot_id)
+chain = store.load_chain(sys.argv[2] if len(sys.argv) > 2 else head.snapshot_id)
 t1 = time.perf_counter()
 print(f"{(t1 - t0) * 1e3:.3f} {len(chain)}")
 """
+
+
+def restore_ms(db: Path, *snapshot_id: str) -> tuple[float, int]:
+    """Fresh process: open the store, read the head, load a chain (timed after imports)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _RESTORE, str(db), *snapshot_id], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return float(out[0]), int(out[1])
 
 
 def main() -> None:
@@ -173,10 +185,34 @@ def main() -> None:
     full_store.close()
     memory_t, _, _, _ = run_commits(InMemoryCheckpointStore(), n)
 
-    # 3. Restore of the head chain (base + N deltas) and of a short chain, in a fresh process.
-    restore = subprocess.run(
-        [sys.executable, "-c", _RESTORE, str(db)], capture_output=True, text=True, check=True
-    ).stdout.split()
+    # 3. A large full materialization (64 KiB of conversation-like JSON), with and without zlib.
+    big = {"full": {"messages": [{"role": "user", "content": f"message {i}: " + KIB[:200]} for i in range(300)]}}
+    compression = []
+    for label, threshold in [("zlib from 16 KiB (default)", 16_384), ("never compressed", None)]:
+        path = work / f"big-{threshold}.db"
+        big_store = SqliteCheckpointStore(path, compress_min_bytes=threshold)
+        times = []
+        for i in range(30):
+            snapshot = SessionSnapshot.create(
+                session_id=f"big{i}", parent_id=None, base_id=None, sequence=0, payload=big
+            )
+            t0 = time.perf_counter()
+            big_store.commit_session_snapshot(
+                SessionSnapshotCommit(session_id=f"big{i}", expected_head=None, snapshot=snapshot, lifecycle="c")
+            )
+            times.append(time.perf_counter() - t0)
+        read_us = timed(partial(big_store.get_snapshot, snapshot.snapshot_id), 30)
+        big_store.close()
+        compression.append((label, statistics.median(times) * 1e6, read_us, _files_size(path) / 30))
+    big_bytes = len(
+        SessionSnapshot.create(session_id="x", parent_id=None, base_id=None, sequence=0, payload=big)
+        .canonical_payload()
+        .encode()
+    )
+
+    # 4. Restore of the head chain (base + N deltas) and of a short chain, in a fresh process.
+    restore_full = restore_ms(db)
+    restore_short = restore_ms(db, snaps[16].snapshot_id)
 
     s, a, f, m, c = _stats(commit_t), _stats(anchor_t), _stats(full_t), _stats(memory_t), _stats(create_t)
     print()
@@ -211,7 +247,17 @@ def main() -> None:
         f"load_chain({n + 1} snapshots): {chain_full_us / 1e3:.2f} ms"
     )
     print(f"put_writes(1 x 1 KiB): {writes_us:.1f} µs   append_control: {control_us:.1f} µs")
-    print(f"fresh process, open + head + load_chain({restore[1]} snapshots): {float(restore[0]):.2f} ms")
+    print(
+        f"fresh process, open + head + load_chain: {restore_short[1]} snapshots {restore_short[0]:.2f} ms, "
+        f"{restore_full[1]} snapshots {restore_full[0]:.2f} ms"
+    )
+    print()
+    print(f"full materialization of {big_bytes / 1024:.0f} KiB canonical JSON, 30 sessions:")
+    for label, commit_us, read_us, per_session in compression:
+        print(
+            f"  {label:<28} commit {commit_us:8.1f} µs   get_snapshot {read_us:8.1f} µs   "
+            f"{per_session / 1024:6.1f} KiB on disk per snapshot"
+        )
 
 
 if __name__ == "__main__":
