@@ -85,6 +85,14 @@ def test_trace_prefix_names_the_directory(policy_agent: Any, tmp_path: Path) -> 
     assert Path(result.run_dir).name == f"notes_{result.run_id}"
 
 
+def test_agent_run_traces_to_dot_runs_by_default(
+    policy_agent: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = policy_agent(two_notes, tools=[note]).run("t", return_state=True)
+    assert (tmp_path / "runs" / result.run_id / "manifest.json").is_file()
+
+
 def test_trace_false_writes_nothing(policy_agent: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = policy_agent(two_notes, tools=[note]).run("t", return_state=True, trace=False)
