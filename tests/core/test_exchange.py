@@ -12,8 +12,10 @@ from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import UsageError
 from qitos.core.exchange import (
     EXCHANGE_LOG_SCHEMA,
+    ExchangeIdRange,
     ExchangeLog,
     ExchangeLogError,
+    ItemIdRange,
     Message,
     ToolCall,
 )
@@ -259,3 +261,36 @@ def test_the_projection_index_covers_closed_exchanges_only() -> None:
     assert proj.closed_count == 1
     assert proj.item_ids == ["ex-000001/0", "ex-000001/1", "ex-000001/2", "ex-000001/3"]
     assert proj.item_offsets == [0, 4]
+
+
+def test_exchange_id_ranges_behave_like_tuples_of_ids() -> None:
+    ids = ExchangeIdRange(2, 6)
+    expected = ("ex-000003", "ex-000004", "ex-000005", "ex-000006")
+    assert ids == expected and expected == ids and list(ids) == list(expected)
+    assert ids != expected[:-1] and len(ids) == 4
+    assert ids[0] == "ex-000003" and ids[-1] == "ex-000006" and ids[1:3] == expected[1:3]
+    assert "ex-000004" in ids and "ex-000002" not in ids and "ex-4" not in ids and 4 not in ids
+    assert ids + ("x",) == (*expected, "x") and ("x",) + ids == ("x", *expected)  # noqa: RUF005
+    assert hash(ids) == hash(expected)
+    assert ExchangeIdRange(0, 0) == () and repr(ExchangeIdRange(0, 0)) == "()"
+    assert "ex-000003..ex-000006 (4)" in repr(ids)
+    with pytest.raises(IndexError):
+        ids[4]
+
+
+def test_item_id_ranges_match_the_projection() -> None:
+    log = ExchangeLog()
+    for calls in (0, 2, 1, 3):
+        tool_turn(log, "q", calls=calls) if calls else _plain_turn(log)
+    proj = log.projection()
+    lazy = ItemIdRange(proj.item_offsets, 0, len(proj.item_ids))
+    assert list(lazy) == proj.item_ids and lazy == tuple(proj.item_ids)
+    assert [lazy[i] for i in range(len(lazy))] == proj.item_ids
+    assert lazy[3:7] == tuple(proj.item_ids[3:7]) and list(lazy[3:7]) == proj.item_ids[3:7]
+    assert ItemIdRange(proj.item_offsets, 5, 5) == ()
+
+
+def _plain_turn(log: ExchangeLog) -> None:
+    eid = log.open([{"role": "user", "content": "hi"}]).exchange_id
+    log.record_output(eid, {"role": "assistant", "content": "hello"})
+    log.close(eid)

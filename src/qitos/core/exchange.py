@@ -29,9 +29,10 @@ re-serialisation or re-count of the whole log (see :meth:`ExchangeLog.projection
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast, overload
 
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import UsageError
@@ -41,13 +42,16 @@ __all__ = [
     "CATEGORY_BITS",
     "EXCHANGE_LOG_SCHEMA",
     "Exchange",
+    "ExchangeIdRange",
     "ExchangeLog",
     "ExchangeLogError",
     "ExchangeProjection",
+    "ItemIdRange",
     "Message",
     "Role",
     "ToolCall",
     "categories_from_mask",
+    "exchange_id_at",
 ]
 
 EXCHANGE_LOG_SCHEMA = "qitos.exchange_log/v1"
@@ -75,6 +79,139 @@ def categories_from_mask(mask: int) -> tuple[str, ...]:
 
 class ExchangeLogError(UsageError, ValueError):
     """An item or operation breaks the exchange log's rules (bad role, unknown call id, ...)."""
+
+
+def exchange_id_at(index: int) -> str:
+    """The id of the exchange at a position of its log (0 -> ``ex-000001``)."""
+    return f"ex-{index + 1:06d}"
+
+
+def _index_of(exchange_id: object) -> int:
+    if isinstance(exchange_id, str) and exchange_id.startswith("ex-") and exchange_id[3:].isdigit():
+        return int(exchange_id[3:]) - 1
+    return -1
+
+
+class _LazyIds(Sequence[str]):
+    """Shared behaviour of the lazy id sequences: they compare, add and hash like tuples."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _LazyIds) and type(other) is type(self) and self._key() == other._key():
+            return True
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __add__(self, other: Sequence[str]) -> tuple[str, ...]:
+        return (*self, *other)
+
+    def __radd__(self, other: Sequence[str]) -> tuple[str, ...]:
+        return (*other, *self)
+
+    def __repr__(self) -> str:
+        n = len(self)
+        if n == 0:
+            return "()"
+        return f"<{type(self).__name__} {self[0]}..{self[n - 1]} ({n})>"
+
+    def _key(self) -> tuple[Any, ...]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class ExchangeIdRange(_LazyIds):
+    """The ids of exchanges ``[start, stop)`` of a log, without materializing them.
+
+    Equal to the tuple of the same ids; ``in`` is O(1). Used for omitted exchanges so that a request
+    over a long log does not copy every omitted id.
+    """
+
+    __slots__ = ("start", "stop")
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.start, self.stop = start, max(start, stop)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.start, self.stop)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            lo, hi, step = index.indices(len(self))
+            if step != 1:
+                return tuple(self)[index]
+            return ExchangeIdRange(self.start + lo, self.start + max(lo, hi))
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("ExchangeIdRange index out of range")
+        return exchange_id_at(self.start + index)
+
+    def __iter__(self) -> Iterator[str]:
+        return (exchange_id_at(i) for i in range(self.start, self.stop))
+
+    def __contains__(self, value: object) -> bool:
+        index = _index_of(value)
+        return self.start <= index < self.stop and value == exchange_id_at(index)
+
+
+class ItemIdRange(_LazyIds):
+    """The item ids (``ex-000001/0``, ...) of flat items ``[lo, hi)`` of a log's closed prefix,
+    computed from its item offsets on demand (the offsets of closed exchanges never change)."""
+
+    __slots__ = ("hi", "lo", "offsets")
+
+    def __init__(self, offsets: Sequence[int], lo: int, hi: int) -> None:
+        self.offsets, self.lo, self.hi = offsets, lo, max(lo, hi)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (id(self.offsets), self.lo, self.hi)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            lo, hi, step = index.indices(len(self))
+            if step != 1:
+                return tuple(self)[index]
+            return ItemIdRange(self.offsets, self.lo + lo, self.lo + max(lo, hi))
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("ItemIdRange index out of range")
+        flat = self.lo + index
+        exchange = bisect_right(self.offsets, flat) - 1
+        return f"{exchange_id_at(exchange)}/{flat - self.offsets[exchange]}"
+
+    def __iter__(self) -> Iterator[str]:
+        if self.lo >= self.hi:
+            return
+        exchange = bisect_right(self.offsets, self.lo) - 1
+        for flat in range(self.lo, self.hi):
+            while self.offsets[exchange + 1] <= flat:
+                exchange += 1
+            yield f"{exchange_id_at(exchange)}/{flat - self.offsets[exchange]}"
 
 
 # --------------------------------------------------------------------------- items
@@ -378,7 +515,7 @@ class ExchangeLog:
                     f"inputs[{i}]: an input is a system/developer/user/assistant message without tool "
                     f"calls (got role {message.role!r}); record tool results with record_tool_result"
                 )
-        exchange_id = f"ex-{len(self._exchanges) + 1:06d}"
+        exchange_id = exchange_id_at(len(self._exchanges))
         entry = {"op": "open", "exchange_id": exchange_id, "inputs": [m.to_dict() for m in messages]}
         exchange = Exchange(exchange_id=exchange_id, index=len(self._exchanges), inputs=messages)
         self._exchanges.append(exchange)
@@ -459,7 +596,7 @@ class ExchangeLog:
             op, exchange_id = entry.get("op"), entry.get("exchange_id")
             try:
                 if op == "open":
-                    expected = f"ex-{len(self._exchanges) + 1:06d}"
+                    expected = exchange_id_at(len(self._exchanges))
                     if exchange_id != expected:
                         raise ExchangeLogError(f"open of {exchange_id!r} but the next exchange is {expected!r}")
                     self.open(entry.get("inputs") or ())

@@ -50,7 +50,14 @@ from qitos.core.context import (
     unit_counter_for,
 )
 from qitos.core.errors import ConfigurationError, ContextError
-from qitos.core.exchange import CATEGORY_BITS, Exchange, ExchangeLog, categories_from_mask
+from qitos.core.exchange import (
+    CATEGORY_BITS,
+    Exchange,
+    ExchangeIdRange,
+    ExchangeLog,
+    ItemIdRange,
+    categories_from_mask,
+)
 
 __all__ = [
     "REQUEST_VIEW_SCHEMA_VERSION",
@@ -191,20 +198,20 @@ class ArtifactRef:
 class SelectionReport:
     """What a request selected and omitted, and why, with unit counts."""
 
-    selected_item_ids: tuple[str, ...]
-    omitted_item_ids: tuple[str, ...]
-    selected_exchange_ids: tuple[str, ...]
-    omitted_exchange_ids: tuple[str, ...]
-    selected_categories: tuple[str, ...]
-    omitted_categories: tuple[str, ...]
-    selected_context_ids: tuple[str, ...]
-    omitted_context_ids: tuple[str, ...]
+    selected_item_ids: Sequence[str]
+    omitted_item_ids: Sequence[str]
+    selected_exchange_ids: Sequence[str]
+    omitted_exchange_ids: Sequence[str]
+    selected_categories: Sequence[str]
+    omitted_categories: Sequence[str]
+    selected_context_ids: Sequence[str]
+    omitted_context_ids: Sequence[str]
     total_units: int
     selected_units: int
     omitted_units: int
     unit: str
-    reasons: tuple[str, ...] = ()
-    protected_exchange_ids: tuple[str, ...] = ()
+    reasons: Sequence[str] = ()
+    protected_exchange_ids: Sequence[str] = ()
     available_units: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,7 +266,7 @@ class CompactionReceipt:
     digest of what replaced them, which policy did it, what was lost and by which model."""
 
     receipt_id: str
-    input_exchange_ids: tuple[str, ...]
+    input_exchange_ids: Sequence[str]
     output_digest: str
     policy_id: str
     declared_losses: tuple[str, ...] = ()
@@ -274,7 +281,8 @@ class CompactionReceipt:
             raise ValueError(
                 f"CompactionReceipt.output_digest: must be a lowercase SHA-256, got {self.output_digest!r}"
             )
-        object.__setattr__(self, "input_exchange_ids", tuple(self.input_exchange_ids))
+        if not isinstance(self.input_exchange_ids, tuple | ExchangeIdRange):
+            object.__setattr__(self, "input_exchange_ids", tuple(self.input_exchange_ids))
         object.__setattr__(self, "declared_losses", tuple(self.declared_losses))
 
     def to_dict(self) -> dict[str, Any]:
@@ -561,9 +569,9 @@ class RequestView:
         new_selection = replace(
             sel,
             selected_item_ids=sel.selected_item_ids[k:],
-            omitted_item_ids=sel.omitted_item_ids + sel.selected_item_ids[:k],
+            omitted_item_ids=(*sel.omitted_item_ids, *sel.selected_item_ids[:k]),
             selected_exchange_ids=sel.selected_exchange_ids[len(ids) :],
-            omitted_exchange_ids=sel.omitted_exchange_ids + ids,
+            omitted_exchange_ids=(*sel.omitted_exchange_ids, *ids),
             selected_units=sel.selected_units - dropped_units,
             omitted_units=sel.omitted_units + dropped_units,
             reasons=(*sel.reasons, f"{receipt.policy_id} omitted {_span(ids)} (receipt {receipt.receipt_id})"),
@@ -646,6 +654,8 @@ class RequestView:
 
 def _id_runs(ids: Sequence[str]) -> list[list[str]]:
     """Consecutive exchange ids (``ex-000001``, ``ex-000002``, ...) folded into ``[first, last]`` runs."""
+    if isinstance(ids, ExchangeIdRange):
+        return [[ids[0], ids[-1]]] if len(ids) else []
     runs: list[list[str]] = []
     previous = -2
     for eid in ids:
@@ -770,7 +780,7 @@ class _Builder:
             room = available - used - reserve
             cut = p_start if room < 0 else bisect_left(sums, older_units - room, 0, p_start + 1)
             cut = max(cut, 1)
-        omitted_ids = tuple(proj.exchange_ids[:cut])
+        omitted_ids = ExchangeIdRange(0, cut)  # lazy: no per-request copy of every omitted id
         first_item = proj.item_offsets[cut]
         selected_items = (*proj.item_json[first_item : proj.item_offsets[closed]], *open_texts)
         selected_digest = projection_digest(selected_items)
@@ -847,7 +857,7 @@ class _Builder:
         open_item_ids = [f"{open_ex.exchange_id}/{k}" for k in range(len(open_texts))] if open_ex else []
         report = SelectionReport(
             tuple(proj.item_ids[first_item : proj.item_offsets[closed]]) + tuple(open_item_ids),
-            tuple(proj.item_ids[:first_item]),
+            ItemIdRange(proj.item_offsets, 0, first_item),
             tuple(proj.exchange_ids[cut:closed]) + tuple(open_ids),
             omitted_ids,
             categories_from_mask(selected_mask),
@@ -923,7 +933,7 @@ class _Builder:
 
     def _compact(
         self,
-        omitted_ids: tuple[str, ...],
+        omitted_ids: ExchangeIdRange,
         selected_digest: str,
         required_units: int,
         available: int,

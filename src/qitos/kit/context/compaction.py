@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.context import ContextBudget, UnitCounter
-from qitos.core.exchange import Exchange, ExchangeLog
+from qitos.core.exchange import Exchange, ExchangeIdRange, ExchangeLog
 from qitos.core.request_view import (
     CompactionError,
     CompactionReceipt,
@@ -73,7 +73,7 @@ class ClosedExchangeWindowCompactor:
         self, *, exchange_ids: Sequence[str], selected_digest: str, required_units: int, available_units: int
     ) -> CompactionReceipt | None:
         """A receipt for omitting exactly ``exchange_ids``; None if there is nothing to omit."""
-        ids = tuple(exchange_ids)
+        ids = exchange_ids if isinstance(exchange_ids, ExchangeIdRange) else tuple(exchange_ids)
         if not ids:
             return None
         return CompactionReceipt(
