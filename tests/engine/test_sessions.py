@@ -1,0 +1,496 @@
+"""Durable sessions in one process, on real SQLite files (SPEC section 3, seed 001).
+
+Fork, retention, durability modes, integrity checks and storage growth. The cross-process and
+crash tests are in ``test_session_processes.py`` and ``test_session_crash.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import session_agents as sa
+
+from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
+from qitos.core.errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
+from qitos.core.identity import SnapshotIdentity
+from qitos.engine.composition import Composition, compose
+from qitos.engine.hooks import EngineHook, HookContext
+from qitos.models.scripted import ScriptedModel
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "sessions.db")
+
+
+@pytest.fixture
+def side(tmp_path: Path) -> str:
+    return str(tmp_path / "side.log")
+
+
+def _store(composition: Composition) -> CheckpointStore:
+    return composition.runtime.checkpoint_store
+
+
+def _head(composition: Composition, sid: str) -> str:
+    head = _store(composition).get_session_head(sid)
+    assert head is not None
+    return head.snapshot_id
+
+
+def _snapshot_at_step(composition: Composition, sid: str, step: int) -> str:
+    """The newest snapshot of ``sid``'s head chain committed when ``step`` steps were done."""
+    store = _store(composition)
+    for snapshot_id in store.list_session_snapshots(sid):
+        if store.get_snapshot(snapshot_id).payload["step_id"] == step:
+            return snapshot_id
+    raise AssertionError(f"no snapshot at step {step}")
+
+
+def _files_size(path: str) -> int:
+    """The database file and its WAL."""
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+
+
+def _stored_bytes(path: str) -> int:
+    with sqlite3.connect(path) as con:
+        snapshots = con.execute("SELECT COALESCE(SUM(LENGTH(CAST(payload AS BLOB))), 0) FROM snapshots").fetchone()[0]
+        blobs = con.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM blobs").fetchone()[0]
+    return int(snapshots) + int(blobs)
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_a_session_runs_and_inspect_reports_its_durable_head(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side)
+    session = composition.session("Index notes", target=3)
+
+    result = session.run()
+
+    assert result.state.final_result == "3 notes"
+    inspection = session.inspect()
+    assert inspection.head.snapshot_id == _head(composition, session.session_id.value)
+    assert inspection.lifecycle.value == "completed"
+    assert inspection.snapshot_integrity == "verified"
+    assert inspection.task == "Index notes"
+    assert inspection.tool_batch is None
+    assert inspection.budget["used"]["steps"] == 4
+    assert inspection.budget["durability"] == {"mode": "sync", "unflushed_boundaries": 0}
+    assert inspection.work_graph is not None
+    assert [s["work_item"] for s in inspection.work_graph["steps"]] == ["step-0", "step-1", "step-2", "step-3"]
+    assert set(inspection.capabilities) == {
+        "run",
+        "pause",
+        "steer",
+        "fork",
+        "inspect",
+        "approve",
+        "cross_process_restore",
+    }
+
+
+def test_an_in_memory_store_does_not_claim_cross_process_restore(side: str) -> None:
+    composition = sa.make_composition(":unused:", side, store=InMemoryCheckpointStore())
+    session = composition.session("Index notes", target=1)
+
+    assert "cross_process_restore" not in session.capabilities()
+    assert session.run().state.final_result == "1 notes"
+
+
+def test_restoring_an_unknown_session_names_it(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side)
+
+    with pytest.raises(SessionNotFoundError, match="ses-nope"):
+        composition.restore("ses-nope")
+
+
+def test_empty_steering_text_is_refused_and_nothing_is_recorded(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side)
+    session = composition.session("Index notes", target=1)
+
+    with pytest.raises(ConfigurationError, match="steering"):
+        session.steer("  ")
+    assert _store(composition).list_control(session.session_id.value) == []
+
+
+def test_steering_in_process_reaches_the_agent_once(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side)
+    session = composition.session("Index notes", target=3)
+
+    result = session.run(steering="keep it short")
+
+    assert result.state.steering_seen == ["keep it short"]
+    assert composition.restore(session.session_id.value).run().state.steering_seen == ["keep it short"]
+
+
+@pytest.mark.parametrize("agent", ["notes", "model"])
+def test_the_seed_pause_first_tool_policy_pauses_before_the_call_and_a_fresh_engine_resumes(
+    db: str, side: str, agent: str
+) -> None:
+    script = sa.model_script(3)
+    paused_by = sa.make_composition(db, side, agent=agent, model=ScriptedModel(script), lifecycle=sa.PauseFirstTool())
+    session = paused_by.session("Index notes", target=3)
+
+    first = session.run()
+
+    assert first.state.stop_reason == "paused"
+    assert sa.read_side_log(side) == []  # the tool never started
+    batch = session.inspect().tool_batch
+    assert batch is not None and batch.step_id == 0
+    assert [(c.call_id, c.status) for c in batch.calls] == [("s0-append", "not_started"), ("s0-index", "not_started")]
+
+    # A fresh composition (as another process would build) finishes the step without deciding it again.
+    model = ScriptedModel(script[1:])
+    fresh = sa.make_composition(db, side, agent=agent, model=model)
+    result = fresh.restore(session.session_id.value).run()
+
+    assert result.state.stop_reason == "final", result.task_result
+    assert result.state.steps_done == [0, 1, 2]
+    if agent == "model":
+        assert len(model.requests) == 3
+    assert Counter(call for event, _, call in sa.read_side_log(side) if event == "begin") == Counter(
+        f"s{s}-{t}" for s in range(3) for t in ("append", "index")
+    )
+
+
+# --------------------------------------------------------------------------- fork
+
+
+def _paused_parent(db: str, side: str, *, steps: int, target: int = 10, **kwargs: Any) -> tuple[Composition, Any]:
+    pausing = sa.make_composition(db, side, lifecycle=sa.PauseAtStep(steps), **kwargs)
+    session = pausing.session("Index notes", target=target)
+    assert session.run().state.stop_reason == "paused"
+    plain = sa.make_composition(db, side, **kwargs)
+    return plain, plain.restore(session.session_id.value)
+
+
+def test_fork_with_the_same_operation_id_returns_the_same_child(db: str, side: str) -> None:
+    composition, parent = _paused_parent(db, side, steps=3)
+    sid = parent.session_id.value
+    head = _head(composition, sid)
+
+    first = parent.fork(operation_id="op-1")
+    again = parent.fork(operation_id="op-1")
+    via_composition = composition.fork(sid, operation_id="op-1")
+    other = parent.fork(operation_id="op-2")
+    anonymous = [parent.fork(), parent.fork()]
+
+    assert first.session_id.value == again.session_id.value == via_composition.session_id.value
+    assert first.session_id.value != sid
+    assert other.session_id.value != first.session_id.value
+    assert anonymous[0].session_id.value != anonymous[1].session_id.value
+    receipt = first.fork_receipt
+    assert receipt is not None
+    assert (receipt.parent_session_id, receipt.parent_snapshot_id) == (sid, head)
+    assert receipt.operation_id == "op-1"
+    assert _head(composition, sid) == head  # forking never moves the parent's head
+    assert len(_store(composition).list_sessions()) == 1 + 2 + 2
+
+
+def test_a_forked_child_and_its_parent_run_in_isolation(db: str, side: str) -> None:
+    composition, parent = _paused_parent(db, side, steps=4)
+    sid = parent.session_id.value
+    parent_head = _head(composition, sid)
+    child = parent.fork(operation_id="iso")
+    child_head = _head(composition, child.session_id.value)
+
+    child_result = child.run()
+
+    assert child_result.state.steps_done == list(range(10))
+    assert child_result.records[0].step_id == 4  # the child continues where the parent stood
+    assert _head(composition, sid) == parent_head
+
+    parent_result = parent.run(steering="parent only")
+
+    assert parent_result.state.steering_seen == ["parent only"]
+    assert _head(composition, child.session_id.value) != child_head  # moved by the child's own run only
+    child_again = composition.restore(child.session_id.value)
+    assert child_again.inspect().head.snapshot_id == _head(composition, child.session_id.value)
+    assert child_again.run().state.steering_seen == []  # the parent's steering never reached the child
+    assert child_again.inspect().snapshot_integrity == "verified"
+    assert parent.inspect().snapshot_integrity == "verified"
+
+
+def test_fork_of_an_older_snapshot_starts_from_that_snapshot(db: str, side: str) -> None:
+    composition, parent = _paused_parent(db, side, steps=6)
+    sid = parent.session_id.value
+    older = _snapshot_at_step(composition, sid, 2)
+
+    by_id = parent.fork(older)
+    by_identity = parent.fork(SnapshotIdentity(older))
+    by_snapshot = parent.fork(_store(composition).get_snapshot(older))
+
+    for child in (by_id, by_identity, by_snapshot):
+        assert child.fork_receipt is not None and child.fork_receipt.parent_snapshot_id == older
+        assert child.inspect().budget["used"]["steps"] == 2
+    result = by_id.run()
+    assert result.records[0].step_id == 2
+    assert result.state.steps_done == list(range(10))
+    assert parent.inspect().budget["used"]["steps"] == 6
+
+
+def test_fork_of_an_unknown_snapshot_names_it(db: str, side: str) -> None:
+    _, parent = _paused_parent(db, side, steps=1)
+
+    with pytest.raises(SnapshotNotFoundError, match="0" * 64):
+        parent.fork("0" * 64)
+
+
+def test_a_fork_shares_its_parents_storage(db: str, side: str) -> None:
+    _, parent = _paused_parent(db, side, steps=20, target=25, note_bytes=2048)
+    before = _stored_bytes(db)
+    assert before > 40 * 1024
+
+    child = parent.fork(operation_id="cheap")
+
+    added = _stored_bytes(db) - before
+    assert added < 2048, f"the fork copied {added} bytes of a {before}-byte history"
+    assert child.inspect().snapshot_integrity == "verified"
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def test_prune_and_vacuum_keep_every_reachable_snapshot_restorable_and_drop_the_rest(
+    db: str, side: str, tmp_path: Path
+) -> None:
+    composition, parent = _paused_parent(db, side, steps=8, target=12, note_bytes=512)
+    sid = parent.session_id.value
+    at_head = parent.fork(operation_id="at-head")
+    older = _snapshot_at_step(composition, sid, 3)
+    from_older = parent.fork(older, operation_id="older")
+    at_head.run()
+    # A session waiting for approval with a step in progress: its pending writes must survive too.
+    approval = sa.make_composition(db, str(tmp_path / "approval.log"), approval_at=0)
+    waiting = approval.session("Publish", target=2)
+    assert waiting.run().state.stop_reason == "awaiting_approval"
+    # A session whose head row is gone (there is no public delete): its snapshots are unreachable.
+    doomed = composition.session("Doomed", target=4)
+    doomed.run()
+    store = _store(composition)
+    doomed_chain = store.list_session_snapshots(doomed.session_id.value)
+    named = doomed_chain[1]  # kept by name, with the ancestors it needs
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM heads WHERE session_id = ?", (doomed.session_id.value,))
+    size_before = _files_size(db)
+
+    report = store.prune(keep=[named])
+    store.vacuum()
+
+    assert report.deleted_snapshots == 1  # the doomed head, the only snapshot newer than `named`
+    with pytest.raises(SnapshotNotFoundError):
+        store.get_snapshot(doomed_chain[0])
+    assert store.load_chain(named)[-1].snapshot_id == named
+    assert _files_size(db) < size_before
+    for session in (parent, at_head, from_older):
+        again = composition.restore(session.session_id.value)
+        assert again.inspect().snapshot_integrity == "verified"
+        assert again.run().state.steps_done == list(range(12))
+    assert composition.restore(sid).fork(older).inspect().snapshot_integrity == "verified"
+    waiting.approve("s0-publish")
+    done = approval.restore(waiting.session_id.value).run()
+    assert done.state.steps_done == [0, 1]
+    begins = Counter(c for e, _, c in sa.read_side_log(tmp_path / "approval.log") if e == "begin")
+    assert begins["s0-append"] == begins["s0-index"] == begins["s0-publish"] == 1
+
+
+# --------------------------------------------------------------------------- durability modes
+
+
+class _Lag(EngineHook):
+    """Records the durability lag that ``inspect()`` reports after each step and at tool decisions."""
+
+    def __init__(self) -> None:
+        self.session: Any = None
+        self.after_step: list[dict[str, Any]] = []
+        self.at_tool_decisions: list[int] = []
+
+    def on_step_end(self, ctx: HookContext) -> None:
+        self.after_step.append(dict(self.session.inspect().budget["durability"]))
+
+    def on_after_decide(self, ctx: HookContext) -> None:
+        if ctx.decision.mode == "act":
+            self.at_tool_decisions.append(self.session.inspect().budget["durability"]["unflushed_boundaries"])
+
+
+def _commits(composition: Composition, sid: str) -> int:
+    return len(_store(composition).list_session_snapshots(sid)) - 1  # minus the creation snapshot
+
+
+def test_batched_mode_group_commits_and_inspect_shows_the_lag(db: str, side: str) -> None:
+    target, batch = 20, 4
+    sync = sa.make_composition(db, side, tools_every=0)
+    sync_session = sync.session("Index notes", target=target)
+    sync_result = sync_session.run()
+    lag = _Lag()
+    batched = sa.make_composition(
+        db, side, tools_every=0, durability="batched", batch_steps=batch, batch_ms=60_000, hooks=[lag]
+    )
+    session = batched.session("Index notes", target=target)
+    lag.session = session
+
+    result = session.run()
+
+    assert result.state.to_dict() == sync_result.state.to_dict()
+    sync_commits = _commits(sync, sync_session.session_id.value)
+    batched_commits = _commits(batched, session.session_id.value)
+    assert sync_commits == target + 2  # every step, the final step, the end of the run
+    assert batched_commits <= -(-(target + 1) // batch) + 2, batched_commits
+    unflushed = [d["unflushed_boundaries"] for d in lag.after_step]
+    assert {d["mode"] for d in lag.after_step} == {"batched"}
+    assert max(unflushed) == batch - 1
+    assert unflushed[: 2 * batch] == [1, 2, 3, 0, 1, 2, 3, 0]
+    assert session.inspect().budget["durability"]["unflushed_boundaries"] == 0
+    restored = batched.restore(session.session_id.value).inspect()
+    assert restored.snapshot_integrity == "verified"
+    assert restored.budget["used"]["steps"] == target + 1
+
+
+def test_batched_mode_flushes_before_any_step_that_calls_tools(db: str, side: str) -> None:
+    lag = _Lag()
+    composition = sa.make_composition(
+        db, side, tools_every=3, durability="batched", batch_steps=50, batch_ms=60_000, hooks=[lag]
+    )
+    session = composition.session("Index notes", target=10)
+    lag.session = session
+
+    result = session.run()
+
+    assert result.state.steps_done == list(range(10))
+    assert lag.at_tool_decisions == [0, 0, 0, 0]  # steps 0, 3, 6, 9: nothing buffered when tools run
+
+
+def test_batched_mode_also_commits_when_the_time_limit_passes(db: str, side: str) -> None:
+    composition = sa.make_composition(
+        db, side, tools_every=0, decide_sleep=0.004, durability="batched", batch_steps=1000, batch_ms=10
+    )
+    session = composition.session("Index notes", target=30)
+
+    session.run()
+
+    commits = _commits(composition, session.session_id.value)
+    assert 3 <= commits < 30
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"durability": "eventually"}, "durability must be 'sync' or 'batched'"),
+        ({"durability": "batched", "batch_steps": 0}, "batch_steps"),
+        ({"durability": "batched", "batch_ms": 0}, "batch_ms"),
+    ],
+)
+def test_a_bad_durability_setting_is_refused_naming_it(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        compose(agent=lambda: sa.NotesAgent(os.devnull), store=InMemoryCheckpointStore(), **kwargs)
+
+
+# --------------------------------------------------------------------------- integrity
+
+
+def _rewrite_payload(db: str, snapshot_id: str, change: Any) -> None:
+    """Change the stored payload of one snapshot row directly (schema: sqlite_store migrations)."""
+    with sqlite3.connect(db) as con:
+        encoding, payload = con.execute(
+            "SELECT encoding, CAST(payload AS BLOB) FROM snapshots WHERE snapshot_id = ?", (snapshot_id,)
+        ).fetchone()
+        stored: str | bytes
+        if encoding == "zlib":
+            stored = zlib.compress(change(zlib.decompress(payload)))
+        else:
+            new = change(payload)
+            try:
+                stored = new.decode("utf-8")
+            except UnicodeDecodeError:
+                stored = new  # not even text
+        con.execute("UPDATE snapshots SET payload = ? WHERE snapshot_id = ?", (stored, snapshot_id))
+
+
+def _completed(db: str, side: str, target: int = 6) -> tuple[Composition, Any]:
+    composition = sa.make_composition(db, side)
+    session = composition.session("Index notes", target=target)
+    session.run()
+    return composition, session
+
+
+@pytest.mark.parametrize("which", ["head", "middle", "base"])
+def test_a_corrupted_snapshot_is_detected_on_run_and_fork_and_reported_by_inspect(
+    db: str, side: str, which: str
+) -> None:
+    composition, session = _completed(db, side)
+    sid = session.session_id.value
+    chain = _store(composition).list_session_snapshots(sid)
+    victim = {"head": chain[0], "middle": chain[len(chain) // 2], "base": chain[-1]}[which]
+    _rewrite_payload(db, victim, lambda raw: raw.replace(b'"step_id":', b'"step_id": ', 1))
+
+    inspection = composition.restore(sid).inspect()
+
+    assert inspection.snapshot_integrity != "verified"
+    assert victim in inspection.snapshot_integrity
+    with pytest.raises(SnapshotIntegrityError) as on_run:
+        composition.restore(sid).run(steering="go on")
+    assert on_run.value.snapshot_id == victim and victim in str(on_run.value)
+    with pytest.raises(SnapshotIntegrityError) as on_fork:
+        session.fork(operation_id="from-corrupt")
+    assert on_fork.value.snapshot_id == victim
+    assert _store(composition).find_session_by_operation("from-corrupt") is None
+
+
+def test_payload_bytes_that_are_not_text_are_detected_naming_the_snapshot(db: str, side: str) -> None:
+    composition, session = _completed(db, side)
+    sid = session.session_id.value
+    victim = _head(composition, sid)
+    _rewrite_payload(db, victim, lambda raw: b"\xff\xfe" + raw[2:])
+
+    assert victim in composition.restore(sid).inspect().snapshot_integrity
+    with pytest.raises(SnapshotIntegrityError, match=victim):
+        composition.restore(sid).run()
+
+
+def test_a_corrupted_exchange_log_blob_is_reported_by_inspect_not_raised(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side, agent="model", model=ScriptedModel(sa.model_script(3)))
+    session = composition.session("Index notes", target=3)
+    session.run()
+    store = _store(composition)
+    chunks = [
+        s.payload["log"]["chunk"]
+        for s in store.load_chain(_head(composition, session.session_id.value))
+        if s.payload["log"].get("chunk")
+    ]
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE blobs SET data = ? WHERE digest = ?", (zlib.compress(b"[]"), chunks[0]))
+
+    with pytest.raises(CheckpointError, match=chunks[0]):
+        composition.restore(session.session_id.value).run()
+    with pytest.raises(CheckpointError, match=chunks[0]):
+        session.fork()
+    integrity = session.inspect().snapshot_integrity
+    assert integrity != "verified" and chunks[0] in integrity
+
+
+# --------------------------------------------------------------------------- storage growth
+
+
+def test_a_thousand_steps_appending_a_kib_each_keep_the_database_small(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side, tools_every=0, note_bytes=1024)
+    session = composition.session("Grow", target=1000)
+
+    result = session.run()
+
+    assert len(result.state.notes) == 1000
+    store = _store(composition)
+    store.close()
+    with sqlite3.connect(db) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = os.path.getsize(db)
+    assert size <= 2.5 * 1024 * 1024, f"{size / 1e6:.2f} MB after 1000 steps of 1 KiB"
+    again = sa.make_composition(db, side, tools_every=0, note_bytes=1024).restore(session.session_id.value)
+    assert again.inspect().snapshot_integrity == "verified"
