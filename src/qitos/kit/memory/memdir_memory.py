@@ -60,14 +60,17 @@ def filter_records(records: Iterable[MemoryRecord], query: Mapping[str, Any] | N
     max_items = query.get("max_items", 50)
     if max_items is not None and (not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 0):
         raise ValueError(f"memory query: 'max_items' must be an int >= 0 or None, got {max_items!r}")
-    out = [
-        r
-        for r in records
-        if (role_set is None or r.role in role_set)
-        and (wanted_type is None or r.metadata.get("type") == wanted_type)
-        and (not contains or contains in str(r.content).lower())
-        and (id_set is None or r.record_id in id_set)
-    ]
+    if role_set is None and wanted_type is None and not contains and id_set is None:
+        out = list(records)
+    else:
+        out = [
+            r
+            for r in records
+            if (role_set is None or r.role in role_set)
+            and (wanted_type is None or r.metadata.get("type") == wanted_type)
+            and (not contains or contains in str(r.content).lower())
+            and (id_set is None or r.record_id in id_set)
+        ]
     if max_items:
         out = out[-max_items:]
     return out
@@ -79,7 +82,6 @@ class _Cached:
     record: MemoryRecord | None
     sort_key: tuple[int, str, str]
     scope: str
-    epoch: int
 
 
 class MemdirMemory:
@@ -109,7 +111,7 @@ class MemdirMemory:
         self.max_index_chars = max_index_chars
         self._recent: list[MemoryRecord] = []
         self._cache: dict[str, _Cached] = {}
-        self._epoch = 0
+        self._keys: dict[str, tuple[int, int, int, int]] = {}
         self._ordered: list[MemoryRecord] | None = None
         if create:
             self._ensure_layout()
@@ -242,30 +244,31 @@ class MemdirMemory:
         roots = [("local", self.memory_dir)]
         if self.global_memory_dir is not None:
             roots.append(("global", self.global_memory_dir))
-        cache = self._cache
-        seen = 0
-        changed = False
+        current: dict[str, tuple[int, int, int, int]] = {}
+        scopes: dict[str, tuple[str, Path]] = {}
         for scope, root in roots:
-            for path_text, key in _walk(str(root)):
-                seen += 1
-                cached = cache.get(path_text)
-                if cached is None or cached.key != key:
-                    record = _read_record(Path(path_text), root, scope, key[0])
-                    sort_key = (
-                        (record.step_id, str(record.metadata.get("created_at", "")), record.record_id)
-                        if record
-                        else (0, "", "")
-                    )
-                    cache[path_text] = _Cached(key=key, record=record, sort_key=sort_key, scope=scope, epoch=0)
-                    changed = True
-                cache[path_text].epoch = self._epoch + 1
-        self._epoch += 1
-        if seen != len(cache):
-            changed = True
-            for gone in [p for p, c in cache.items() if c.epoch != self._epoch]:
-                del cache[gone]
-        if changed or self._ordered is None:
-            self._ordered = self._order()
+            found = _walk(str(root))
+            current.update(found)
+            if scope == "global":
+                scopes.update(dict.fromkeys(found, (scope, root)))
+        if current == self._keys and self._ordered is not None:
+            return self._ordered  # nothing was added, removed or touched since the last scan
+        cache = self._cache
+        for path_text, key in current.items():
+            cached = cache.get(path_text)
+            if cached is None or cached.key != key:
+                scope, root = scopes.get(path_text, ("local", self.memory_dir))
+                record = _read_record(Path(path_text), root, scope, key[0])
+                sort_key = (
+                    (record.step_id, str(record.metadata.get("created_at", "")), record.record_id)
+                    if record
+                    else (0, "", "")
+                )
+                cache[path_text] = _Cached(key=key, record=record, sort_key=sort_key, scope=scope)
+        for gone in cache.keys() - current.keys():
+            del cache[gone]
+        self._keys = current
+        self._ordered = self._order()
         return self._ordered
 
     def _order(self) -> list[MemoryRecord]:
@@ -330,35 +333,35 @@ def _memory_type(record: MemoryRecord) -> str:
     return role if role in ("feedback", "user", "reference") else "project"
 
 
-def _walk(root: str) -> Iterable[tuple[str, tuple[int, int, int, int]]]:
-    """``(path, (mtime_ns, ctime_ns, size, inode))`` of the regular ``*.md`` files under root (not
+def _walk(root: str) -> dict[str, tuple[int, int, int, int]]:
+    """``{path: (mtime_ns, ctime_ns, size, inode)}`` of the regular ``*.md`` files under root (not
     MEMORY.md, not dotfiles). Symlinks are never followed: a linked file or folder is skipped."""
+    out: dict[str, tuple[int, int, int, int]] = {}
     stack = [root]
-    lstat = os.stat
+    lstat, is_reg = os.stat, stat_mod.S_ISREG
     while stack:
         folder = stack.pop()
         try:
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except (FileNotFoundError, NotADirectoryError, OSError):
+        except OSError:
             continue
         try:
             with os.scandir(fd) as entries:
-                names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries if not e.name.startswith(".")]
+                names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries if e.name[0] != "."]
             prefix = folder + os.sep
             for name, is_dir in names:
                 if is_dir:
                     stack.append(prefix + name)
-                    continue
-                if not name.endswith(".md") or (folder == root and name == _INDEX):
-                    continue
-                try:
-                    st = lstat(name, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if stat_mod.S_ISREG(st.st_mode):
-                    yield prefix + name, (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+                elif name.endswith(".md") and not (name == _INDEX and folder == root):
+                    try:
+                        st = lstat(name, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if is_reg(st.st_mode):
+                        out[prefix + name] = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
         finally:
             os.close(fd)
+    return out
 
 
 def _read_record(path: Path, root: Path, scope: str, mtime_ns: int) -> MemoryRecord | None:
