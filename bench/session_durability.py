@@ -1,0 +1,389 @@
+"""Cost of a durable session step, side by side with LangGraph 1.2 SqliteSaver, in one run.
+
+    .venv/bin/python bench/session_durability.py [--n 1000] [--no-langgraph]
+
+Workload (the same on both sides): N steps, each appending 1 KiB of new text to the state. The 1 KiB
+chunks are random letters seeded by the step (unique, not trivially compressible) and are built
+before timing starts.
+
+- qitos: a session of an ``AgentModule`` whose ``decide`` hook appends the chunk to a list field
+  and returns ``Decision.wait`` (no tool); ``reduce`` changes nothing. Sessions are durable on
+  ``SqliteCheckpointStore`` (WAL, ``synchronous=NORMAL``), once with ``durability="sync"`` (commit
+  every boundary) and once with ``durability="batched"`` (16 boundaries / 50 ms per group commit).
+- LangGraph 1.2 (``langgraph==1.2.24`` + ``langgraph-checkpoint-sqlite``) in its own venv
+  (``bench/.venvs/langgraph``, created and completed by this script when something is missing): a
+  two-node graph ``decide -> act -> decide ...``; ``decide`` appends the chunk through an
+  ``operator.add`` channel, ``act`` is a no-op that counts the step; ``SqliteSaver`` on a WAL
+  connection with ``synchronous=NORMAL``, ``durability="sync"``. One step = one decide/act cycle.
+- anchor: a raw SQLite WAL autocommit ``INSERT`` of 1 KiB (``synchronous=NORMAL``).
+
+Per-step time: the time between consecutive step ends (a qitos ``on_step_end`` hook; LangGraph's
+``act`` updates in ``stream_mode="updates"``); the mean is the whole run divided by N. Database size:
+the main file after a ``wal_checkpoint(TRUNCATE)``. Restore: a fresh process (subprocess) times,
+after its imports, opening the store and rebuilding the head's state (qitos: ``Composition.restore``
+plus the head chain's materialization, ``session_runtime._restore`` + ``from_dict``; LangGraph:
+compiling the graph and ``get_state``); median of three processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.core.agent_module import AgentModule
+from qitos.core.decision import Decision
+from qitos.core.state import StateSchema
+from qitos.engine.composition import compose
+from qitos.engine.hooks import EngineHook, HookContext
+
+HERE = Path(__file__).resolve().parent
+LANGGRAPH_VENV = HERE / ".venvs" / "langgraph"
+LANGGRAPH_PINS = {"langgraph": "1.2.24", "langgraph-checkpoint-sqlite": None}
+KIB = 1024
+MB = 1_000_000
+TARGETS = {"us_per_step": 100.0, "ratio": 30.0, "drift": 1.5, "db_mb": 2.5, "restore_ms": 2.0}
+
+
+def chunks(n: int) -> list[str]:
+    """N distinct 1 KiB texts (random letters and spaces, seeded by the step)."""
+    letters = string.ascii_letters + " "
+    return ["".join(random.Random(i).choices(letters, k=KIB)) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- the qitos side
+
+
+@dataclass
+class BenchState(StateSchema):
+    """The benchmark state: the appended chunks."""
+
+    items: list[str] = field(default_factory=list)
+
+
+class BenchAgent(AgentModule[BenchState, Any, Any]):
+    """Appends one precomputed 1 KiB chunk per step in ``decide``; no tool; then answers."""
+
+    def __init__(self, data: list[str] | None = None) -> None:
+        super().__init__()
+        self.data = data or []
+
+    def init_state(self, task: str, **kwargs: Any) -> BenchState:
+        n = int(kwargs.get("n", len(self.data)))
+        return BenchState(task=task, max_steps=n + 2)
+
+    def decide(self, state: BenchState, observation: Any) -> Decision[Any]:
+        step = state.current_step
+        if step >= len(self.data):
+            return Decision.final("done")
+        state.items.append(self.data[step])
+        return Decision.wait()
+
+    def reduce(self, state: BenchState, observation: Any, decision: Decision[Any]) -> BenchState:
+        return state
+
+
+class StepClock(EngineHook):
+    """Records ``perf_counter`` at every step end."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_step_end(self, ctx: HookContext) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def _db_size(path: Path) -> int:
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path.stat().st_size
+
+
+def _step_times(start: float, ends: list[float], n: int) -> list[float]:
+    marks = [start, *ends[:n]]
+    return [b - a for a, b in itertools.pairwise(marks)]
+
+
+def run_qitos(n: int, data: list[str], workdir: Path, durability: str) -> dict[str, Any]:
+    """Run one durable session of N steps; per-step times, size, and restore in a fresh process."""
+    path = workdir / f"qitos-{durability}.db"
+    clock = StepClock()
+    store = SqliteCheckpointStore(path)
+    composition = compose(agent=lambda: BenchAgent(data), store=store, durability=durability, hooks=[clock])
+    session = composition.session("bench", n=n)
+    cpu = time.process_time()
+    start = time.perf_counter()
+    result = session.run()
+    total = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    if len(result.state.items) != n or result.state.final_result != "done":
+        raise SystemExit(f"qitos {durability}: the run did not finish its {n} appends: {result.task_result}")
+    snapshots = len(store.list_session_snapshots(session.session_id.value))
+    store.close()
+    steps = _step_times(start, clock.ends, n)
+    restores = [_restore_child([sys.executable, __file__, "--restore-child", str(path), session.session_id.value])]
+    restores += [_restore_child(restores[0]["argv"]) for _ in range(2)]
+    if any(r["items"] != n for r in restores):
+        raise SystemExit(f"qitos restore rebuilt the wrong state: {restores}")
+    return {
+        "mean_us": total / n * 1e6,
+        "cpu_us": cpu / n * 1e6,
+        "first_us": statistics.fmean(steps[:100]) * 1e6,
+        "last_us": statistics.fmean(steps[-100:]) * 1e6,
+        "db_bytes": _db_size(path),
+        "restore_ms": statistics.median(r["ms"] for r in restores),
+        "chain": restores[0]["chain"],
+        "commits": snapshots - 1,
+    }
+
+
+def _restore_child(argv: list[str]) -> dict[str, Any]:
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"restore process failed: {argv}\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["argv"] = argv
+    return result
+
+
+def restore_child(db: str, session_id: str) -> None:
+    """In a fresh process: time opening the store and rebuilding the head's state (after imports)."""
+    from qitos.engine.session_runtime import _restore
+
+    start = time.perf_counter()
+    store = SqliteCheckpointStore(db)
+    session = compose(agent=BenchAgent, store=store).restore(session_id)
+    head = store.get_session_head(session_id)
+    assert head is not None
+    restored = _restore(store, session_id, head.snapshot_id)
+    state = session.state_type.from_dict(restored.state_data)
+    elapsed = time.perf_counter() - start
+    chain = len(store.load_chain(head.snapshot_id))
+    print(json.dumps({"ms": elapsed * 1e3, "items": len(state.items), "chain": chain}))
+
+
+# --------------------------------------------------------------------------- the raw SQLite anchor
+
+
+def run_raw_sqlite(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
+    """N autocommit INSERTs of 1 KiB into a WAL table with synchronous=NORMAL."""
+    path = workdir / "raw.db"
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, data TEXT)")
+    start = time.perf_counter()
+    for item in data[:n]:
+        con.execute("INSERT INTO t (data) VALUES (?)", (item,))
+    total = time.perf_counter() - start
+    con.close()
+    return {"mean_us": total / n * 1e6}
+
+
+# --------------------------------------------------------------------------- the LangGraph side
+
+LANGGRAPH_SCRIPT = r"""
+import json, operator, random, sqlite3, statistics, string, sys, time
+from typing import Annotated, TypedDict
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+
+mode, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+imported = time.perf_counter()
+
+
+class State(TypedDict):
+    items: Annotated[list[str], operator.add]
+    step: int
+
+
+def build(data):
+    def decide(state):
+        return {"items": [data[state["step"]]]}
+
+    def act(state):
+        return {"step": state["step"] + 1}
+
+    graph = StateGraph(State)
+    graph.add_node("decide", decide)
+    graph.add_node("act", act)
+    graph.add_edge(START, "decide")
+    graph.add_edge("decide", "act")
+    graph.add_conditional_edges("act", lambda s: END if s["step"] >= n else "decide")
+    con = sqlite3.connect(path, check_same_thread=False)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+    return graph.compile(checkpointer=SqliteSaver(con)), con
+
+
+config = {"configurable": {"thread_id": "bench"}, "recursion_limit": 2 * n + 10}
+if mode == "run":
+    letters = string.ascii_letters + " "
+    data = ["".join(random.Random(i).choices(letters, k=1024)) for i in range(n)]
+    app, con = build(data)
+    ends = []
+    cpu = time.process_time()
+    start = time.perf_counter()
+    for update in app.stream({"items": [], "step": 0}, config, stream_mode="updates", durability="sync"):
+        if "act" in update:
+            ends.append(time.perf_counter())
+    total = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    state = app.get_state(config).values
+    assert len(state["items"]) == n and state["step"] == n, (len(state["items"]), state["step"])
+    marks = [start, *ends]
+    steps = [b - a for a, b in zip(marks, marks[1:])]
+    con.close()
+    print(json.dumps({
+        "mean_us": total / n * 1e6,
+        "cpu_us": cpu / n * 1e6,
+        "first_us": statistics.fmean(steps[:100]) * 1e6,
+        "last_us": statistics.fmean(steps[-100:]) * 1e6,
+    }))
+else:
+    start = time.perf_counter()
+    app, con = build([])
+    state = app.get_state(config).values
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"ms": elapsed * 1e3, "items": len(state["items"])}))
+"""
+
+
+def ensure_langgraph_venv() -> Path:
+    """bench/.venvs/langgraph with the pinned LangGraph and the SQLite saver; installs what is missing."""
+    python = LANGGRAPH_VENV / "bin" / "python"
+    if not python.exists():
+        base = shutil.which("python3") or sys.executable
+        print(f"creating {LANGGRAPH_VENV} ...", flush=True)
+        subprocess.run([base, "-m", "venv", str(LANGGRAPH_VENV)], check=True)
+    probe = (
+        "import importlib.metadata as m, json\n"
+        "out = {}\n"
+        "for name in ('langgraph', 'langgraph-checkpoint-sqlite'):\n"
+        "    try: out[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError: out[name] = None\n"
+        "print(json.dumps(out))\n"
+    )
+    found = json.loads(subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout)
+    missing = [
+        f"{name}=={pin}" if pin else name
+        for name, pin in LANGGRAPH_PINS.items()
+        if found.get(name) is None or (pin is not None and found[name] != pin)
+    ]
+    if missing:
+        print(f"installing into {LANGGRAPH_VENV}: {' '.join(missing)}", flush=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *missing], check=True)
+    return python
+
+
+def run_langgraph(n: int, workdir: Path) -> dict[str, Any]:
+    """The LangGraph side, in its own venv; returns the same figures as :func:`run_qitos`."""
+    python = str(ensure_langgraph_venv())
+    path = workdir / "langgraph.db"
+    out = subprocess.run(
+        [python, "-c", LANGGRAPH_SCRIPT, "run", str(path), str(n)], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"the LangGraph run failed:\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    argv = [python, "-c", LANGGRAPH_SCRIPT, "restore", str(path), str(n)]
+    restores = [_restore_child(argv) for _ in range(3)]
+    if any(r["items"] != n for r in restores):
+        raise SystemExit(f"LangGraph restore rebuilt the wrong state: {restores}")
+    result["restore_ms"] = statistics.median(r["ms"] for r in restores)
+    result["db_bytes"] = _db_size(path)
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def report(
+    n: int, sync: dict[str, Any], batched: dict[str, Any], raw: dict[str, Any], lg: dict[str, Any] | None
+) -> None:
+    """Print the table, the ratios and the targets."""
+    cols = [("qitos sync", sync), ("qitos batched", batched)] + ([("LangGraph sync", lg)] if lg else [])
+    rows = [
+        ("µs per step (mean)", "mean_us", "{:,.0f}"),
+        ("CPU µs per step (mean)", "cpu_us", "{:,.0f}"),
+        ("µs per step, first 100", "first_us", "{:,.0f}"),
+        ("µs per step, last 100", "last_us", "{:,.0f}"),
+        ("database size (MB)", "db_bytes", "{:,.2f}"),
+        ("restore in a fresh process (ms)", "restore_ms", "{:,.2f}"),
+    ]
+    print(f"\nDurable session steps: N={n}, 1 KiB appended per step, SQLite WAL synchronous=NORMAL\n")
+    print(f"{'':34}" + "".join(f"{name:>16}" for name, _ in cols))
+    for label, key, fmt in rows:
+        cells = []
+        for _, figures in cols:
+            value = figures[key] / MB if key == "db_bytes" else figures[key]
+            cells.append(f"{fmt.format(value):>16}")
+        print(f"{label:34}" + "".join(cells))
+    print(f"{'last 100 / first 100':34}" + "".join(f"{f['last_us'] / f['first_us']:>16.2f}" for _, f in cols))
+    print(f"{'snapshots committed':34}{sync['commits']:>16}{batched['commits']:>16}")
+    print(f"{'snapshots read to restore the head':34}{sync['chain']:>16}{batched['chain']:>16}")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\nmachine: raw SQLite WAL autocommit INSERT of 1 KiB {raw['mean_us']:.1f} µs; load average {load}")
+    if lg:
+        print("\nratios (LangGraph / qitos)")
+        pairs = (("µs per step", "mean_us"), ("CPU per step", "cpu_us"), ("database size", "db_bytes"))
+        for label, key in (*pairs, ("restore", "restore_ms")):
+            print(f"  {label:16} sync {lg[key] / sync[key]:>10,.1f}x   batched {lg[key] / batched[key]:>10,.1f}x")
+    print("\ntargets (qitos sync)")
+    checks = [
+        (f"<= {TARGETS['us_per_step']:.0f} µs per durable step", sync["mean_us"] <= TARGETS["us_per_step"]),
+        (
+            f">= {TARGETS['ratio']:.0f}x less than LangGraph per step",
+            None if lg is None else lg["mean_us"] / sync["mean_us"] >= TARGETS["ratio"],
+        ),
+        (f"last 100 within {TARGETS['drift']}x of first 100", sync["last_us"] <= TARGETS["drift"] * sync["first_us"]),
+        (f"database <= {TARGETS['db_mb']} MB after {n} steps", sync["db_bytes"] <= TARGETS["db_mb"] * MB),
+        (f"restore <= {TARGETS['restore_ms']:.0f} ms after import", sync["restore_ms"] <= TARGETS["restore_ms"]),
+    ]
+    for label, ok in checks:
+        print(f"  {'n/a ' if ok is None else _verdict(ok)}  {label}")
+
+
+def main() -> None:
+    """Run both sides and print the comparison."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000, help="steps per run (default 1000)")
+    parser.add_argument("--no-langgraph", action="store_true", help="skip the LangGraph side")
+    parser.add_argument("--restore-child", nargs=2, metavar=("DB", "SESSION"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.restore_child:
+        restore_child(*args.restore_child)
+        return
+    if args.n < 200:
+        parser.error("--n must be at least 200 (first and last 100 steps are compared)")
+    data = chunks(args.n)
+    with tempfile.TemporaryDirectory(prefix="qitos-durability-") as tmp:
+        workdir = Path(tmp)
+        raw = run_raw_sqlite(args.n, data, workdir)
+        sync = run_qitos(args.n, data, workdir, "sync")
+        batched = run_qitos(args.n, data, workdir, "batched")
+        lg = None if args.no_langgraph else run_langgraph(args.n, workdir)
+        report(args.n, sync, batched, raw, lg)
+
+
+if __name__ == "__main__":
+    main()
