@@ -1,0 +1,212 @@
+"""``qitos run MODULE:Class "task"``: models, sessions, budgets, failures and usage errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qitos.trace import open_run
+
+RUN_KEYS = {"run_id", "session_id", "status", "stop_reason", "steps", "final_result", "tokens", "run_dir", "error"}
+SECRET = "sk-test-0123456789abcdef"
+
+
+def _script(workdir: Path, responses: list[Any], name: str = "script.json") -> str:
+    (workdir / name).write_text(json.dumps(responses), encoding="utf-8")
+    return f"scripted:{name}"
+
+
+ECHO_THEN_ANSWER = [{"tool_calls": [{"name": "echo", "arguments": {"text": "hi there"}}]}, "all done"]
+
+
+def test_run_with_a_scripted_model_file_takes_the_model_path(cli: Any, workdir: Path) -> None:
+    model = _script(workdir, ECHO_THEN_ANSWER)
+    data = cli.json("run", "cli_agents:ModelAgent", "say hi", "--model", model, "--json")
+    assert set(data) == RUN_KEYS
+    assert (data["status"], data["stop_reason"], data["steps"], data["final_result"]) == (
+        "completed",
+        "final",
+        2,
+        "all done",
+    )
+    assert data["session_id"] is None
+    steps = open_run(data["run_dir"]).steps()
+    assert steps[0]["results"][0]["output"] == "hi there"
+    assert steps[0]["request_view"]["exchanges"]["selected"]
+
+
+def test_run_human_output_shows_the_call_its_result_and_the_answer(cli: Any, workdir: Path) -> None:
+    model = _script(workdir, ECHO_THEN_ANSWER)
+    out = cli.run("run", "cli_agents:ModelAgent", "say hi", "--model", model, code=0).stdout
+    assert 'echo(text="hi there")' in out
+    assert "ok  echo: hi there" in out
+    assert "context " in out  # the request's budget use
+    assert "answer:\nall done" in out
+    assert "trace: " in out
+
+
+def test_run_prints_tool_output_and_answers_literally_never_as_markup(cli: Any, workdir: Path) -> None:
+    out = cli.run("run", "cli_agents:MarkupAgent", "t", code=0).stdout
+    assert "[bold red]not markup[/] <script>x()</script>" in out
+    assert "[link=http://evil]click[/link]" in out
+
+
+def test_run_with_a_session_db_creates_a_resumable_session(cli: Any, workdir: Path) -> None:
+    data = cli.json("run", "cli_agents:ApprovalAgent", "publish", "--session-db", "s.db", "--json")
+    assert data["session_id"].startswith("ses_")
+    assert data["stop_reason"] == "awaiting_approval"  # a normal, requested stop: exit 0
+    listed = cli.json("sessions", "list", "--db", "s.db", "--json")
+    assert [s["session_id"] for s in listed["sessions"]] == [data["session_id"]]
+    assert listed["sessions"][0]["agent"] == "cli_agents:ApprovalAgent"
+
+
+def test_run_that_never_finishes_stops_at_its_step_budget_with_exit_1(cli: Any, workdir: Path) -> None:
+    data = cli.json("run", "cli_agents:LoopAgent", "loop", "--max-steps", "3", "--json", code=1)
+    assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "budget_steps", 3)
+
+
+def test_run_whose_agent_raises_fails_with_exit_1_and_shows_the_error(cli: Any, workdir: Path) -> None:
+    result = cli.run("run", "cli_agents:BrokenAgent", "x", code=1)
+    assert "reduce exploded" in result.stdout
+    assert "failed · unrecoverable_error" in result.stdout
+    data = cli.json("run", "cli_agents:BrokenAgent", "x", "--json", code=1)
+    assert data["status"] == "failed" and "reduce exploded" in data["error"]
+
+
+def test_model_path_without_a_model_is_a_usage_error(cli: Any, workdir: Path) -> None:
+    result = cli.run("run", "cli_agents:ModelAgent", "t", code=2)
+    assert "no model is configured" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["nocolon", "t"], 2, "module:Class"),
+        (["no_such_module_xyz:Agent", "t"], 2, "cannot import agent module"),
+        (["cli_agents:Missing", "t"], 2, "has no 'Missing'"),
+        (["cli_agents:NotAnAgent", "t"], 2, "not an AgentModule"),
+        (["cli_agents:ModelAgent", "t", "--model", "gpt-4"], 2, "unknown --model"),
+        (["cli_agents:ModelAgent", "t", "--model", "openai"], 2, "needs a model name"),
+        (["cli_agents:ModelAgent", "t", "--model", "scripted"], 2, "scripted needs a file"),
+        (["cli_agents:ModelAgent", "t", "--model", "scripted:missing.json"], 3, "no scripted model file"),
+        (["cli_agents:ModelAgent", "t", "--base-url", "http://127.0.0.1:9/v1"], 2, "--base-url needs"),
+        (["cli_agents:ModelAgent", "t", "--max-steps", "0"], 2, ""),
+    ],
+)
+def test_run_usage_errors_exit_with_one_clear_line(
+    cli: Any, workdir: Path, args: list[str], code: int, message: str
+) -> None:
+    result = cli.run("run", *args, code=code)
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    if code != 2 or message:
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_scripted_model_file_that_is_not_a_json_list_is_a_usage_error(cli: Any, workdir: Path) -> None:
+    (workdir / "bad.json").write_text("{not json", encoding="utf-8")
+    assert (
+        "cannot read scripted model file"
+        in cli.run("run", "cli_agents:ModelAgent", "t", "--model", "scripted:bad.json", code=2).stderr
+    )
+    (workdir / "obj.json").write_text('{"a": 1}', encoding="utf-8")
+    assert (
+        "must hold a JSON list"
+        in cli.run("run", "cli_agents:ModelAgent", "t", "--model", "scripted:obj.json", code=2).stderr
+    )
+
+
+# --------------------------------------------------------------------------- a real HTTP model
+
+
+class _ChatHandler(BaseHTTPRequestHandler):
+    seen: list[dict[str, Any]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "body": body})
+        usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for piece in ("the ", "answer"):
+                chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            self.wfile.write(f"data: {json.dumps(end)}\n\n".encode())
+            self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
+        reply = {
+            "id": "c1",
+            "object": "chat.completion",
+            "model": "loop",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "the answer"}, "finish_reason": "stop"}
+            ],
+            "usage": usage,
+        }
+        raw = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+@pytest.fixture
+def chat_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+    handler = type("Handler", (_ChatHandler,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _all_text(directory: Path) -> str:
+    return "".join(p.read_text(encoding="utf-8") for p in directory.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("json_out", [True, False])
+def test_run_with_an_openai_compatible_model_uses_the_env_key_and_never_writes_it(
+    cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch, chat_server: Any, json_out: bool
+) -> None:
+    url, seen = chat_server
+    monkeypatch.setenv("QITOS_API_KEY", SECRET)
+    args = ["run", "cli_agents:ModelAgent", "answer me", "--model", "openai:loop-model", "--base-url", url]
+    result = cli.run(*args, *(["--json"] if json_out else []), code=0)
+    assert seen and seen[0]["authorization"] == f"Bearer {SECRET}"
+    assert seen[0]["body"]["model"] == "loop-model"
+    assert seen[0]["body"].get("stream", False) is (not json_out)  # live output streams the model's text
+    if json_out:
+        data = json.loads(result.stdout)
+        assert (data["final_result"], data["tokens"]) == ("the answer", 18)
+    else:
+        assert "answer:\nthe answer" in result.stdout
+        assert "18 tokens" in result.stdout
+    assert SECRET not in result.stdout + result.stderr
+    assert SECRET not in _all_text(workdir / "runs")
+
+
+def test_openai_key_falls_back_to_openai_api_key(
+    cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch, chat_server: Any
+) -> None:
+    url, seen = chat_server
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    cli.run("run", "cli_agents:ModelAgent", "t", "--model", "openai:m", "--base-url", url, "--json", code=0)
+    assert seen[0]["authorization"] == f"Bearer {SECRET}"

@@ -1,0 +1,193 @@
+"""``qitos sessions ...`` against a real SQLite store, through the CLI only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SUMMARY_KEYS = {
+    "session_id",
+    "lifecycle",
+    "sequence",
+    "snapshot_id",
+    "updated_at",
+    "created_at",
+    "task",
+    "agent",
+    "parent_session_id",
+    "fork_snapshot_id",
+}
+DETAIL_KEYS = {
+    "session",
+    "inspection",
+    "inspection_error",
+    "integrity",
+    "snapshots",
+    "snapshot_count",
+    "lineage",
+    "runs",
+}
+INSPECTION_KEYS = {
+    "head",
+    "lifecycle",
+    "capabilities",
+    "snapshot_integrity",
+    "budget",
+    "work_graph",
+    "last_request_view",
+    "task",
+    "tool_batch",
+}
+
+
+def _session(cli: Any, agent: str = "cli_agents:ApprovalAgent", task: str = "publish hello", code: int = 0) -> str:
+    data = cli.json("run", agent, task, "--session-db", "s.db", "--json", code=code)
+    return str(data["session_id"])
+
+
+def test_list_without_a_store_is_empty_not_an_error(cli: Any, workdir: Path) -> None:
+    data = cli.json("sessions", "list", "--json")
+    assert data == {"db": str(workdir / ".qitos" / "sessions.db"), "sessions": []}
+    assert "no sessions" in cli.run("sessions", "list", code=0).stdout
+    assert not (workdir / ".qitos").exists()  # listing never creates a store
+
+
+def test_list_shows_each_session_with_a_stable_shape(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    data = cli.json("sessions", "list", "--db", "s.db", "--json")
+    assert len(data["sessions"]) == 1
+    row = data["sessions"][0]
+    assert set(row) == SUMMARY_KEYS
+    assert (row["session_id"], row["lifecycle"], row["task"]) == (sid, "awaiting_approval", "publish hello")
+    human = cli.run("sessions", "list", "--db", "s.db", code=0).stdout
+    assert sid in human and "awaiting_approval" in human
+
+
+def test_approval_flow_show_approve_resume(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    detail = cli.json("sessions", "show", sid, "--db", "s.db", "--json")
+    assert set(detail) == DETAIL_KEYS
+    assert set(detail["inspection"]) == INSPECTION_KEYS
+    assert detail["integrity"] == "verified"
+    calls = detail["inspection"]["tool_batch"]["calls"]
+    assert [(c["call_id"], c["tool"], c["status"]) for c in calls] == [("call-publish", "publish", "awaiting_approval")]
+    human = cli.run("sessions", "show", sid, "--db", "s.db", code=0).stdout
+    assert "call-publish" in human and "awaiting_approval" in human and "verified" in human
+
+    receipt = cli.json("sessions", "approve", sid, "call-publish", "--db", "s.db", "--json")
+    assert (receipt["call_id"], receipt["approved"]) == ("call-publish", True)
+    done = cli.json("sessions", "resume", sid, "--db", "s.db", "--json")
+    assert (done["status"], done["session_id"]) == ("completed", sid)
+    assert done["final_result"] == "done: published hello"
+
+
+def test_reject_reports_the_reason_to_the_agent(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    cli.run("sessions", "reject", sid, "call-publish", "--reason", "not today", "--db", "s.db", code=0)
+    done = cli.json("sessions", "resume", sid, "--db", "s.db", "--json")
+    assert "rejected" in done["final_result"] and "not today" in done["final_result"]
+
+
+def test_approving_a_call_that_is_not_waiting_is_a_usage_error(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    result = cli.run("sessions", "approve", sid, "call-nope", "--db", "s.db", code=2)
+    assert "call-nope" in result.stderr and "awaiting" in result.stderr
+
+
+def test_steer_then_resume_takes_the_instruction_in(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    cli.run("sessions", "approve", sid, "call-publish", "--db", "s.db", code=0)
+    cli.json("sessions", "resume", sid, "--db", "s.db", "--json")
+    receipt = cli.json("sessions", "steer", sid, "also say bye", "--db", "s.db", "--json")
+    assert receipt["session_id"] == sid and receipt["position"] >= 1
+    out = cli.run("sessions", "resume", sid, "--db", "s.db", code=0).stdout
+    assert "steering taken in: also say bye" in out
+
+
+def test_pause_request_stops_the_next_run_at_its_first_boundary(cli: Any, workdir: Path) -> None:
+    sid = _session(cli, "cli_agents:LoopAgent", "loop", code=1)  # stops at its step limit: exit 1
+    cli.run("sessions", "pause", sid, "--db", "s.db", code=0)
+    paused = cli.json("sessions", "resume", sid, "--db", "s.db", "--json")
+    assert paused["stop_reason"] == "paused"
+
+
+def test_fork_creates_a_child_once_per_operation_and_show_draws_the_lineage(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    head = cli.json("sessions", "show", sid, "--db", "s.db", "--json")["session"]["snapshot_id"]
+    first = cli.json("sessions", "fork", sid, "--operation-id", "op-1", "--db", "s.db", "--json")
+    again = cli.json("sessions", "fork", sid, "--operation-id", "op-1", "--db", "s.db", "--json")
+    assert first == again
+    assert (first["parent_session_id"], first["parent_snapshot_id"]) == (sid, head)
+    child = first["child_session_id"]
+    detail = cli.json("sessions", "show", child, "--db", "s.db", "--json")
+    lineage = detail["lineage"]
+    assert lineage["session_id"] == sid and not lineage["current"]
+    assert [(c["session_id"], c["current"], c["fork_snapshot_id"]) for c in lineage["children"]] == [
+        (child, True, head)
+    ]
+    assert all(n["integrity"] == "verified" for n in (lineage, lineage["children"][0]))
+    human = cli.run("sessions", "show", child, "--db", "s.db", code=0).stdout
+    assert "lineage" in human and sid in human and child in human
+    rows = cli.json("sessions", "list", "--db", "s.db", "--json")["sessions"]
+    assert {r["session_id"]: r["parent_session_id"] for r in rows} == {sid: None, child: sid}
+
+
+def test_fork_from_an_unknown_snapshot_is_not_found(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    result = cli.run("sessions", "fork", sid, "--snapshot", "f" * 64, "--db", "s.db", code=3)
+    assert "f" * 64 in result.stderr
+
+
+def test_prune_and_vacuum_report_what_they_did(cli: Any, workdir: Path) -> None:
+    _session(cli)
+    report = cli.json("sessions", "prune", "--db", "s.db", "--json")
+    assert set(report) == {"deleted_snapshots", "kept_snapshots"} and report["kept_snapshots"] >= 1
+    vac = cli.json("sessions", "vacuum", "--db", "s.db", "--json")
+    assert set(vac) == {"db", "bytes_before", "bytes_after"} and vac["bytes_after"] > 0
+    assert "vacuumed" in cli.run("sessions", "vacuum", "--db", "s.db", code=0).stdout
+
+
+def test_show_with_an_agent_that_cannot_be_imported_still_shows_the_store_view(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    detail = cli.json("sessions", "show", sid, "--db", "s.db", "--agent", "no_such_mod:Agent", "--json")
+    assert detail["inspection"] is None
+    assert "cannot import agent module" in detail["inspection_error"]
+    assert detail["integrity"] == "verified"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "ses_missing"],
+        ["resume", "ses_missing"],
+        ["steer", "ses_missing", "x"],
+        ["pause", "ses_missing"],
+        ["approve", "ses_missing", "c"],
+        ["reject", "ses_missing", "c"],
+        ["fork", "ses_missing"],
+    ],
+)
+def test_an_unknown_session_exits_3(cli: Any, workdir: Path, args: list[str]) -> None:
+    _session(cli)
+    result = cli.run("sessions", *args, "--db", "s.db", code=3)
+    assert "ses_missing" in result.stderr and "not found" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["show", "x"], ["prune"], ["vacuum"], ["pause", "x"]])
+def test_a_missing_store_exits_3_and_is_not_created(cli: Any, workdir: Path, args: list[str]) -> None:
+    result = cli.run("sessions", *args, "--db", "nowhere.db", code=3)
+    assert "no session store at nowhere.db" in result.stderr
+    assert not (workdir / "nowhere.db").exists()
+
+
+def test_resume_with_an_agent_that_cannot_be_imported_is_a_usage_error(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    result = cli.run("sessions", "resume", sid, "--db", "s.db", "--agent", "cli_agents:Nope", code=2)
+    assert "has no 'Nope'" in result.stderr
+
+
+def test_steering_with_empty_text_is_a_usage_error(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    assert "non-empty" in cli.run("sessions", "steer", sid, "  ", "--db", "s.db", code=2).stderr
