@@ -20,6 +20,7 @@ import typer
 
 from qitos import __version__
 from qitos.cli import memory, sessions, trace
+from qitos.cli.common import set_debug
 from qitos.cli.running import demo, run
 
 __all__ = ["app", "main"]
@@ -42,14 +43,13 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
 ) -> None:
     """qitos: run, watch and debug agents."""
-    ctx.obj = {"debug": debug}
+    set_debug(debug)
 
 
 app.command("demo")(demo)

@@ -23,7 +23,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-import click
 import typer
 from rich.console import Console
 
@@ -46,6 +45,7 @@ __all__ = [
     "exit_code_for",
     "fail",
     "print_json",
+    "set_debug",
 ]
 
 EXIT_OK = 0
@@ -90,13 +90,19 @@ def _message(exc: BaseException) -> str:
     return " ".join(text.split()) or type(exc).__name__
 
 
+_DEBUG = {"on": False}
+
+
+def set_debug(enabled: bool) -> None:
+    """Record ``qitos --debug`` for this invocation."""
+    _DEBUG["on"] = enabled
+
+
 def debug_enabled() -> bool:
     """Whether ``--debug`` was given to ``qitos`` (or ``QITOS_DEBUG`` is set)."""
     if os.environ.get("QITOS_DEBUG", "").strip() not in ("", "0", "false", "no"):
         return True
-    ctx = click.get_current_context(silent=True)
-    root = ctx.find_root() if ctx is not None else None
-    return bool(root is not None and isinstance(root.obj, dict) and root.obj.get("debug"))
+    return _DEBUG["on"]
 
 
 def cli_command(fn: Callable[P, R]) -> Callable[P, R]:
@@ -106,7 +112,7 @@ def cli_command(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+        except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)

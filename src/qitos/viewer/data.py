@@ -93,20 +93,38 @@ def _step_tokens(step: Mapping[str, Any]) -> int:
     return int(usage.get("input_tokens", 0) or 0) + int(usage.get("output_tokens", 0) or 0)
 
 
+# Per-run step statistics, keyed by the steps file's identity, so the board re-reads only runs that changed.
+_STEP_STATS: dict[str, tuple[tuple[int, int], dict[str, int]]] = {}
+
+
+def _step_stats(trace: RunTrace, steps: list[dict[str, Any]] | None) -> dict[str, int]:
+    path = os.path.join(trace.run_dir, "steps.jsonl")
+    try:
+        st = os.stat(path)
+        key = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (0, 0)
+    cached = _STEP_STATS.get(path)
+    if cached is not None and cached[0] == key and steps is None:
+        return cached[1]
+    rows = steps if steps is not None else trace.steps()
+    stats = {
+        "steps": len(rows),
+        "tokens": sum(_step_tokens(s) for s in rows),
+        "model_steps": sum(1 for s in rows if s.get("model")),
+        "receipts": sum(len((s.get("request_view") or {}).get("receipts") or ()) for s in rows),
+    }
+    _STEP_STATS[path] = (key, stats)
+    return stats
+
+
 def run_summary(trace: RunTrace, *, steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One row of the runs board (see the module docstring for the shape)."""
     manifest = trace.manifest()
     summary = manifest.get("summary") or {}
-    status = manifest.get("status")
-    if steps is None and (status == "running" or not summary):
-        steps = trace.steps()
-    step_count = summary.get("steps")
-    tokens = (summary.get("token_usage") or {}).get("total_tokens")
-    if steps is not None:
-        if step_count is None:
-            step_count = len(steps)
-        if tokens is None:
-            tokens = sum(_step_tokens(s) for s in steps)
+    stats = _step_stats(trace, steps)
+    step_count = summary.get("steps", stats["steps"])
+    tokens = (summary.get("token_usage") or {}).get("total_tokens", stats["tokens"])
     duration = summary.get("elapsed_seconds")
     started = _parse_time(manifest.get("started_at"))
     if duration is None and started is not None:
@@ -117,10 +135,10 @@ def run_summary(trace: RunTrace, *, steps: list[dict[str, Any]] | None = None) -
         final = final[: _FINAL_PREVIEW - 3] + "..."
     task = manifest.get("task")
     objective = task.get("objective") if isinstance(task, Mapping) else task
-    out: dict[str, Any] = {
+    return {
         "run_id": str(manifest.get("run_id") or os.path.basename(trace.run_dir)),
         "dir": os.path.basename(trace.run_dir),
-        "status": status,
+        "status": manifest.get("status"),
         "task": objective,
         "agent": manifest.get("agent"),
         "steps": step_count,
@@ -131,13 +149,9 @@ def run_summary(trace: RunTrace, *, steps: list[dict[str, Any]] | None = None) -
         "ended_at": manifest.get("ended_at"),
         "final_result": final,
         "error": summary.get("error"),
-        "model_steps": None,
-        "receipts": None,
+        "model_steps": stats["model_steps"],
+        "receipts": stats["receipts"],
     }
-    if steps is not None:
-        out["model_steps"] = sum(1 for s in steps if s.get("model"))
-        out["receipts"] = sum(len((s.get("request_view") or {}).get("receipts") or ()) for s in steps)
-    return out
 
 
 def runs_board(logdir: str) -> list[dict[str, Any]]:
