@@ -413,12 +413,12 @@ def finish_cli(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str,
     """Wait for a process started by :func:`start_cli`; its JSON output (AssertionError if it failed)."""
     out, err = proc.communicate(timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"{proc.args} exited with {proc.returncode}\nstdout: {out}\nstderr: {err}")
+        raise AssertionError(f"{proc.args!r} exited with {proc.returncode}\nstdout: {out}\nstderr: {err}")
     if "database is locked" in err.lower() or "database is locked" in out.lower():
         raise AssertionError(f"'database is locked' reached the user:\n{err}")
     lines = [line for line in out.splitlines() if line.strip()]
     if not lines:
-        raise AssertionError(f"{proc.args} printed nothing\nstderr: {err}")
+        raise AssertionError(f"{proc.args!r} printed nothing\nstderr: {err}")
     result: dict[str, Any] = json.loads(lines[-1])
     result["_stderr"] = err
     return result

@@ -194,7 +194,7 @@ def test_kill_9_at_random_points_fifty_trials(tmp_path: Path) -> None:
     assert len({t.kill_step for t in trials}) >= 10
 
 
-def test_interrupted_calls_are_reported_and_idempotent_ones_rerun(tmp_path: Path) -> None:
+def test_an_interrupted_non_idempotent_call_is_reported_to_the_agent_and_not_repeated(tmp_path: Path) -> None:
     # Deterministic crash inside the non-idempotent call of step 3, after it began.
     db, side, marker = str(tmp_path / "s.db"), str(tmp_path / "side.log"), str(tmp_path / "hang")
     composition = sa.make_composition(db, side)
@@ -227,13 +227,10 @@ def test_interrupted_calls_are_reported_and_idempotent_ones_rerun(tmp_path: Path
 
 def test_an_idempotent_call_interrupted_mid_run_is_run_again(tmp_path: Path) -> None:
     # The kill lands while the idempotent call of the step runs: it is re-run, exactly to its end.
-    db, side, progress = str(tmp_path / "s.db"), str(tmp_path / "side.log"), tmp_path / "progress.log"
+    db, side = str(tmp_path / "s.db"), str(tmp_path / "side.log")
     composition = sa.make_composition(db, side)
     sid = composition.session("Index notes", target=4).session_id.value
-    proc = sa.start_cli(
-        "run", "--db", db, "--log", side, "--session", sid, "--target", "4", "--sleep", "0.5", "--progress-log",
-        str(progress),
-    )  # fmt: skip
+    proc = sa.start_cli("run", "--db", db, "--log", side, "--session", sid, "--target", "4", "--sleep", "0.5")
 
     def index_running() -> bool:
         return proc.poll() is not None or ("begin", "index_note", "s1-index") in sa.read_side_log(side)

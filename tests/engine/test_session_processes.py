@@ -24,7 +24,8 @@ def _reference(tmp_path: Path, target: int, **kwargs: Any) -> dict[str, Any]:
     composition = sa.make_composition(str(root / "ref.db"), str(root / "side.log"), **kwargs)
     result = composition.session("Index notes", target=target).run()
     composition.runtime.checkpoint_store.close()
-    return result.state.to_dict()
+    state: dict[str, Any] = result.state.to_dict()
+    return state
 
 
 def _paths(tmp_path: Path) -> tuple[str, str]:
