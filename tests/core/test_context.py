@@ -259,3 +259,22 @@ def test_budget_error_pickles_with_its_fields() -> None:
     err = ContextBudgetExceededError("too big", required_units=10, available_units=5, unit="tokens")
     back = pickle.loads(pickle.dumps(err))
     assert (back.required_units, back.available_units, back.unit, str(back)) == (10, 5, "tokens", "too big")
+
+
+def test_seed_audited_selector_subclass_example(capsys: pytest.CaptureFixture[str]) -> None:
+    class AuditedSelector(PriorityContextSelectionPolicy):
+        def select(self, contributions, **options):  # type: ignore[no-untyped-def]
+            contributions = tuple(contributions)
+            print([item.contribution_id for item in contributions])
+            return super().select(contributions, **options)
+
+    from qitos.core.request_view import RequestView
+
+    log = ExchangeLog()
+    log.open([{"role": "user", "content": "hi"}])
+    view = RequestView.from_exchange_log(
+        log, context_contributions=[contribution("b"), contribution("a")], context_selection_policy=AuditedSelector()
+    )
+    assert capsys.readouterr().out.strip() == "['b', 'a']"
+    assert view.selection.selected_context_ids == ("a", "b")
+    assert view.provenance["selection_policy"] == "qitos.context.priority/v1"
