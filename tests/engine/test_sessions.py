@@ -131,6 +131,20 @@ def test_steering_in_process_reaches_the_agent_once(db: str, side: str) -> None:
     assert composition.restore(session.session_id.value).run().state.steering_seen == ["keep it short"]
 
 
+def test_a_pause_requested_while_idle_stops_the_next_run_once(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side)
+    session = composition.session("Index notes", target=3)
+    receipt = session.pause()
+
+    first = session.run()
+    second = composition.restore(session.session_id.value).run()
+
+    assert receipt.status == "requested"
+    assert first.state.stop_reason == "paused" and first.step_count == 0
+    assert second.state.stop_reason == "final"
+    assert second.state.steps_done == [0, 1, 2]
+
+
 @pytest.mark.parametrize("agent", ["notes", "model"])
 def test_the_seed_pause_first_tool_policy_pauses_before_the_call_and_a_fresh_engine_resumes(
     db: str, side: str, agent: str
@@ -235,6 +249,23 @@ def test_fork_of_an_older_snapshot_starts_from_that_snapshot(db: str, side: str)
     assert result.records[0].step_id == 2
     assert result.state.steps_done == list(range(10))
     assert parent.inspect().budget["used"]["steps"] == 6
+
+
+def test_a_fork_of_a_session_awaiting_approval_is_answered_on_its_own(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side, approval_at=1)
+    parent = composition.session("Index notes", target=3)
+    assert parent.run().state.stop_reason == "awaiting_approval"
+
+    child = parent.fork(operation_id="approve-in-child")
+    child.approve("s1-publish")
+    result = child.run()
+
+    assert result.state.stop_reason == "final"
+    assert sa.read_side_log(side).count(("begin", "publish", "s1-publish")) == 1
+    assert sa.read_side_log(side).count(("begin", "append_note", "s1-append")) == 1  # recorded, not re-run
+    batch = parent.inspect().tool_batch
+    assert parent.inspect().lifecycle.value == "awaiting_approval"
+    assert batch is not None and [c.call_id for c in batch.pending_approval] == ["s1-publish"]
 
 
 def test_fork_of_an_unknown_snapshot_names_it(db: str, side: str) -> None:
