@@ -232,3 +232,15 @@ def test_without_omission_the_summary_model_is_never_called() -> None:
     view = RequestView.from_exchange_log(make_log(3), context_budget=BUDGET, compaction_policy=compactor)
     assert view.selection.omitted_exchange_ids == () and model.transcripts == []
     assert view.selected_items_json and projection_digest(view.selected_items_json)
+
+
+def test_the_shipped_scripted_model_can_write_summaries() -> None:
+    from qitos.models.scripted import ScriptedModel
+
+    model = ScriptedModel(["The user filed notes 0 to 22 with save; every save succeeded."])
+    compactor = SummaryCompactor(model, model_reference="scripted:summary", reserve_units=600)
+    view = RequestView.from_exchange_log(make_log(30), context_budget=BUDGET, compaction_policy=compactor)
+    assert "every save succeeded" in view.messages()[0]["content"]
+    assert view.compaction_receipts[0].model_reference == "scripted:summary"
+    (request,) = model.requests
+    assert request.messages()[-1]["content"].startswith("## ex-000001")
