@@ -164,3 +164,19 @@ def test_importing_qitos_and_the_viewer_does_not_import_typer_or_rich() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_a_reader_that_goes_away_does_not_cut_the_run_short(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QITOS_")}
+    proc = subprocess.Popen(
+        [_console_script(), "demo"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # like `qitos demo | head -1`
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    assert open_run(str(run_dir)).manifest()["status"] == "completed"

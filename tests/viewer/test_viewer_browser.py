@@ -100,7 +100,7 @@ def test_board_lists_runs_and_sessions_with_filter_and_sort(
 
 
 def test_run_page_shows_the_timeline_and_each_steps_details(
-    page: Any, server: ViewerServer, viewer_data: ViewerData
+    page: Any, server: ViewerServer, viewer_data: ViewerData, api: Any
 ) -> None:
     _open(page, server, "#/", f'tr[data-run="{viewer_data.compacted_run}"] a')
     page.click(f'tr[data-run="{viewer_data.compacted_run}"] a')
@@ -115,6 +115,12 @@ def test_run_page_shows_the_timeline_and_each_steps_details(
     assert body.locator(".budget-bar .seg.used").count() == 1
     assert "1 receipt" in page.locator('details.step[data-step="7"] summary').inner_text()
     _shot(page, "run")
+    _, _, events = api(f"/api/runs/{viewer_data.compacted_run}/events")
+    page.click("details.events > summary")
+    page.wait_for_selector(".events-table tbody tr")
+    assert page.locator(".events-table tbody tr").count() == len(events["events"])
+    assert page.locator(".events-table .badge", has_text="compaction").count() >= 1
+    _shot(page, "run-events")
 
 
 def test_request_inspector_shows_selection_budget_and_every_receipt(

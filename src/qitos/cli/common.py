@@ -114,6 +114,9 @@ def cli_command(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
+        except BrokenPipeError:
+            _silence_stdout()  # the reader of our output is gone: stop quietly
+            raise typer.Exit(EXIT_FAILED) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
@@ -140,7 +143,27 @@ def console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     terminal = stream.isatty()
     width = None if terminal else _pipe_width()
-    return Console(file=stream, highlight=False, markup=False, soft_wrap=not terminal, width=width)
+    return _Console(file=stream, highlight=False, markup=False, soft_wrap=not terminal, width=width)
+
+
+class _Console(Console):
+    """A console that goes quiet when its reader goes away (``qitos demo | head``).
+
+    rich's default raises SystemExit from inside whatever is printing, which would end a run midway;
+    here the output is dropped and the run finishes (and its trace is completed).
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _silence_stdout()
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _pipe_width() -> int:

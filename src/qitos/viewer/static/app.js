@@ -615,7 +615,7 @@
                     el("td", { class: "num", text: e.step_id }),
                     el("td", { text: e.phase || "" }),
                     el("td", { text: e.ok === false ? "no" : "yes" }),
-                    el("td", null, e.error ? el("div", { class: "error", text: e.error }) : null, e.payload ? longText(e.payload, "code small") : null)
+                    el("td", null, e.error ? el("div", { class: "error", text: e.error }) : null, e.payload ? longText(JSON.stringify(e.payload), "code small") : null)
                   )
                 )
               )
