@@ -278,3 +278,17 @@ def test_seed_audited_selector_subclass_example(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out.strip() == "['b', 'a']"
     assert view.selection.selected_context_ids == ("a", "b")
     assert view.provenance["selection_policy"] == "qitos.context.priority/v1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"default_max_input_units": 0}, "default_max_input_units"),
+        ({"default_max_input_units": True}, "default_max_input_units"),
+        ({"unit": "words"}, "unit"),
+        ({"protected_recent_exchanges": -1}, "protected_recent_exchanges"),
+    ],
+)
+def test_a_bad_budget_policy_names_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        DeclaredContextBudgetPolicy(**kwargs)  # type: ignore[arg-type]

@@ -237,11 +237,13 @@ class DeclaredContextBudgetPolicy:
     policy_id: str = "qitos.context.declared_budget/v1"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.default_max_input_units, int) or self.default_max_input_units <= 0:
+        value = self.default_max_input_units
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"default_max_input_units: must be a positive int, got {self.default_max_input_units!r}")
         if self.unit not in _UNITS:
             raise ValueError(f"unit: must be one of {sorted(_UNITS)}, got {self.unit!r}")
-        if not isinstance(self.protected_recent_exchanges, int) or self.protected_recent_exchanges < 0:
+        count = self.protected_recent_exchanges
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ValueError(
                 f"protected_recent_exchanges: must be an int >= 0, got {self.protected_recent_exchanges!r}"
             )
