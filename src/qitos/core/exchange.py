@@ -123,7 +123,28 @@ class _LazyIds(Sequence[str]):
             return "()"
         return f"<{type(self).__name__} {self[0]}..{self[n - 1]} ({n})>"
 
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        n = len(self)
+        if isinstance(index, slice):
+            lo, hi, step = index.indices(n)
+            return self._sub(lo, max(lo, hi)) if step == 1 else tuple(self)[index]
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self._at(index)
+
     def _key(self) -> tuple[Any, ...]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _at(self, index: int) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _sub(self, lo: int, hi: int) -> Sequence[str]:  # pragma: no cover - overridden
         raise NotImplementedError
 
 
@@ -145,22 +166,11 @@ class ExchangeIdRange(_LazyIds):
     def __len__(self) -> int:
         return self.stop - self.start
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
-        if isinstance(index, slice):
-            lo, hi, step = index.indices(len(self))
-            if step != 1:
-                return tuple(self)[index]
-            return ExchangeIdRange(self.start + lo, self.start + max(lo, hi))
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError("ExchangeIdRange index out of range")
+    def _at(self, index: int) -> str:
         return exchange_id_at(self.start + index)
+
+    def _sub(self, lo: int, hi: int) -> Sequence[str]:
+        return ExchangeIdRange(self.start + lo, self.start + hi)
 
     def __iter__(self) -> Iterator[str]:
         return (exchange_id_at(i) for i in range(self.start, self.stop))
@@ -185,24 +195,13 @@ class ItemIdRange(_LazyIds):
     def __len__(self) -> int:
         return self.hi - self.lo
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
-        if isinstance(index, slice):
-            lo, hi, step = index.indices(len(self))
-            if step != 1:
-                return tuple(self)[index]
-            return ItemIdRange(self.offsets, self.lo + lo, self.lo + max(lo, hi))
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError("ItemIdRange index out of range")
+    def _at(self, index: int) -> str:
         flat = self.lo + index
         exchange = bisect_right(self.offsets, flat) - 1
         return f"{exchange_id_at(exchange)}/{flat - self.offsets[exchange]}"
+
+    def _sub(self, lo: int, hi: int) -> Sequence[str]:
+        return ItemIdRange(self.offsets, self.lo + lo, self.lo + hi)
 
     def __iter__(self) -> Iterator[str]:
         if self.lo >= self.hi:
