@@ -52,6 +52,9 @@ class StopReason(StrEnum):
     UNRECOVERABLE_ERROR = "unrecoverable_error"
 
 
+_CONTAINERS = (list, dict)
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
 # Journal entries per top-level field: ("set",) | ("extend", start_index) | ("keys", set_of_keys)
 _SET = ("set",)
 
@@ -76,6 +79,8 @@ class _Tracked:
 
 def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> Any:
     """Wrap plain lists/dicts (recursively) as tracked containers bound to ``owner.name``."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, _Tracked):
         if value._q_owner is owner and value._q_field == name and value._q_nested == nested:
             return value
@@ -112,8 +117,19 @@ class TrackedList(list[Any], _Tracked):
         return _adopt(value, self._q_owner, self._q_field, True)
 
     def append(self, value: Any) -> None:
-        self._q_appending()
-        super().append(self._q_wrap(value))
+        owner = self._q_owner
+        if owner is not None:
+            # Inlined _q_appending: appending is the hot path of most agents' reduce.
+            journal = owner.__dict__.get("_q_changes")
+            if journal is None:
+                journal = owner._q_journal()
+            if self._q_nested:
+                journal[self._q_field] = _SET
+            elif self._q_field not in journal:
+                journal[self._q_field] = ("extend", len(self))
+            if type(value) not in _SCALARS:
+                value = _adopt(value, owner, self._q_field, True)
+        list.append(self, value)
 
     def extend(self, values: Iterable[Any]) -> None:
         self._q_appending()
@@ -245,7 +261,7 @@ class StateSchema:
         if name.startswith("_q_"):
             object.__setattr__(self, name, value)
             return
-        if isinstance(value, list | dict):
+        if isinstance(value, _CONTAINERS):
             value = _adopt(value, self, name, False)
         elif isinstance(value, StopReason) and name == "stop_reason":
             value = value.value
@@ -269,9 +285,11 @@ class StateSchema:
 
     def _validate_steps(self, *, partial: bool) -> None:
         values = self.__dict__
+        max_steps, current = values.get("max_steps"), values.get("current_step")
+        if type(max_steps) is int and type(current) is int and 0 <= current <= max_steps and max_steps > 0:
+            return  # the common case, checked cheaply
         if partial and ("max_steps" not in values or "current_step" not in values):
             return  # still inside __init__
-        max_steps, current = values.get("max_steps"), values.get("current_step")
         if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps <= 0:
             raise StateValidationError("max_steps", f"must be an int > 0, got {max_steps!r}")
         if not isinstance(current, int) or isinstance(current, bool) or current < 0:
@@ -314,31 +332,25 @@ class StateSchema:
         journal = self._q_journal()
         if not journal:
             return []
-        hints = field_hints(type(self))
+        hints = _drain_hints(type(self))
+        values = self.__dict__
         ops: list[dict[str, Any]] = []
-        for name in sorted(journal):
+        for name in sorted(journal) if len(journal) > 1 else journal:
             entry = journal[name]
             if name not in hints:
                 continue  # a plain attribute, not a dataclass field
-            hint = hints[name]
-            value = getattr(self, name)
-            path = f"state.{name}"
+            hint, item_hint, value_hint = hints[name]
+            value = values[name]
             if entry[0] == "extend" and isinstance(value, list):
                 start = entry[1]
-                item_hint = _item_hint(hint)
-                items = [encode_value(v, item_hint, f"{path}[{start + i}]") for i, v in enumerate(value[start:])]
+                items = [_encode(v, item_hint, name, start + i) for i, v in enumerate(value[start:])]
                 ops.append({"op": "extend", "field": name, "start": start, "items": items})
             elif entry[0] == "keys" and isinstance(value, dict):
-                value_hint = _value_hint(hint)
-                put = {
-                    str(k): encode_value(value[k], value_hint, f"{path}[{k!r}]")
-                    for k in sorted(entry[1], key=str)
-                    if k in value
-                }
+                put = {str(k): _encode(value[k], value_hint, name, k) for k in sorted(entry[1], key=str) if k in value}
                 removed = sorted(str(k) for k in entry[1] if k not in value)
                 ops.append({"op": "keys", "field": name, "put": put, "delete": removed})
             else:
-                ops.append({"op": "set", "field": name, "value": encode_value(value, hint, path)})
+                ops.append({"op": "set", "field": name, "value": _encode(value, hint, name, None)})
         journal.clear()
         return ops
 
@@ -365,6 +377,30 @@ def apply_changes(data: dict[str, Any], ops: Iterable[Mapping[str, Any]]) -> dic
         else:
             raise CodecError(f"state.{name}", f"unknown change op {kind!r}")
     return data
+
+
+_DRAIN_HINTS: dict[type, dict[str, tuple[Any, Any, Any]]] = {}
+_PASSTHROUGH = {str: (str, Any, object), int: (int, float, Any, object), bool: (bool, Any, object)}
+
+
+def _encode(value: Any, hint: Any, name: str, key: Any) -> Any:
+    """encode_value, with the common scalar case answered before any path string is built."""
+    accepted = _PASSTHROUGH.get(type(value))
+    if accepted is not None and hint in accepted:
+        return value
+    if value is None:
+        return None
+    path = f"state.{name}" if key is None else f"state.{name}[{key!r}]"
+    return encode_value(value, hint, path)
+
+
+def _drain_hints(cls: type) -> dict[str, tuple[Any, Any, Any]]:
+    """Per field: its type hint, its item hint (lists) and its value hint (dicts); cached per class."""
+    cached = _DRAIN_HINTS.get(cls)
+    if cached is None:
+        cached = {name: (h, _item_hint(h), _value_hint(h)) for name, h in field_hints(cls).items()}
+        _DRAIN_HINTS[cls] = cached
+    return cached
 
 
 def _item_hint(hint: Any) -> Any:

@@ -43,6 +43,10 @@ ActionT = TypeVar("ActionT")
 
 E = EngineEventType
 P = RuntimePhase
+_now = time.time
+# The per-step events are built with tuple.__new__ (EngineEvent is an immutable NamedTuple): the
+# same object as EngineEvent(...), without a Python-level call, six times per step.
+_fast_event = tuple.__new__
 
 _COMPLETED = frozenset({StopReason.FINAL, StopReason.AGENT_STOP, StopReason.ENV_TERMINAL})
 _FAILED = frozenset(
@@ -161,6 +165,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         self.budget = budget or RuntimeBudget()
         self.parser = parser if parser is not None else agent.model_parser
         self.stop_criteria = [FinalResultCriteria(), *(stop_criteria or [])]
+        # FinalResultCriteria is checked inline on the hot path; these are the others.
+        self._extra_stop_criteria = [c for c in self.stop_criteria if not isinstance(c, FinalResultCriteria)]
         self.critics = list(critics or [])
         self.env = env
         self.history_policy = history_policy
@@ -396,9 +402,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         step_id = state.current_step
         if self._cancel.is_set():
             return StopReason.CANCELLED_IMMEDIATE if self._cancel_immediate else StopReason.CANCELLED
-        control = run.journal.control(step_id)
-        if control is not _EMPTY_CONTROL:
-            reason = self._take_control(run, control)
+        if run.journal.durable:
+            reason = self._take_control(run, run.journal.control(step_id))
             if reason is not None:
                 return reason
         if self.lifecycle is not None and run.pending is None:
@@ -434,13 +439,14 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         step_id = state.current_step
         started = time.time()
         t0 = time.perf_counter()
-        run.emit(EngineEvent(E.STEP_START, step_id, phase=P.DECIDE))
+        run.emit(_fast_event(EngineEvent, (E.STEP_START, step_id, None, P.DECIDE, True, {}, None, _now())))
         snapshot = state.to_dict() if self.critics else None
         retries = 0
         while True:
             decision, model_entry, view_summary = self._decide(run, step_id)
             observation = self._act(run, step_id, decision)
-            self._immediate_cancel_point()
+            if self._cancel_immediate:
+                self._immediate_cancel_point()
             if self._hook_table["on_before_reduce"]:
                 self._call_hooks(
                     "on_before_reduce", run, HookContext(run.run_id, step_id, state, decision, observation)
@@ -448,11 +454,11 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             new_state = self.agent.reduce(state, observation, decision)  # type: ignore[arg-type]
             if new_state is not None and new_state is not state:
                 state = run.state = self._adopt_new_state(run, state, new_state)
-            run.emit(EngineEvent(E.REDUCE, step_id, phase=P.REDUCE))
+            run.emit(_fast_event(EngineEvent, (E.REDUCE, step_id, None, P.REDUCE, True, {}, None, _now())))
             if self._hook_table["on_after_reduce"]:
                 ctx = HookContext(run.run_id, step_id, state, decision, observation)
                 self._call_hooks("on_after_reduce", run, ctx)
-            verdicts, verdict = self._critics(run, step_id, decision, observation)
+            verdicts, verdict = self._critics(run, step_id, decision, observation) if self.critics else _NO_VERDICT
             if verdict is not None and verdict.action == "retry" and retries < self.max_critic_retries and snapshot:
                 retries += 1
                 state = run.state = type(state).from_dict(snapshot)
@@ -464,28 +470,27 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         if decision.mode == "final" and state.final_result is None:
             state.final_result = decision.final_answer
         stop = self._check_stop(run, decision, verdict)
-        run.emit(
-            EngineEvent(
-                E.CHECK_STOP, step_id, phase=P.CHECK_STOP, payload={"stop_reason": stop.value if stop else None}
-            )
-        )
+        stop_value = stop.value if stop is not None else None
+        payload = {"stop_reason": stop_value}
+        run.emit(_fast_event(EngineEvent, (E.CHECK_STOP, step_id, None, P.CHECK_STOP, True, payload, None, _now())))
         if stop is not None and state.stop_reason is None:
             state.stop_reason = stop.value
         state.current_step = step_id + 1
         changes = run.step_changes
         changes.extend(state.drain_changes())
         run.step_changes = []
+        duration_ms = (time.perf_counter() - t0) * 1000.0
         record = StepRecord(
-            step_id=step_id,
-            decision=decision,
-            observation=observation,
-            state_diff=changes,
-            started_at=started,
-            duration_ms=(time.perf_counter() - t0) * 1000.0,
-            model=model_entry,
-            request_view=view_summary,
-            critics=verdicts,
-            stop_reason=stop.value if stop else None,
+            step_id,
+            decision,
+            observation,
+            changes,
+            started,
+            duration_ms,
+            model_entry,
+            view_summary,
+            verdicts,
+            stop_value,
         )
         run.records.append(record)
         run.pending = None
@@ -495,7 +500,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             run.journal.commit(self._boundary_commit(run, changes, lifecycle, stop, record=record))
         if run.writer is not None:
             run.writer.step(record.to_dict())
-        run.emit(EngineEvent(E.STEP_END, step_id, phase=P.COMMIT, payload={"stop_reason": record.stop_reason}))
+        payload = {"stop_reason": stop_value}
+        run.emit(_fast_event(EngineEvent, (E.STEP_END, step_id, None, P.COMMIT, True, payload, None, _now())))
         if self._hook_table["on_step_end"]:
             ctx = HookContext(run.run_id, step_id, state, decision, observation, record)
             self._call_hooks("on_step_end", run, ctx)
@@ -540,22 +546,25 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             chosen = self.search.select(decision.candidates, state)
             run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload={"candidates": len(decision.candidates)}))
             decision = chosen
-        self._immediate_cancel_point()
-        changes = state.drain_changes()
-        run.step_changes.extend(changes)
-        durable = run.journal.durable
-        pending = PendingStep(
-            step_id=step_id,
-            decision=decision.to_dict() if durable else {},
-            model=model_entry,
-            request_view=view_summary,
-            log_entries=log_entries,
-            state_changes=changes,
-        )
-        run.pending = pending
-        if durable:
+        if self._cancel_immediate:
+            self._immediate_cancel_point()
+        changes = state.drain_changes() if state.__dict__.get("_q_changes") else []
+        if changes:
+            run.step_changes.extend(changes)
+        if run.journal.durable:
+            # The decision (and what DECIDE did) is durable before any tool runs.
+            pending = PendingStep(
+                step_id=step_id,
+                decision=decision.to_dict(),
+                model=model_entry,
+                request_view=view_summary,
+                log_entries=log_entries,
+                state_changes=changes,
+            )
+            run.pending = pending
             run.journal.record_decision(pending)
-        run.emit(EngineEvent(E.DECIDE, step_id, phase=P.DECIDE, payload={"mode": decision.mode}))
+        payload = {"mode": decision.mode}
+        run.emit(_fast_event(EngineEvent, (E.DECIDE, step_id, None, P.DECIDE, True, payload, None, _now())))
         if self._hook_table["on_after_decide"]:
             ctx = HookContext(run.run_id, step_id, state, decision)
             self._call_hooks("on_after_decide", run, ctx)
@@ -603,35 +612,30 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 self._call_hooks("on_after_act", run, ctx)
             return observation
         pending = run.pending
-        assert pending is not None
         results: list[ToolResult] = []
         for action in decision.actions:
             results.append(self._call_tool(run, step_id, action, pending))
-            self._immediate_cancel_point()
+            if self._cancel_immediate:
+                self._immediate_cancel_point()
         observation = Observation(results=tuple(results))
         if self._model_path is not None:
             self._model_path.record_results(run, results)
-        run.emit(
-            EngineEvent(
-                E.ACT,
-                step_id,
-                phase=P.ACT,
-                payload={"calls": len(results), "failed": sum(1 for r in results if not r.ok)},
-            )
-        )
+        payload = {"calls": [_call_summary(r) for r in results]}
+        run.emit(_fast_event(EngineEvent, (E.ACT, step_id, None, P.ACT, True, payload, None, _now())))
         if self._hook_table["on_after_act"]:
             ctx = HookContext(run.run_id, step_id, state, decision, observation)
             self._call_hooks("on_after_act", run, ctx)
         return observation
 
-    def _call_tool(self, run: _Run, step_id: int, action: Action, pending: PendingStep) -> ToolResult:
-        recorded = pending.results.get(action.id)
-        if recorded is not None:
-            return ToolResult.from_dict(recorded)
+    def _call_tool(self, run: _Run, step_id: int, action: Action, pending: PendingStep | None) -> ToolResult:
         registry = self.agent.tool_registry
         spec = registry.get(action.name)
+        if pending is not None:
+            recorded = pending.results.get(action.id)
+            if recorded is not None:
+                return ToolResult.from_dict(recorded)
         # Started before a crash, no result recorded: re-run only what is safe to repeat.
-        if action.id in pending.started and (spec is None or not spec.idempotent):
+        if pending is not None and action.id in pending.started and (spec is None or not spec.idempotent):
             result = ToolResult(
                 call_id=action.id,
                 name=action.name,
@@ -682,24 +686,16 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 )
                 self._record_result(run, step_id, pending, result)
                 return result
-        pending.started.add(action.id)
-        if run.journal.durable:
+        if pending is not None:
+            pending.started.add(action.id)
             run.journal.record_tool_started(step_id, action)
-        result = registry.call(action.name, action.args, call_id=action.id)
-        self._record_result(run, step_id, pending, result)
-        run.emit(
-            EngineEvent(
-                E.TOOL_CALL,
-                step_id,
-                phase=P.ACT,
-                ok=result.ok,
-                payload={"call_id": action.id, "tool": action.name, "error_kind": result.error_kind},
-            )
-        )
-        return result
+            result = registry.call(action.name, action.args, call_id=action.id)
+            self._record_result(run, step_id, pending, result)
+            return result
+        return registry.call(action.name, action.args, call_id=action.id)
 
-    def _record_result(self, run: _Run, step_id: int, pending: PendingStep, result: ToolResult) -> None:
-        if run.journal.durable:
+    def _record_result(self, run: _Run, step_id: int, pending: PendingStep | None, result: ToolResult) -> None:
+        if pending is not None:
             pending.results[result.call_id] = result.to_dict()
             run.journal.record_tool_result(step_id, result)
 
@@ -724,7 +720,9 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             return StopReason(state.stop_reason)
         if verdict is not None and verdict.action == "stop":
             return StopReason.CRITIC_STOP
-        for criteria in self.stop_criteria:
+        if state.final_result is not None:
+            return StopReason.FINAL
+        for criteria in self._extra_stop_criteria:
             reason = criteria.check(state)
             if reason:
                 return StopReason(reason)
@@ -894,15 +892,21 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         return run.elapsed_before + (time.monotonic() - run.started)
 
 
-_EMPTY_CONTROL = RunJournal().control(0)
-
-
 def _overrides(hook: Any, name: str) -> bool:
     method = getattr(type(hook), name, None)
     if method is None:
         return False
     base = getattr(EngineHook, name, None)
     return method is not base
+
+
+_NO_VERDICT: tuple[list[dict[str, Any]], CriticVerdict | None] = ([], None)
+
+
+def _call_summary(result: ToolResult) -> dict[str, Any]:
+    if result.ok:
+        return {"call_id": result.call_id, "tool": result.name, "ok": True}
+    return {"call_id": result.call_id, "tool": result.name, "ok": False, "error_kind": result.error_kind}
 
 
 def _lifecycle_for(reason: StopReason) -> str:

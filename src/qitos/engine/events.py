@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from qitos.core.decision import Decision, Observation
 from qitos.core.task import TaskResult
@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 StateT = TypeVar("StateT")
+_now = time.time
 
 
 class EngineEventType(StrEnum):
@@ -76,18 +77,50 @@ class RuntimePhase(StrEnum):
     END = "end"
 
 
-@dataclass(slots=True)
-class EngineEvent:
-    """One structured event. ``ts`` is an ISO-8601 UTC string derived from ``ts_epoch``."""
-
+class _EngineEventFields(NamedTuple):
     event_type: EngineEventType
-    step_id: int = 0
-    agent_id: str | None = None
-    phase: RuntimePhase | None = None
-    ok: bool = True
-    payload: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    ts_epoch: float = field(default_factory=time.time)
+    step_id: int
+    agent_id: str | None
+    phase: RuntimePhase | None
+    ok: bool
+    payload: dict[str, Any]
+    error: str | None
+    ts_epoch: float
+
+
+class EngineEvent(_EngineEventFields):
+    """One structured event (immutable). ``ts`` is an ISO-8601 UTC string derived from ``ts_epoch``.
+
+    Fields: ``event_type``, ``step_id`` (0), ``agent_id`` (None), ``phase`` (None), ``ok`` (True),
+    ``payload`` ({}), ``error`` (None), ``ts_epoch`` (now).
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        event_type: EngineEventType,
+        step_id: int = 0,
+        agent_id: str | None = None,
+        phase: RuntimePhase | None = None,
+        ok: bool = True,
+        payload: dict[str, Any] | None = None,
+        error: str | None = None,
+        ts_epoch: float | None = None,
+    ) -> EngineEvent:
+        return tuple.__new__(
+            cls,
+            (
+                event_type,
+                step_id,
+                agent_id,
+                phase,
+                ok,
+                {} if payload is None else payload,
+                error,
+                _now() if ts_epoch is None else ts_epoch,
+            ),
+        )
 
     @property
     def ts(self) -> str:

