@@ -132,7 +132,7 @@ class ModelPath:
             decision=decision,
             view=view,
             model_entry=model_entry,
-            view_summary=view.summary(),
+            view_summary=view.summary(compact=True),
             log_entries=log.entries(start),
             tokens=response.usage.total_tokens,
         )
@@ -161,16 +161,22 @@ class ModelPath:
 
     def _open_exchange(self, run: _Run, log: ExchangeLog) -> str:
         inputs: list[dict[str, Any]] = []
-        if not log.exchanges:
+        if not log.exchange_count:
             inputs.append({"role": "user", "content": self.engine.agent.prepare(run.state)})
         inputs.extend({"role": "user", "content": text} for text in run.steering)
         observation = run.observation
-        if isinstance(observation, Observation) and observation.env is not None and log.exchanges:
+        if isinstance(observation, Observation) and observation.env is not None and log.exchange_count:
             inputs.append({"role": "user", "content": f"Environment observation: {observation.env}"})
         current = log.open_exchange
         if current is not None:
             if current.output is None and not inputs:
                 return current.exchange_id  # inputs recorded earlier (repair feedback, observations)
+            # A step that never finished (cancelled midway): its calls get an explicit result first,
+            # so the exchange can close and no tool result is ever sent without its call.
+            for call_id in current.pending_tool_call_ids:
+                log.record_tool_result(
+                    current.exchange_id, call_id, "ERROR (interrupted): the step stopped before this call ran"
+                )
             log.close(current.exchange_id)
         return log.open(inputs).exchange_id
 

@@ -1,1 +1,3 @@
-"""qitos.kit.context."""
+"""qitos.kit.context: compactors (``compaction``) and the declarative ``ContextPolicy`` (``policy``)."""
+
+__all__: list[str] = []

@@ -1,1 +1,3 @@
-"""qitos.kit.memory."""
+"""qitos.kit.memory: ``MemdirMemory``, ``MarkdownFileMemory`` and ``MemorySourceAdapter``."""
+
+__all__: list[str] = []

@@ -1,1 +1,3 @@
-"""qitos.kit.parsers."""
+"""qitos.kit.parsers: text decision protocols (ReAct, JSON) and native tool-call decoding."""
+
+__all__: list[str] = []
