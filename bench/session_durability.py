@@ -21,7 +21,7 @@ Per-step time: the time between consecutive step ends (a qitos ``on_step_end`` h
 ``act`` updates in ``stream_mode="updates"``); the mean is the whole run divided by N. Database size:
 the main file after a ``wal_checkpoint(TRUNCATE)``. Restore: a fresh process (subprocess) times,
 after its imports, opening the store and rebuilding the head's state (qitos: ``Composition.restore``
-plus the head chain's materialization, ``session_runtime._restore`` + ``from_dict``; LangGraph:
+plus the head chain's materialization, ``session_journal.restore`` + ``from_dict``; LangGraph:
 compiling the graph and ``get_state``); median of three processes.
 """
 
@@ -162,14 +162,14 @@ def _restore_child(argv: list[str]) -> dict[str, Any]:
 
 def restore_child(db: str, session_id: str) -> None:
     """In a fresh process: time opening the store and rebuilding the head's state (after imports)."""
-    from qitos.engine.session_runtime import _restore
+    from qitos.engine.session_journal import restore
 
     start = time.perf_counter()
     store = SqliteCheckpointStore(db)
     session = compose(agent=BenchAgent, store=store).restore(session_id)
     head = store.get_session_head(session_id)
     assert head is not None
-    restored = _restore(store, session_id, head.snapshot_id)
+    restored = restore(store, session_id, head.snapshot_id)
     state = session.state_type.from_dict(restored.state_data)
     elapsed = time.perf_counter() - start
     chain = len(store.load_chain(head.snapshot_id))
