@@ -162,6 +162,7 @@ def _restore_child(argv: list[str]) -> dict[str, Any]:
 
 def restore_child(db: str, session_id: str) -> None:
     """In a fresh process: time opening the store and rebuilding the head's state (after imports)."""
+    import qitos.engine.session_runtime  # noqa: F401 - imported lazily by Composition.restore; not timed
     from qitos.engine.session_journal import restore
 
     start = time.perf_counter()
