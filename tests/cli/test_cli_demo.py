@@ -76,8 +76,8 @@ def test_demo_model_policy_with_the_scripted_model_shows_compaction(cli: Any, wo
     data = cli.json("demo", "--policy", "model", "--model", "scripted", "--json", "--workspace", "ws")
     assert (data["status"], data["policy"], data["model"]) == ("completed", "model", "scripted")
     steps = open_run(data["run_dir"]).steps()
-    assert all("request_view" in s and "model" in s for s in steps)
-    receipts = [r for s in steps for r in s["request_view"]["receipts"]]
+    assert [("request_view" in s, "model" in s) for s in steps] == [(True, True)] * 6 + [(False, False)] * 2
+    receipts = [r for s in steps[:6] for r in s["request_view"]["receipts"]]
     assert receipts and receipts[0]["policy_id"].startswith("qitos.context.closed_exchange_window")
 
 
@@ -122,7 +122,7 @@ def test_demo_workspace_that_is_a_file_is_a_usage_error(cli: Any, workdir: Path)
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("qitos.models.local") is not None, reason="the local model is installed here"
+    importlib.util.find_spec("cyllama") is not None, reason="the local model's runtime is installed here"
 )
 def test_demo_local_model_missing_is_a_clear_usage_error(cli: Any, workdir: Path) -> None:
     result = cli.run("demo", "--model", "local", "--workspace", "ws", code=2)
@@ -180,3 +180,31 @@ def test_a_reader_that_goes_away_does_not_cut_the_run_short(tmp_path: Path) -> N
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
     [run_dir] = list((tmp_path / "runs").iterdir())
     assert open_run(str(run_dir)).manifest()["status"] == "completed"
+
+
+def _local_model_loadable() -> bool:
+    if importlib.util.find_spec("cyllama") is None:
+        return False
+    try:
+        from qitos.models.local import default_model_path
+
+        default_model_path()
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _local_model_loadable(), reason="the embedded local model (qitos[local]) is not installed")
+def test_demo_with_the_embedded_local_model_reads_every_note_offline(cli: Any, workdir: Path) -> None:
+    data = cli.json("demo", "--model", "local", "--json", "--workspace", "ws")
+    assert (data["status"], data["policy"], data["model"]) == ("completed", "model", "local")
+    steps = open_run(data["run_dir"]).steps()
+    model_steps = [s for s in steps if s.get("model")]
+    assert model_steps[0]["actions"][0]["name"] == "list_files"
+    assert sorted(a["args"]["path"] for s in model_steps for a in s["actions"] if a["name"] == "read_file") == (
+        bundled_note_paths()
+    )
+    assert all(s["model"]["response"]["model"].startswith("local:") for s in model_steps)
+    assert data["tokens"] > 0
+    assert data["final_result"].startswith("# Notes index (5 notes)")

@@ -39,7 +39,7 @@ def test_live_mode_shows_steps_progress_budget_and_streamed_model_text(tmp_path:
     root, _ = prepare_workspace(tmp_path / "ws")
     console, buffer = _console(terminal=True)
     renderer = _Recording(console)
-    model = ScriptedModel(scripted_model_responses(root), max_input_units=5000)
+    model = ScriptedModel(scripted_model_responses(root), max_input_units=2400)
     engine = Engine(
         NotesAgent(root, policy="model"),
         model=model,
@@ -56,10 +56,20 @@ def test_live_mode_shows_steps_progress_budget_and_streamed_model_text(tmp_path:
     frames = renderer.frames
     assert any("step 3/24" in f for f in frames)
     assert any("1,000 left" in f for f in frames)
-    # The final answer arrives as model_delta text and is shown while it streams.
-    assert any("# Notes index" in f for f in frames)
     assert result.state.stop_reason == "final"
     assert renderer._live is None  # stopped at run_end
+
+
+def test_live_mode_shows_the_model_text_while_it_streams(tmp_path: Path) -> None:
+    root, _ = prepare_workspace(tmp_path / "ws")
+    console, buffer = _console(terminal=True)
+    renderer = _Recording(console)
+    model = ScriptedModel(["I would rather answer now: there are five notes."])
+    result = Engine(NotesAgent(root, policy="model"), model=model, hooks=[renderer]).run("Index")
+    assert result.state.final_result == "I would rather answer now: there are five notes."
+    streamed = [f for f in renderer.frames if "there are five" in f]
+    assert streamed, "model_delta text must show in the live region while it arrives"
+    assert "answer:" in buffer.getvalue()
 
 
 def test_plain_mode_is_one_line_per_step_and_result_without_styles(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,19 +83,46 @@ def test_scripted_policy_lists_reads_each_note_writes_the_index_and_answers(tmp_
 
 def test_model_policy_runs_the_engine_model_path_with_the_same_reduce(tmp_path: Path) -> None:
     root, _ = prepare_workspace(tmp_path / "ws")
-    model = ScriptedModel(scripted_model_responses(root), max_input_units=3500)
+    model = ScriptedModel(scripted_model_responses(root), max_input_units=2400)
     engine = Engine(
         NotesAgent(root, policy="model"),
         model=model,
         context=ModelContext(compaction_policy=ClosedExchangeWindowCompactor()),
     )
     result = engine.run("Index the notes")
+    notes = bundled_note_paths()
     assert result.state.stop_reason == "final"
-    assert len(model.requests) == result.step_count
-    assert [n.path for n in result.state.notes] == bundled_note_paths()
+    assert len(model.requests) == 1 + len(notes)  # list, then one read per note: the model's turns
+    assert [r.model is not None for r in result.records] == [True] * (1 + len(notes)) + [False, False]
+    assert [n.path for n in result.state.notes] == sorted(notes, reverse=True)  # the model's order
     assert result.state.index_written
+    assert result.state.final_result == render_index(result.state.notes).rstrip("\n")
     receipts = [rc for r in result.records for rc in (r.request_view or {}).get("receipts", [])]
     assert receipts, "a small declared capacity must force compaction with a receipt"
+
+
+def test_model_mode_offers_only_the_next_tool_with_paths_narrowed_to_what_exists(tmp_path: Path) -> None:
+    root, _ = prepare_workspace(tmp_path / "ws")
+    notes = bundled_note_paths()
+    script: list[Any] = [
+        {"tool_calls": [{"name": "list_files", "arguments": {"path": ".", "recursive": True}}]},
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "invented.md"}}]},
+        *({"tool_calls": [{"name": "read_file", "arguments": {"path": p}}]} for p in notes),
+    ]
+    model = ScriptedModel(script)
+    result = Engine(NotesAgent(root, policy="model"), model=model).run("Index")
+    first, second, third = (view.tools() for view in model.requests[:3])
+    assert [t["name"] for t in first] == ["list_files"]
+    assert first[0]["parameters"]["properties"]["path"]["enum"] == ["."]
+    assert [t["name"] for t in second] == ["read_file"]
+    assert second[0]["parameters"]["properties"]["path"]["enum"] == notes
+    assert set(second[0]["parameters"]["properties"]) == {"path"}
+    invented = result.records[1].observation.results[0]
+    assert (invented.ok, invented.error_kind) == (False, "invalid_arguments")
+    assert third[0]["parameters"]["properties"]["path"]["enum"] == notes
+    assert model.requests[-1].tools()[0]["parameters"]["properties"]["path"]["enum"] == notes[-1:]
+    assert result.state.stop_reason == "final"
+    assert sorted(n.path for n in result.state.notes) == notes
 
 
 def test_model_policy_without_a_model_fails_clearly(tmp_path: Path) -> None:

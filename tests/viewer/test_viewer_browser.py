@@ -111,9 +111,9 @@ def test_run_page_shows_the_timeline_and_each_steps_details(
     body = step.locator(".step-body")
     for heading in ("Decision", "Actions", "Observations", "State diff", "Model", "Request"):
         assert body.locator("h3", has_text=heading).count() == 1, heading
-    assert "context-budget.md" in body.inner_text()
+    assert "sessions.md" in body.inner_text()  # the scripted model reads in reverse order
     assert body.locator(".budget-bar .seg.used").count() == 1
-    assert "1 receipt" in page.locator('details.step[data-step="7"] summary').inner_text()
+    assert "1 receipt" in page.locator('details.step[data-step="5"] summary').inner_text()
     _shot(page, "run")
     _, _, events = api(f"/api/runs/{viewer_data.compacted_run}/events")
     page.click("details.events > summary")
@@ -127,11 +127,12 @@ def test_request_inspector_shows_selection_budget_and_every_receipt(
     page: Any, server: ViewerServer, viewer_data: ViewerData, api: Any
 ) -> None:
     _, _, detail = api(f"/api/runs/{viewer_data.compacted_run}")
-    last = detail["steps"][-1]
+    last = [s for s in detail["steps"] if s.get("request_view")][-1]
+    assert last["step_id"] == 5
     view = last["request_view"]
-    _open(page, server, f"#/runs/{viewer_data.compacted_run}", 'details.step[data-step="7"]')
-    page.locator('details.step[data-step="7"] summary').click()
-    page.click('details.step[data-step="7"] a.button')
+    _open(page, server, f"#/runs/{viewer_data.compacted_run}", 'details.step[data-step="5"]')
+    page.locator('details.step[data-step="5"] summary').click()
+    page.click('details.step[data-step="5"] a.button')
     page.wait_for_selector(".receipt")
     assert page.locator(".idlist.omitted li").count() == len(view["exchanges"]["omitted"])
     assert page.locator(".idlist.selected li").count() == len(view["exchanges"]["selected"])

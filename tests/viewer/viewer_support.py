@@ -94,7 +94,7 @@ def build_viewer_data(base: Path) -> ViewerData:
     logdir = base / "runs"
     root, _ = prepare_workspace(base / "ws")
     scripted = Engine(NotesAgent(root), trace_logdir=str(logdir)).run("Index the notes")
-    model = ScriptedModel(scripted_model_responses(root), max_input_units=5000)
+    model = ScriptedModel(scripted_model_responses(root), max_input_units=2400)
     compacted = Engine(
         NotesAgent(root, policy="model"),
         model=model,
@@ -124,7 +124,7 @@ def build_viewer_data(base: Path) -> ViewerData:
     model_session = compose(
         agent=lambda: NotesAgent(root, policy="model"),
         store=store,
-        model=ScriptedModel(scripted_model_responses(root), max_input_units=5000),
+        model=ScriptedModel(scripted_model_responses(root), max_input_units=2400),
         extensions={"closed_window": ClosedExchangeWindowCompactor},
         compaction={"provider": "closed_window"},
         trace_logdir=str(logdir),

@@ -81,4 +81,7 @@ def load_local_model(*, max_input_units: int | None = None) -> Any:
     kwargs: dict[str, Any] = {}
     if max_input_units is not None:
         kwargs["max_input_units"] = max_input_units
-    return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except ImportError as exc:  # the runtime or the weights are missing
+        fail(f"the embedded local model is not available: {exc}", EXIT_USAGE)

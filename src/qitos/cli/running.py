@@ -50,7 +50,7 @@ DEMO_DEFAULT_MODEL = "scripted"
 DEMO_TASK = "Index the notes in this workspace: list them, read each one, and write INDEX.md."
 # The scripted demo model declares a small context window so that late requests need compaction
 # (and the viewer has receipts to show).
-DEMO_SCRIPTED_CAPACITY = 6000
+DEMO_SCRIPTED_CAPACITY = 2400
 
 _NORMAL_STOPS = frozenset({"paused", "awaiting_approval"})
 _COMPACTION = {"closed_window": ClosedExchangeWindowCompactor}

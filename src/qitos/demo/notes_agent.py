@@ -6,9 +6,15 @@ The agent works through the workspace file tools of :mod:`qitos.kit.tools.files`
 
 - ``policy="scripted"``: ``decide`` is a deterministic policy (list, read each note, write the
   index, answer). No model is involved; the run is the same every time.
-- ``policy="model"``: ``decide`` returns None, so the engine takes its model path (RequestView,
-  model adapter, tool calls parsed into decisions). ``reduce`` is shared: whatever the model reads
-  is folded into the same typed state.
+- ``policy="model"``: while there is something to explore, ``decide`` returns None and the engine
+  takes its model path (RequestView, model adapter, tool calls parsed into decisions): the model
+  lists the workspace and reads the notes, in the order it chooses. Before each model turn the
+  agent offers only the tool that makes sense next (``list_files``, then ``read_file``) with its
+  path argument narrowed to what exists (a JSON-schema enum built from the state), so an adapter
+  that constrains its output to the tool schemas (the embedded local model does) cannot name a
+  file that is not there, and even a very small model gets through. Once every note is read, the
+  agent writes ``INDEX.md`` and answers itself: the index is computed from what the model read,
+  so it is right whatever the model's size. ``reduce`` is shared by both policies.
 
 The workspace is a directory on disk; :func:`prepare_workspace` copies the bundled notes
 (package data under ``qitos/demo/workspace``) into a new or empty directory. Package data is never
@@ -18,6 +24,7 @@ on the same directory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator
@@ -31,7 +38,7 @@ from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Action, Decision, Observation
 from qitos.core.errors import ConfigurationError
 from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry
+from qitos.core.tool import ToolRegistry, ToolSpec
 from qitos.kit.tools.files import workspace_tools
 
 __all__ = [
@@ -52,10 +59,8 @@ WORKSPACE_ENV = "QITOS_DEMO_WORKSPACE"
 Policy = Literal["scripted", "model"]
 
 SYSTEM_PROMPT = (
-    "You index the Markdown notes of a workspace. Use the tools: call list_files with "
-    'path "." and recursive true to find the notes, read_file once for each .md note (skip '
-    f"{INDEX_FILE}), then write_file to save {INDEX_FILE} with one line per note "
-    '("- path: Title - first sentence"), and finally answer with that index as plain text.'
+    "You explore a workspace of Markdown notes so that they can be indexed, one tool call per turn: "
+    "first list_files, then read_file for each note that is not read yet."
 )
 
 
@@ -81,10 +86,14 @@ class NotesState(StateSchema):
     failed: dict[str, str] = field(default_factory=dict)
     index_written: bool = False
 
+    def unread(self) -> list[str]:
+        """Listed notes that were neither read nor failed, in listing order."""
+        done = {n.path for n in self.notes} | set(self.failed)
+        return [f for f in self.files if f not in done]
+
     def next_unread(self) -> str | None:
         """The first listed note that was neither read nor failed."""
-        done = {n.path for n in self.notes} | set(self.failed)
-        return next((f for f in self.files if f not in done), None)
+        return next(iter(self.unread()), None)
 
 
 def parse_note(path: str, text: str) -> NoteEntry:
@@ -208,6 +217,8 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         configured = workspace if workspace is not None else os.environ.get(WORKSPACE_ENV)
         self.workspace: Path | None = Path(configured).expanduser().resolve() if configured else None
         self._bound_root: Path | None = None
+        self._specs: dict[str, ToolSpec] = {}
+        self._offered: tuple[str, ...] | None = None
         if self.workspace is not None and self.workspace.is_dir():
             self._bind(self.workspace)
 
@@ -217,12 +228,24 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         """(Re)register the file tools confined to ``root``."""
         if self._bound_root == root:
             return
-        registry = ToolRegistry()
-        for spec in workspace_tools(root):
-            if spec.name in ("list_files", "read_file", "write_file", "search_files"):
-                registry.register(spec)
-        self.tool_registry = registry
+        specs = {spec.name: spec for spec in workspace_tools(root)}
+        self._specs = {name: specs[name] for name in ("list_files", "read_file", "search_files", "write_file")}
+        self.tool_registry = ToolRegistry(self._specs.values())
         self._bound_root = root
+        self._offered = None
+
+    def _offer_next_tools(self, state: NotesState) -> None:
+        """Model mode: register only the next sensible tool, its arguments narrowed to what exists."""
+        specs = self._specs
+        offered: list[ToolSpec] = []
+        if not state.listed:
+            offered.append(_narrow(specs["list_files"], {"path": ["."], "recursive": [True]}))
+        elif unread := state.unread():
+            offered.append(_narrow(specs["read_file"], {"path": unread}))
+        key = tuple(_spec_key(spec) for spec in offered)
+        if key != self._offered:
+            self.tool_registry = ToolRegistry(offered)
+            self._offered = key
 
     def _ensure_bound(self, state: NotesState) -> None:
         # A restored session carries its workspace in the state; bind the tools to it.
@@ -255,9 +278,11 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         return state.task or f"Index the notes in the workspace and write {INDEX_FILE}."
 
     def decide(self, state: NotesState, observation: Observation) -> Decision[Action] | None:
-        """The scripted policy (list, read each note, write the index, answer), or None for the model."""
+        """The next step: the scripted policy (list, read each note, write the index, answer); in model
+        mode None (the model's turn) until every note is read, then the same write and answer."""
         self._ensure_bound(state)
-        if self.policy == "model":
+        if self.policy == "model" and (not state.listed or state.unread()):
+            self._offer_next_tools(state)
             return None
         if not state.listed:
             return Decision.act(
@@ -266,6 +291,13 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         path = state.next_unread()
         if path is not None:
             return Decision.act([Action("read_file", {"path": path})], rationale=f"read {path}")
+        return self._write_and_answer(state)
+
+    def _write_and_answer(self, state: NotesState) -> Decision[Action]:
+        # Both policies end here: the index is rendered from the notes that were read.
+        if self._offered is not None:
+            self.tool_registry = ToolRegistry(self._specs.values())
+            self._offered = None
         index = render_index(state.notes)
         if not state.index_written:
             return Decision.act(
@@ -303,24 +335,42 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         return state
 
 
+def _narrow(spec: ToolSpec, allowed: dict[str, list[Any]]) -> ToolSpec:
+    """``spec`` with only the ``allowed`` arguments, each required and an enum of its values."""
+    properties = dict(spec.parameters.get("properties") or {})
+    narrowed: dict[str, Any] = {}
+    for name, values in allowed.items():
+        schema = {k: v for k, v in dict(properties[name]).items() if k != "default"}
+        narrowed[name] = {**schema, "enum": list(values)}
+    parameters = {
+        "type": "object",
+        "properties": narrowed,
+        "required": list(narrowed),
+        "additionalProperties": False,
+    }
+    return dataclasses.replace(spec, parameters=parameters)
+
+
+def _spec_key(spec: ToolSpec) -> str:
+    """A stable key of a spec's name and schema (to skip rebuilding an unchanged registry)."""
+    return f"{spec.name}:{sorted(spec.parameters.get('properties', {}).items())!r}"
+
+
 # --------------------------------------------------------------------------- a scripted "model"
 
 
 def scripted_model_responses(workspace: str | os.PathLike[str]) -> list[dict[str, Any] | str]:
     """Responses for :class:`~qitos.models.scripted.ScriptedModel` that drive ``policy="model"``
-    through the engine's model path over ``workspace`` (list, read each note, write, answer).
+    through the engine's model path over ``workspace``: list, then read each note (in reverse path
+    order, to show that the order is the model's choice).
 
     This is a fixed script computed from the files, not a language model; it exists so the model
     path (requests, budgets, compaction receipts) can be shown and tested offline.
     """
     root = Path(workspace)
-    paths = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.md") if p.name != INDEX_FILE)
-    notes = [parse_note(p, (root / p).read_text(encoding="utf-8")) for p in paths]
-    index = render_index(notes)
+    paths = sorted((p.relative_to(root).as_posix() for p in root.rglob("*.md") if p.name != INDEX_FILE), reverse=True)
     responses: list[dict[str, Any] | str] = [
         {"tool_calls": [{"name": "list_files", "arguments": {"path": ".", "recursive": True}}]}
     ]
     responses += [{"tool_calls": [{"name": "read_file", "arguments": {"path": p}}]} for p in paths]
-    responses.append({"tool_calls": [{"name": "write_file", "arguments": {"path": INDEX_FILE, "content": index}}]})
-    responses.append(index.rstrip("\n"))
     return responses
