@@ -195,3 +195,19 @@ def test_model_errors_and_scripted_errors_pickle() -> None:
         ScriptedModel([]).complete(view_of())
     restored = pickle.loads(pickle.dumps(info.value))
     assert str(restored) == str(info.value)
+
+
+def test_importing_qitos_models_pulls_in_no_optional_dependency() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, qitos.models; "
+        "from qitos.models import ScriptedModel, ReplayModel, FunctionModel, ModelAdapter; "
+        "print(sorted(m for m in ('httpx', 'cyllama', 'mcp') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    lazy = "from qitos.models import OpenAICompatibleModel; print(OpenAICompatibleModel.__module__)"
+    out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "qitos.models.openai_compat"

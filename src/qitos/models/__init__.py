@@ -1,4 +1,40 @@
-"""qitos.models: model adapters, one module each (``base``, ``openai_compat``, ``scripted``,
-``local``). Import adapters by module path; this package imports nothing heavy."""
+"""qitos.models: model adapters.
 
-__all__: list[str] = []
+The contract and the offline doubles import eagerly (they need nothing beyond the standard
+library); the network and embedded adapters load on first access, so ``import qitos.models``
+never pulls in ``httpx`` or ``cyllama``::
+
+    from qitos.models import ScriptedModel                 # light
+    from qitos.models import OpenAICompatibleModel         # imports httpx now
+    from qitos.models.local import LocalModel              # imports cyllama now
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from qitos.models.base import ModelAdapter, ModelResponse, ToolCall, Usage
+from qitos.models.scripted import FunctionModel, ReplayDivergenceError, ReplayModel, ScriptedModel
+
+__all__ = [
+    "FunctionModel",
+    "LocalModel",
+    "ModelAdapter",
+    "ModelResponse",
+    "OpenAICompatibleModel",
+    "ReplayDivergenceError",
+    "ReplayModel",
+    "ScriptedModel",
+    "ToolCall",
+    "Usage",
+]
+
+_LAZY = {"OpenAICompatibleModel": "qitos.models.openai_compat", "LocalModel": "qitos.models.local"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qitos.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
