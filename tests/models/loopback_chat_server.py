@@ -138,6 +138,7 @@ class LoopbackChatServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
