@@ -494,7 +494,7 @@ def test_a_corrupted_exchange_log_blob_is_reported_by_inspect_not_raised(db: str
     chunks = [
         s.payload["log"]["chunk"]
         for s in store.load_chain(_head(composition, session.session_id.value))
-        if s.payload["log"].get("chunk")
+        if (s.payload.get("log") or {}).get("chunk")
     ]
     with sqlite3.connect(db) as con:
         con.execute("UPDATE blobs SET data = ? WHERE digest = ?", (zlib.compress(b"[]"), chunks[0]))

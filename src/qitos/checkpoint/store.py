@@ -263,8 +263,14 @@ class SessionSnapshot:
         sequence: int,
         payload: Mapping[str, Any],
         created_at: str | None = None,
+        trusted: bool = False,
     ) -> SessionSnapshot:
-        """Build a snapshot and compute its id; CodecError if ``payload`` is not JSON-native."""
+        """Build a snapshot and compute its id; CodecError if ``payload`` is not JSON-native.
+
+        ``trusted=True`` skips the JSON round-trip check, for payloads built only from data that
+        ``qitos.core.codec`` already produced (the session journal's hot path); the payload is
+        still encoded canonically and hashed.
+        """
         _require_str(session_id, "session_id")
         _require_str(parent_id, "parent_id", optional=True)
         _require_str(base_id, "base_id", optional=True)
@@ -272,7 +278,13 @@ class SessionSnapshot:
             raise UsageError(f"sequence must be a non-negative int, got {sequence!r}")
         stamp = utc_now() if created_at is None else created_at
         _require_str(stamp, "created_at")
-        payload_json = json_text(payload, "snapshot.payload")
+        if trusted and isinstance(payload, Mapping):
+            try:
+                payload_json = _ENCODE(payload)
+            except (TypeError, ValueError) as exc:
+                raise CodecError("snapshot.payload", f"not JSON-native: {exc}") from exc
+        else:
+            payload_json = json_text(payload, "snapshot.payload")
         snapshot = cls(
             snapshot_id="",
             session_id=session_id,
@@ -311,6 +323,12 @@ class SessionSnapshot:
         if actual != self.snapshot_id:
             raise SnapshotIntegrityError(self.snapshot_id, f"content hashes to {actual}, not to its id")
         return payload_json
+
+    @property
+    def payload_size(self) -> int:
+        """Characters of the payload's canonical JSON (what the store writes, before compression)."""
+        text: str | None = self.__dict__.get("_canonical_payload")
+        return len(text) if text is not None else len(json_text(self.payload, "snapshot.payload"))
 
     def verify(self) -> None:
         """Re-serialize the live content; SnapshotIntegrityError if it does not hash to the id."""

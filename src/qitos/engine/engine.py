@@ -14,7 +14,6 @@ thread) and ``Session.run`` (with a durable journal). Per step:
 
 from __future__ import annotations
 
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -180,7 +179,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         self.context = context
         self.checkpoint_store = checkpoint_store
         self.max_critic_retries = max_critic_retries
-        self._cancel = threading.Event()
+        # Plain flags (set from any thread; reads and writes of a bool are atomic in CPython).
+        self._cancel = False
         self._cancel_immediate = False
         self._hook_table = self._build_hook_table()
         self._model_path: Any = None
@@ -191,7 +191,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         """Stop the run: after the current step (``cancelled``), or as soon as the current phase
         ends without committing the step (``immediate=True``, ``cancelled_immediate``)."""
         self._cancel_immediate = self._cancel_immediate or immediate
-        self._cancel.set()
+        self._cancel = True
 
     def run(
         self,
@@ -210,7 +210,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         ``journal``/``resume`` are how durable sessions drive the loop; ``on_event`` receives each
         event as it is emitted (the AsyncEngine uses it).
         """
-        self._cancel.clear()
+        self._cancel = False
         self._cancel_immediate = False
         return self._execute(
             Task.coerce(task),
@@ -287,6 +287,10 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             stop, raised = StopReason.UNRECOVERABLE_ERROR, exc
             run.error = f"{type(exc).__name__}: {exc}"
             run.emit(EngineEvent(E.ERROR, run.state.current_step, phase=P.END, ok=False, error=run.error))
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Interrupted from outside: finish the run's records (manifest "stopped"), then re-raise.
+            stop, raised = StopReason.CANCELLED_IMMEDIATE, exc
+            run.error = f"interrupted by {type(exc).__name__}"
         except Exception as exc:
             stop = StopReason.UNRECOVERABLE_ERROR
             run.error = f"{type(exc).__name__}: {exc}"
@@ -400,7 +404,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
     def _boundary(self, run: _Run) -> StopReason | None:
         state = run.state
         step_id = state.current_step
-        if self._cancel.is_set():
+        if self._cancel:
             return StopReason.CANCELLED_IMMEDIATE if self._cancel_immediate else StopReason.CANCELLED
         if run.journal.durable:
             reason = self._take_control(run, run.journal.control(step_id))
@@ -546,8 +550,6 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             chosen = self.search.select(decision.candidates, state)
             run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload={"candidates": len(decision.candidates)}))
             decision = chosen
-        if self._cancel_immediate:
-            self._immediate_cancel_point()
         changes = state.drain_changes() if state.__dict__.get("_q_changes") else []
         if changes:
             run.step_changes.extend(changes)
@@ -560,6 +562,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 request_view=view_summary,
                 log_entries=log_entries,
                 state_changes=changes,
+                control_position=run.control_position,
             )
             run.pending = pending
             run.journal.record_decision(pending)
@@ -568,6 +571,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         if self._hook_table["on_after_decide"]:
             ctx = HookContext(run.run_id, step_id, state, decision)
             self._call_hooks("on_after_decide", run, ctx)
+        if self._cancel_immediate:
+            self._immediate_cancel_point()
         return decision, model_entry, view_summary
 
     def _model_decide(
@@ -600,9 +605,13 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         if self._hook_table["on_before_act"]:
             ctx = HookContext(run.run_id, step_id, state, decision)
             self._call_hooks("on_before_act", run, ctx)
+        if self._cancel_immediate:
+            self._immediate_cancel_point()
         if decision.mode != "act":
             observation = Observation()
-            run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": 0}))
+            run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": []}))
+            if self._hook_table["on_after_act"]:
+                self._call_hooks("on_after_act", run, HookContext(run.run_id, step_id, state, decision, observation))
             return observation
         if self.env is not None:
             observation = Observation(env=self.env.step(decision.actions))
@@ -839,6 +848,10 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             key = getattr(self.model, "api_key", None)
             if isinstance(key, str):
                 writer.redact.add(key)
+            secrets = getattr(self.model, "secrets", None)
+            if callable(secrets):
+                for secret in secrets():
+                    writer.redact.add(secret)
         return writer
 
     def _event_sinks(
@@ -851,18 +864,26 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         if writer is None and on_event is None and not listeners:
             return events.append
 
-        def emit(event: EngineEvent) -> None:
+        def record(event: EngineEvent) -> None:
             events.append(event)
             if writer is not None:
                 writer.event(event.to_dict())
             if on_event is not None:
                 on_event(event)
+
+        def emit(event: EngineEvent) -> None:
+            # Listeners see the event first, so an error they raise is recorded before it (run_end stays last).
             for hook in listeners:
                 try:
                     hook.on_event(event)
                 except Exception as exc:
                     error = f"hook {type(hook).__name__}.on_event raised {type(exc).__name__}: {exc}"
-                    events.append(EngineEvent(E.ERROR, event.step_id, ok=False, error=error))
+                    record(
+                        EngineEvent(
+                            E.ERROR, event.step_id, ok=False, error=error, payload={"hook": type(hook).__name__}
+                        )
+                    )
+            record(event)
 
         return emit
 
@@ -885,7 +906,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 )
 
     def _immediate_cancel_point(self) -> None:
-        if self._cancel_immediate and self._cancel.is_set():
+        if self._cancel_immediate and self._cancel:
             raise _StopRun(StopReason.CANCELLED_IMMEDIATE)
 
     def _elapsed(self, run: _Run) -> float:

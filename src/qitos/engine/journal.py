@@ -60,6 +60,7 @@ class PendingStep:
     state_changes: list[dict[str, Any]] = field(default_factory=list)
     started: set[str] = field(default_factory=set)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    control_position: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native form."""
@@ -72,6 +73,7 @@ class PendingStep:
             "state_changes": self.state_changes,
             "started": sorted(self.started),
             "results": self.results,
+            "control_position": self.control_position,
         }
 
     @classmethod
@@ -86,6 +88,7 @@ class PendingStep:
             state_changes=list(data.get("state_changes") or []),
             started=set(data.get("started") or []),
             results=dict(data.get("results") or {}),
+            control_position=int(data.get("control_position") or 0),
         )
 
 

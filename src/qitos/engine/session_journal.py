@@ -2,9 +2,10 @@
 
 Snapshot payload (format 1), JSON::
 
-    step_id, lifecycle, stop_reason, run_id       where the session stands
+    step_id, lifecycle, stop_reason, run_id       where the session stands (lifecycle and run_id only
+                                                  when they change; earlier values carry forward)
     state:  {"full": {...}} | {"delta": [ops]}    strict-codec state, or the changes since the parent
-    state_bytes, delta_bytes                      sizes driving the materialization rule below
+    state_bytes (full snapshots)                  the size driving the materialization rule below
     log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
              chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
     budget_used, control_position                 counters and consumed control items
@@ -40,6 +41,9 @@ __all__ = ["FORMAT", "RestoredSession", "SessionJournal", "materialize", "restor
 
 FORMAT = 1
 _MIN_FULL_BYTES = 4096
+# A full state is rewritten when the deltas since the last one exceed this multiple of its size:
+# storage stays within (1 + 1/factor) of the data, a restore applies at most factor x state of deltas.
+_FULL_FACTOR = 3
 APPROVAL_KINDS = ("approve", "reject")
 
 # --------------------------------------------------------------------------- restoring
@@ -50,36 +54,68 @@ class RestoredSession:
     """A session rebuilt at one snapshot: its state data, exchange log and any unfinished step."""
 
     snapshot: SessionSnapshot
+    base_id: str
     state_data: dict[str, Any]
+    copied: set[str]
     log: ExchangeLog
+    log_chunks: list[str]
+    request_view: str | None
     pending: PendingStep | None
     carry_changes: list[dict[str, Any]]
+    state_bytes: int = 0
+    delta_bytes: int = 0
+    lifecycle: str = "created"
+    run_id: str | None = None
+    # True when the unfinished step was rebuilt from pending writes: what its DECIDE appended to the
+    # log and changed in the state is not in any snapshot yet.
+    pending_from_writes: bool = False
+
+    @property
+    def control_position(self) -> int:
+        """Control items consumed so far (including by an unfinished step)."""
+        position = int(self.snapshot.payload.get("control_position", 0))
+        return max(position, self.pending.control_position) if self.pending else position
 
 
-def materialize(store: CheckpointStore, snapshot_id: str) -> tuple[list[SessionSnapshot], dict[str, Any], ExchangeLog]:
+def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     """Rebuild the state data and the exchange log at ``snapshot_id`` from its verified chain."""
     chain = store.load_chain(snapshot_id)
     base, head = chain[0], chain[-1]
     state_part = base.payload.get("state") or {}
     if "full" not in state_part:
         raise SnapshotIntegrityError(base.snapshot_id, "the chain's base holds no full state")
-    data: dict[str, Any] = json.loads(json.dumps(state_part["full"]))
-    chunks: list[str] = list((base.payload.get("log") or {}).get("chunks") or [])
+    # Copy-on-write: fields are copied only when a delta changes them (the payloads stay intact).
+    data: dict[str, Any] = dict(state_part["full"])
+    copied: set[str] = set()
+    log_meta: Mapping[str, Any] = base.payload.get("log") or {}
+    chunks: list[str] = list(log_meta.get("chunks") or [])
+    view_id = base.payload.get("request_view")
+    run_id = base.payload.get("run_id")
+    delta_bytes = 0
     for snap in chain[1:]:
-        part = snap.payload.get("state") or {}
+        payload = snap.payload
+        delta_bytes += snap.payload_size
+        run_id = payload.get("run_id", run_id)
+        part = payload.get("state") or {}
         if "full" in part:
             raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
         try:
-            apply_changes(data, part.get("delta") or [])
+            apply_copied(data, part.get("delta") or [], copied)
         except Exception as exc:
             raise SnapshotIntegrityError(snap.snapshot_id, f"its state delta does not apply: {exc}") from exc
-        chunk = (snap.payload.get("log") or {}).get("chunk")
-        if chunk:
-            chunks.append(chunk)
-    log_meta = head.payload.get("log") or {}
+        snap_log = payload.get("log")
+        if snap_log:
+            log_meta = snap_log
+            if snap_log.get("chunk"):
+                chunks.append(snap_log["chunk"])
+        if "request_view" in payload:
+            view_id = payload["request_view"]
     log = ExchangeLog(log_meta.get("log_id") or f"log-{head.session_id}")
     if chunks:
-        blobs = store.get_blobs(chunks)
+        try:
+            blobs = store.get_blobs(chunks)
+        except CheckpointError as exc:
+            raise SnapshotIntegrityError(head.snapshot_id, f"its exchange-log blobs are unreadable: {exc}") from exc
         for chunk in chunks:
             raw = blobs.get(chunk)
             if raw is None:
@@ -96,24 +132,54 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> tuple[list[SessionS
             f"the exchange log rebuilt to position {log.position} digest {log.digest[:12]}, "
             f"but the snapshot records {log_meta.get('position')} {str(log_meta.get('digest'))[:12]}",
         )
-    return chain, data, log
+    return RestoredSession(
+        snapshot=head,
+        base_id=base.snapshot_id,
+        state_data=data,
+        copied=copied,
+        log=log,
+        log_chunks=chunks,
+        request_view=view_id,
+        pending=None,
+        carry_changes=[],
+        state_bytes=int(base.payload.get("state_bytes", 0)),
+        delta_bytes=delta_bytes,
+        lifecycle=str(head.payload.get("lifecycle", "running")),
+        run_id=run_id,
+    )
+
+
+def apply_copied(data: dict[str, Any], ops: list[dict[str, Any]], copied: set[str]) -> None:
+    """``apply_changes`` that first copies a list or dict field it is about to change in place."""
+    for op in ops:
+        name = op["field"]
+        if op["op"] == "set":
+            copied.discard(name)  # the new value is shared with the payload until copied again
+        elif name not in copied:
+            value = data.get(name)
+            if isinstance(value, list):
+                data[name] = list(value)
+            elif isinstance(value, dict):
+                data[name] = dict(value)
+            copied.add(name)
+        apply_changes(data, [op])
 
 
 def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSession:
     """Rebuild ``session_id`` at ``head_id``, folding in the pending writes of an unfinished step."""
-    chain, data, log = materialize(store, head_id)
-    head = chain[-1]
+    restored = materialize(store, head_id)
+    head = restored.snapshot
     pending_data = head.payload.get("pending")
     pending = PendingStep.from_dict(pending_data) if pending_data else None
-    carry: list[dict[str, Any]] = []
     writes = store.get_writes(session_id, head_id)
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
             pending = PendingStep.from_dict(write.payload)
-            log.extend_entries(pending.log_entries)
-            apply_changes(data, pending.state_changes)
-            carry.extend(pending.state_changes)
+            restored.log.extend_entries(pending.log_entries)
+            apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            restored.carry_changes.extend(pending.state_changes)
+            restored.pending_from_writes = True
     if pending is not None:
         for write in writes:
             if write.step_id != pending.step_id:
@@ -122,7 +188,8 @@ def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSe
                 pending.started.add(write.key)
             elif write.kind == "tool_result":
                 pending.results.setdefault(write.key, dict(write.payload))
-    return RestoredSession(snapshot=head, state_data=data, log=log, pending=pending, carry_changes=carry)
+    restored.pending = pending
+    return restored
 
 
 # --------------------------------------------------------------------------- the journal
@@ -137,7 +204,7 @@ class SessionJournal(RunJournal):
         self,
         store: CheckpointStore,
         session_id: str,
-        head: SessionSnapshot,
+        restored: RestoredSession,
         *,
         run_id: str,
         mode: str = "sync",
@@ -150,17 +217,22 @@ class SessionJournal(RunJournal):
         self.mode = mode
         self.batch_steps = batch_steps
         self.batch_ms = batch_ms
-        payload = head.payload
+        head = restored.snapshot
         self._head_id = head.snapshot_id
         self._sequence = head.sequence
-        self._base_id = head.base_id or head.snapshot_id
-        self._state_bytes = int(payload.get("state_bytes", 0))
-        self._delta_bytes = int(payload.get("delta_bytes", 0))
-        self._log_position = int((payload.get("log") or {}).get("position", 0))
-        self._log_chunks_at_base: list[str] | None = None
-        self._request_view_id: str | None = payload.get("request_view")
+        self._base_id = restored.base_id
+        self._state_bytes = restored.state_bytes
+        self._delta_bytes = restored.delta_bytes
+        self._run_recorded = False
+        # The log position already in snapshots: entries an unfinished step re-applied from its
+        # pending writes come after it and go into the next commit.
+        self._log_position = restored.log.position
+        if restored.pending is not None and restored.pending_from_writes:
+            self._log_position -= len(restored.pending.log_entries)
+        self._log_chunks = list(restored.log_chunks)
+        self._request_view_id: str | None = restored.request_view
         self._request_view_obj: Any = None
-        self._consumed = int(payload.get("control_position", 0))
+        self._consumed = restored.control_position
         self._fetched = 0
         self._pause_positions: list[int] = []
         self._steering: list[SteeringItem] = []
@@ -265,55 +337,65 @@ class SessionJournal(RunJournal):
         delta: list[dict[str, Any]] = []
         for boundary in boundaries:
             delta.extend(boundary.state_changes)
-        delta_text = canonical_json(delta)
         blobs: dict[str, bytes] = {}
+        # Only what changed is written; unchanged log and request-view references are inherited
+        # from earlier snapshots of the chain (see materialize).
+        # Fields that rarely change are written only when they do: the run id on a run's first
+        # snapshot, the lifecycle when it is not "running" (materialize carries them forward).
+        used = last.budget_used
         payload: dict[str, Any] = {
-            "format": FORMAT,
-            "run_id": self.run_id,
             "step_id": last.step_id,
-            "lifecycle": last.lifecycle,
-            "stop_reason": last.stop_reason,
-            "budget_used": last.budget_used,
+            "budget_used": {"tokens": used.get("tokens", 0), "elapsed_seconds": used.get("elapsed_seconds", 0.0)},
             "control_position": self._consumed,
-            "pending": last.pending.to_dict() if last.pending is not None else None,
-            "step": _step_summary(boundaries),
         }
+        if not self._run_recorded:
+            payload["run_id"] = self.run_id
+        if last.lifecycle != "running":
+            payload["lifecycle"] = last.lifecycle
+        if last.stop_reason is not None:
+            payload["stop_reason"] = last.stop_reason
+        if last.pending is not None:
+            payload["pending"] = last.pending.to_dict()
+        steps = _step_summary(boundaries)
+        if steps:
+            payload["step"] = steps
         log: ExchangeLog | None = last.log
         chunk: str | None = None
         if log is not None and log.position > self._log_position:
-            entries = log.entries(self._log_position)
-            raw = zlib.compress(canonical_json(entries).encode("utf-8"), 6)
+            raw = zlib.compress(canonical_json(log.entries(self._log_position)).encode("utf-8"), 6)
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
+        log_meta = {
+            "log_id": log.log_id if log is not None else f"log-{self.session_id}",
+            "position": log.position if log is not None else self._log_position,
+            "digest": log.digest if log is not None else ExchangeLog(f"log-{self.session_id}").digest,
+        }
+        if chunk is not None:
+            payload["log"] = {**log_meta, "chunk": chunk}
         view = last.request_view
         if view is not None and view is not self._request_view_obj:
             raw_view = zlib.compress(canonical_json(view.to_dict()).encode("utf-8"), 6)
             view_id = sha256_hex(raw_view)
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
-        payload["request_view"] = self._request_view_id
-        log_meta = {
-            "log_id": log.log_id if log is not None else f"log-{self.session_id}",
-            "position": log.position if log is not None else self._log_position,
-            "digest": log.digest if log is not None else ExchangeLog(f"log-{self.session_id}").digest,
-        }
-        full = self._delta_bytes + len(delta_text) > max(self._state_bytes, _MIN_FULL_BYTES)
+            payload["request_view"] = view_id
+        # The geometric rule: rewrite the full state once the deltas since the last one outgrow it.
+        full = self._delta_bytes > _FULL_FACTOR * max(self._state_bytes, _MIN_FULL_BYTES)
         if full:
             state_full = last.state.to_dict()
-            chunks = self._chunks_through_head()
-            if chunk:
-                chunks.append(chunk)
+            chunks = [*self._log_chunks, chunk] if chunk else list(self._log_chunks)
             state_bytes = len(canonical_json(state_full)) + 66 * len(chunks)
-            payload.update(state={"full": state_full}, state_bytes=state_bytes, delta_bytes=0)
-            payload["log"] = {**log_meta, "chunks": chunks}
+            payload.update(
+                format=FORMAT,
+                run_id=self.run_id,
+                state={"full": state_full},
+                state_bytes=state_bytes,
+                log={**log_meta, "chunks": chunks},
+                request_view=self._request_view_id,
+            )
             base_id = None
         else:
-            payload.update(
-                state={"delta": delta},
-                state_bytes=self._state_bytes,
-                delta_bytes=self._delta_bytes + len(delta_text),
-            )
-            payload["log"] = {**log_meta, "chunk": chunk}
+            payload["state"] = {"delta": delta}
             base_id = self._base_id
         snapshot = SessionSnapshot.create(
             session_id=self.session_id,
@@ -321,6 +403,7 @@ class SessionJournal(RunJournal):
             base_id=base_id,
             sequence=self._sequence + 1,
             payload=payload,
+            trusted=True,
         )
         commit = SessionSnapshotCommit(
             session_id=self.session_id,
@@ -336,36 +419,18 @@ class SessionJournal(RunJournal):
             raise
         self._head_id = snapshot.snapshot_id
         self._sequence = snapshot.sequence
+        self._run_recorded = True
+        written = snapshot.payload_size
         if full:
             self._base_id = snapshot.snapshot_id
-            self._state_bytes = payload["state_bytes"]
+            self._state_bytes = int(payload["state_bytes"])
             self._delta_bytes = 0
-            self._log_chunks_at_base = list(payload["log"]["chunks"])
         else:
-            self._delta_bytes = payload["delta_bytes"]
-            if chunk:
-                self._chunks_pending().append(chunk)
-        self._log_position = payload["log"]["position"]
+            self._delta_bytes += written
+        if chunk:
+            self._log_chunks.append(chunk)
+        self._log_position = log.position if log is not None else self._log_position
         self.commits += 1
-
-    # The chunk list of the current base plus the chunks committed since, kept in memory so a full
-    # materialization never has to walk the chain.
-    def _chunks_pending(self) -> list[str]:
-        if self._log_chunks_at_base is None:
-            self._log_chunks_at_base = self._load_chunks()
-        return self._log_chunks_at_base
-
-    def _chunks_through_head(self) -> list[str]:
-        return list(self._chunks_pending())
-
-    def _load_chunks(self) -> list[str]:
-        chain = self.store.load_chain(self._head_id)
-        chunks = list((chain[0].payload.get("log") or {}).get("chunks") or [])
-        for snap in chain[1:]:
-            chunk = (snap.payload.get("log") or {}).get("chunk")
-            if chunk:
-                chunks.append(chunk)
-        return chunks
 
 
 def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:
@@ -374,14 +439,11 @@ def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:
         record = boundary.record
         if record is None:
             continue
-        steps.append(
-            {
-                "step_id": record.step_id,
-                "mode": record.decision.mode,
-                "calls": [
-                    {"call_id": r.call_id, "tool": r.name, "ok": r.ok, "error_kind": r.error_kind}
-                    for r in record.observation.results
-                ],
-            }
-        )
+        summary: dict[str, Any] = {"step_id": record.step_id, "mode": record.decision.mode}
+        if record.observation.results:
+            summary["calls"] = [
+                {"call_id": r.call_id, "tool": r.name, "ok": r.ok, "error_kind": r.error_kind}
+                for r in record.observation.results
+            ]
+        steps.append(summary)
     return steps

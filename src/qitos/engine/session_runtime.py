@@ -262,7 +262,7 @@ class Session:
         journal = SessionJournal(
             store,
             sid,
-            restored.snapshot,
+            restored,
             run_id=self.run_id.value,
             mode=runtime.durability if runtime else "sync",
             batch_steps=runtime.batch_steps if runtime else 16,
@@ -272,7 +272,10 @@ class Session:
         resume = ResumePoint(
             state=state,
             log=restored.log,
-            budget_used=dict(restored.snapshot.payload.get("budget_used") or {}),
+            budget_used={
+                **(restored.snapshot.payload.get("budget_used") or {}),
+                "control_position": restored.control_position,
+            },
             pending=restored.pending,
             carry_changes=restored.carry_changes,
         )
@@ -345,21 +348,17 @@ class Session:
         else:
             snapshot_id = str(snapshot)
         source = store.get_snapshot(snapshot_id)
-        materialize(store, snapshot_id)  # verifies the whole chain the child will share
+        source_state = materialize(store, snapshot_id)  # verifies the whole chain the child will share
         child_id = SessionIdentity.new().value
-        payload = dict(source.payload)
+        # The child's first snapshot adds nothing: state, log and request view come from the chain.
+        inherited = ("step_id", "budget_used", "stop_reason", "pending")
+        payload: dict[str, Any] = {k: source.payload[k] for k in inherited if k in source.payload}
         payload.update(
             state={"delta": []},
             control_position=0,
-            step=[],
+            lifecycle=source_state.lifecycle,
             fork_of={"session_id": source.session_id, "snapshot_id": snapshot_id},
         )
-        log_meta = dict(payload.get("log") or {})
-        log_meta.pop("chunks", None)
-        log_meta["chunk"] = None
-        payload["log"] = log_meta
-        if "full" in (source.payload.get("state") or {}):
-            payload["delta_bytes"] = 0
         child = SessionSnapshot.create(
             session_id=child_id,
             parent_id=snapshot_id,
@@ -376,7 +375,7 @@ class Session:
             fork_operation_id=operation_id,
             created_at=created_at,
         )
-        lifecycle = str(source.payload.get("lifecycle") or "created")
+        lifecycle = source_state.lifecycle
         try:
             store.commit_session_snapshot(
                 SessionSnapshotCommit(
@@ -421,7 +420,10 @@ class Session:
         except SnapshotIntegrityError as exc:
             integrity = f"corrupt: {exc}"
         payload = restored.snapshot.payload if restored else {}
-        budget: dict[str, Any] = {"used": dict(payload.get("budget_used") or {})}
+        used = dict(payload.get("budget_used") or {})
+        used["steps"] = int(payload.get("step_id", 0))
+        used["control_position"] = restored.control_position if restored else 0
+        budget: dict[str, Any] = {"used": used}
         if restored is not None:
             state_data = restored.state_data
             task = self._task_or_load()
@@ -439,7 +441,7 @@ class Session:
             "unflushed_boundaries": journal.unflushed if journal else 0,
         }
         view = None
-        view_id = payload.get("request_view")
+        view_id = restored.request_view if restored else None
         if view_id:
             raw = store.get_blobs([view_id]).get(view_id)
             if raw is not None:
@@ -501,12 +503,13 @@ class Session:
     def _work_graph(self, store: CheckpointStore, sid: str, limit: int = 500) -> dict[str, Any]:
         steps: dict[int, dict[str, Any]] = {}
         snapshot_ids = store.list_session_snapshots(sid)[:limit]
+        run_id: str | None = None
         for snapshot_id in reversed(snapshot_ids):
             try:
                 snap = store.get_snapshot(snapshot_id)
             except CheckpointError:
                 continue
-            run_id = snap.payload.get("run_id")
+            run_id = snap.payload.get("run_id", run_id)  # written on a run's first snapshot only
             for step in snap.payload.get("step") or []:
                 item = steps.setdefault(
                     step["step_id"],
@@ -592,7 +595,6 @@ def new_session(
     log = ExchangeLog(f"log-{session_id.value}")
     payload: dict[str, Any] = {
         "format": FORMAT,
-        "run_id": None,
         "step_id": 0,
         "lifecycle": SessionLifecycle.CREATED.value,
         "stop_reason": None,
@@ -603,7 +605,6 @@ def new_session(
         "request_view": None,
         "state": {"full": full},
         "state_bytes": len(canonical_json(full)),
-        "delta_bytes": 0,
         "log": {"log_id": log.log_id, "position": 0, "digest": log.digest, "chunks": []},
     }
     snapshot = SessionSnapshot.create(
