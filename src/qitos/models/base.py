@@ -318,6 +318,15 @@ class ModelAdapter(abc.ABC):
 
     # ---- description
 
+    provider: str = "unspecified"
+    """Who serves the model (``openai-compatible``, ``local``, ``scripted``...), for request targets."""
+    transport: str = "in-process"
+    """How requests reach it (``http`` or ``in-process``)."""
+
+    def request_target(self) -> dict[str, str]:
+        """The target this adapter declares for RequestView (``RequestTarget.from_model`` reads it)."""
+        return {"provider": self.provider, "model": self.model_id, "transport": self.transport, "api_mode": "chat"}
+
     def describe(self) -> dict[str, Any]:
         """JSON-native description for traces: adapter class, model id and declared capacity."""
         return {

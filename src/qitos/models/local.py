@@ -149,6 +149,8 @@ def _grammar_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 class LocalModel(ModelAdapter):
     """An embedded llama.cpp model (SmolLM2-135M-Instruct by default); see the module docstring."""
 
+    provider = "local"
+
     def __init__(
         self,
         model_path: str | os.PathLike[str] | None = None,

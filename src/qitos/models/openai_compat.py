@@ -83,6 +83,9 @@ class OpenAICompatibleModel(ModelAdapter):
     ``unit``), never derived from ``model``.
     """
 
+    provider = "openai-compatible"
+    transport = "http"
+
     def __init__(
         self,
         model: str,

@@ -140,6 +140,8 @@ def _stream_text(response: ModelResponse, on_delta: DeltaCallback | None) -> Non
 class _RecordingAdapter(ModelAdapter):
     """Shared parts: declared capacity, a lock, and the list of views received."""
 
+    provider = "scripted"
+
     def __init__(self, *, model_id: str, max_input_units: int | None, unit: Unit) -> None:
         check_capacity(max_input_units, unit)
         self.model_id = model_id
