@@ -43,7 +43,7 @@ def test_no_arguments_shows_help_as_a_usage_error(cli: Any) -> None:
 
 
 def test_demo_prints_each_step_and_the_final_index(cli: Any, workdir: Path) -> None:
-    result = cli.run("demo", "--workspace", "ws", code=0)
+    result = cli.run("demo", "--policy", "scripted", "--workspace", "ws", code=0)
     out = result.stdout
     assert "policy scripted" in out
     assert "list_files" in out and "read_file" in out and "write_file" in out
@@ -57,7 +57,7 @@ def test_demo_prints_each_step_and_the_final_index(cli: Any, workdir: Path) -> N
 
 
 def test_demo_json_has_a_stable_shape_and_writes_a_trace(cli: Any, workdir: Path) -> None:
-    data = cli.json("demo", "--json", "--workspace", "ws")
+    data = cli.json("demo", "--policy", "scripted", "--json", "--workspace", "ws")
     assert set(data) == DEMO_KEYS
     assert (data["status"], data["stop_reason"], data["policy"], data["model"]) == (
         "completed",
@@ -90,13 +90,13 @@ def test_demo_indexes_the_notes_of_an_existing_workspace(cli: Any, workdir: Path
     mine = workdir / "mine"
     mine.mkdir()
     (mine / "plans.md").write_text("# Plans\n\nShip the viewer.\n", encoding="utf-8")
-    data = cli.json("demo", "--json", "--workspace", str(mine))
+    data = cli.json("demo", "--policy", "scripted", "--json", "--workspace", str(mine))
     assert "- plans.md: Plans - Ship the viewer." in data["final_result"]
     assert sorted(p.name for p in mine.iterdir()) == ["INDEX.md", "plans.md"]
 
 
 def test_demo_max_steps_too_small_stops_abnormally_with_exit_1(cli: Any, workdir: Path) -> None:
-    data = cli.json("demo", "--json", "--workspace", "ws", "--max-steps", "2", code=1)
+    data = cli.json("demo", "--policy", "scripted", "--json", "--workspace", "ws", "--max-steps", "2", code=1)
     assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "budget_steps", 2)
 
 
@@ -148,7 +148,12 @@ def test_console_script_version_and_demo_run_in_a_real_process(tmp_path: Path) -
     version = subprocess.run([_console_script(), "--version"], capture_output=True, text=True, timeout=60, env=env)
     assert version.returncode == 0 and version.stdout.strip() == f"qitos {qitos.__version__}"
     demo = subprocess.run(
-        [_console_script(), "demo", "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+        [_console_script(), "demo", "--policy", "scripted", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
     )
     assert demo.returncode == 0, demo.stderr
     data = json.loads(demo.stdout)
@@ -170,7 +175,11 @@ def test_importing_qitos_and_the_viewer_does_not_import_typer_or_rich() -> None:
 def test_a_reader_that_goes_away_does_not_cut_the_run_short(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QITOS_")}
     proc = subprocess.Popen(
-        [_console_script(), "demo"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        [_console_script(), "demo", "--policy", "scripted"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.readline()

@@ -34,7 +34,8 @@ RUN_SUMMARY_KEYS = {
 
 
 def _demo(cli: Any, *extra: str) -> dict[str, Any]:
-    return dict(cli.json("demo", "--json", "--workspace", "ws", *extra))
+    options = extra or ("--policy", "scripted")  # the demo's default is the local model; keep these runs scripted
+    return dict(cli.json("demo", "--json", "--workspace", "ws", *options))
 
 
 def test_list_on_an_empty_logdir_says_so(cli: Any, workdir: Path) -> None:

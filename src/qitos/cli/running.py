@@ -13,6 +13,7 @@ import typer
 
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.cli.common import (
+    DEFAULT_DB,
     DEFAULT_LOGDIR,
     EXIT_FAILED,
     EXIT_OK,
@@ -43,10 +44,10 @@ __all__ = [
     "run",
 ]
 
-# The demo's defaults. The embedded local model becomes the default once it ships: switch
-# DEMO_DEFAULT_POLICY to "model" and DEMO_DEFAULT_MODEL to "local".
-DEMO_DEFAULT_POLICY = "scripted"
-DEMO_DEFAULT_MODEL = "scripted"
+# The demo's defaults: the embedded local model deciding through the engine's model path.
+# `--policy scripted` runs the deterministic decide policy instead (no model at all).
+DEMO_DEFAULT_POLICY = "model"
+DEMO_DEFAULT_MODEL = "local"
 DEMO_TASK = "Index the notes in this workspace: list them, read each one, and write INDEX.md."
 # The scripted demo model declares a small context window so that late requests need compaction
 # (and the viewer has receipts to show).
@@ -127,9 +128,13 @@ def demo(
     ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit.")] = None,
+    db: Annotated[str, typer.Option("--db", help="SQLite session store the demo session is kept in.")] = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
 ) -> None:
-    """Run the demo agent end to end, offline: it lists, reads and indexes a few notes."""
+    """Run the demo agent end to end, offline, as a durable session: it lists, reads and indexes a few notes.
+
+    Defaults: the embedded local model and a local SQLite session store (``--db``).
+    """
     from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
 
     chosen = policy or ("model" if model else DEMO_DEFAULT_POLICY)
@@ -153,17 +158,26 @@ def demo(
         origin = "bundled notes copied" if copied else "existing notes"
         what = f"policy {chosen}" + (f", model {model_spec}" if model_spec else "")
         console().print(f"workspace: {root} ({origin}); {what}", highlight=False)
-    agent = NotesAgent(root, policy=chosen)  # type: ignore[arg-type]
-    engine = Engine(
-        agent,
+    Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    composition = compose(
+        agent=lambda: NotesAgent(root, policy=chosen),  # type: ignore[arg-type]
+        store=SqliteCheckpointStore(db),
         model=adapter,
         hooks=hooks,
         trace_logdir=trace_dir,
-        context=ModelContext(compaction_policy=ClosedExchangeWindowCompactor()),
+        **compaction_extensions(True),
     )
-    task = Task(objective=DEMO_TASK, budget=TaskBudget(max_steps=max_steps))
-    result = engine.run(task)
-    finish(result, json_out, renderer, workspace=str(root), policy=chosen, model=model_spec)
+    session = composition.session(Task(objective=DEMO_TASK, budget=TaskBudget(max_steps=max_steps)))
+    result = session.run()
+    finish(
+        result,
+        json_out,
+        renderer,
+        session_id=session.session_id.value,
+        workspace=str(root),
+        policy=chosen,
+        model=model_spec,
+    )
 
 
 # --------------------------------------------------------------------------- qitos run
