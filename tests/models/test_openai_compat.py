@@ -453,3 +453,17 @@ def test_acomplete_plain_and_streaming_match_the_sync_path(server: LoopbackChatS
     assert retries == [503]
     assert first.tool_calls[0].arguments == {"a": 2, "b": 3}
     assert (second.text, deltas) == ("5!", ["5", "!"])
+
+
+def test_developer_messages_go_out_in_the_configured_role_and_the_target_is_declared() -> None:
+    messages = [{"role": "developer", "content": "rules"}, {"role": "user", "content": "hi"}]
+    assert to_openai_messages(messages)[0] == {"role": "system", "content": "rules"}
+    assert to_openai_messages(messages, developer_role="developer")[0]["role"] == "developer"
+    model = OpenAICompatibleModel("m", base_url="http://127.0.0.1:9/v1")
+    assert model.request_target() == {
+        "provider": "openai-compatible",
+        "model": "m",
+        "transport": "http",
+        "api_mode": "chat",
+    }
+    assert model.url == "http://127.0.0.1:9/v1/chat/completions"

@@ -211,3 +211,10 @@ def test_importing_qitos_models_pulls_in_no_optional_dependency() -> None:
     lazy = "from qitos.models import OpenAICompatibleModel; print(OpenAICompatibleModel.__module__)"
     out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "qitos.models.openai_compat"
+
+
+def test_adapters_declare_their_request_target() -> None:
+    log = ExchangeLog(log_id="target")
+    log.open([{"role": "user", "content": "t"}])
+    view = RequestView.from_exchange_log(log, model=ScriptedModel(["a"], model_id="script-1"))
+    assert (view.target.provider, view.target.model, view.target.transport) == ("scripted", "script-1", "in-process")

@@ -311,7 +311,8 @@ class LocalModel(ModelAdapter):
         self, prompt: str, grammar: str | None, on_delta: DeltaCallback | None, stats: dict[str, Any]
     ) -> tuple[str, str]:
         llama, vocab, ctx = self._llama, self._vocab, self._ctx
-        tokens: list[int] = vocab.tokenize(prompt, add_special=False, parse_special=True)
+        # add_special adds a BOS token only if the model's own metadata asks for one.
+        tokens: list[int] = vocab.tokenize(prompt, add_special=True, parse_special=True)
         if len(tokens) + self.max_tokens > self.n_ctx:
             raise ModelError(
                 f"{self.model_id}: the prompt has {len(tokens)} tokens; with max_tokens={self.max_tokens} it does "
@@ -319,8 +320,8 @@ class LocalModel(ModelAdapter):
             )
         started = time.perf_counter()
         # Reuse the KV cache for the prefix shared with the previous prompt; decode only the rest.
-        shared = _common_prefix(self._cached, tokens)
-        shared = min(shared, len(tokens) - 1)
+        shared = min(_common_prefix(self._cached, tokens), len(tokens) - 1)
+        self._cached = []  # unknown until this generation completes (a failure mid-way must not be reused)
         ctx.memory_seq_rm(-1, shared, -1)
         batch = min(512, self.n_ctx)
         for start in range(shared, len(tokens), batch):
