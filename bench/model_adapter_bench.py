@@ -20,7 +20,9 @@ Run: .venv/bin/python bench/model_adapter_bench.py [--calls 300] [--rounds 5] [-
 2. Local model (``qitos[local]``): generation speed (tokens/s over a 120-token free answer, and
    the speed inside grammar-constrained tool calls) and the wall time for the Engine to finish the
    small tool task "What is 17 + 25?" with an ``add`` tool (model path: tool call, tool, answer),
-   with the adapter's automatic thread choice and the 1-minute load average printed beside it.
+   with the adapter's automatic thread choice (or ``--threads N``) and the 1-minute load average
+   printed beside it: llama.cpp threads spin-wait, so on a busy 2-core machine 2 threads can be
+   far slower than 1.
 """
 
 from __future__ import annotations
@@ -216,14 +218,14 @@ def adapter_overhead(calls: int, rounds: int) -> None:
     print()
 
 
-def local_model() -> None:
+def local_model(threads: int | None) -> None:
     try:
         from qitos.models.local import LocalModel
     except ImportError as exc:  # pragma: no cover - depends on the extra
         print(f"local model skipped: {exc}")
         return
     try:
-        model = LocalModel()
+        model = LocalModel(threads=threads)
     except ImportError as exc:
         print(f"local model skipped: {exc}")
         return
@@ -274,8 +276,9 @@ def local_model() -> None:
     steps = [r.decision.mode for r in result.records]
     constrained = [r.model["response"]["raw"] for r in result.records if r.model]
     grammar_tps = statistics.mean(raw["tokens_per_second"] for raw in constrained)
+    chosen = "auto" if threads is None else "forced"
     print(
-        f"Local model: {model.model_id}, threads={model.threads} (auto), load average {load_before:.1f} "
+        f"Local model: {model.model_id}, threads={model.threads} ({chosen}), load average {load_before:.1f} "
         f"on {os.cpu_count()} cores"
     )
     print(f"  load weights               {load_s * 1000:8.0f} ms")
@@ -293,12 +296,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-local", action="store_true", help="skip the local model part")
     parser.add_argument("--no-http", action="store_true", help="skip the adapter overhead part")
+    parser.add_argument("--threads", type=int, default=None, help="local model threads (default: automatic)")
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
     if not args.no_http:
         adapter_overhead(args.calls, args.rounds)
     if not args.no_local:
-        local_model()
+        local_model(args.threads)
 
 
 if __name__ == "__main__":
