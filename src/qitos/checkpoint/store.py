@@ -296,6 +296,8 @@ class SessionSnapshot:
         )
         object.__setattr__(snapshot, "snapshot_id", snapshot._digest(payload_json))
         object.__setattr__(snapshot, "_canonical_payload", payload_json)
+        # The id was just computed from this very text: canonical_payload() need not hash it again.
+        object.__setattr__(snapshot, "_hashed", True)
         return snapshot
 
     def _digest(self, payload_json: str) -> str:
@@ -317,6 +319,8 @@ class SessionSnapshot:
         its payload serialized here (CodecError if it is not JSON-native).
         """
         payload_json: str | None = self.__dict__.get("_canonical_payload")
+        if payload_json is not None and self.__dict__.get("_hashed"):
+            return payload_json
         if payload_json is None:
             payload_json = json_text(self.payload, f"snapshot {self.snapshot_id}.payload")
         actual = self._digest(payload_json)

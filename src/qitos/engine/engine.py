@@ -661,7 +661,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 run.emit(EngineEvent(E.PAUSE, step_id, phase=P.ACT, payload={"before_call": action.id}))
                 raise _StopRun(StopReason.PAUSED)
         if spec is not None and spec.needs_approval:
-            approval = run.journal.control(step_id).approvals.get(action.id)
+            approval = run.journal.control(step_id, fresh=True).approvals.get(action.id)
             if approval is None:
                 run.emit(
                     EngineEvent(

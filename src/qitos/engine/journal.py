@@ -125,8 +125,8 @@ class RunJournal:
 
     durable = False
 
-    def control(self, step_id: int) -> ControlBatch:
-        """Control items that arrived since the last consumed position."""
+    def control(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        """Control items that arrived since the last consumed position (``fresh``: re-read them now)."""
         return _NO_CONTROL
 
     def record_decision(self, pending: PendingStep) -> None:

@@ -210,8 +210,14 @@ class SessionJournal(RunJournal):
         mode: str = "sync",
         batch_steps: int = 16,
         batch_ms: float = 50.0,
+        poll_interval: float = 0.005,
     ) -> None:
         self.store = store
+        # Control items (pause, steer, approvals) are read from the store at a boundary at most every
+        # poll_interval seconds (always at a run's first boundary and before an approval check), so a
+        # run of sub-millisecond steps does not pay a query per step; a request lands within that time.
+        self.poll_interval = poll_interval
+        self._last_poll = -1e9
         self.session_id = session_id
         self.run_id = run_id
         self.mode = mode
@@ -244,7 +250,23 @@ class SessionJournal(RunJournal):
 
     # ---- control items
 
-    def control(self, step_id: int) -> ControlBatch:
+    def control(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        now = time.monotonic()
+        if fresh or now - self._last_poll >= self.poll_interval:
+            self._poll()
+            self._last_poll = now
+        steering = tuple(s for s in self._steering if s.position > self._consumed)
+        pause = any(p > self._consumed for p in self._pause_positions)
+        if not steering and not pause and not self._approvals:
+            return ControlBatch(last_position=self._consumed)
+        return ControlBatch(
+            pause_requested=pause,
+            steering=steering,
+            approvals=dict(self._approvals),
+            last_position=self._fetched,
+        )
+
+    def _poll(self) -> None:
         for item in self.store.list_control(self.session_id, after=self._fetched):
             self._fetched = max(self._fetched, item.position)
             if item.kind in APPROVAL_KINDS:
@@ -257,16 +279,6 @@ class SessionJournal(RunJournal):
                     self._pause_positions.append(item.position)
                 elif item.kind == "steer":
                     self._steering.append(SteeringItem(item.position, str(item.payload.get("text", ""))))
-        steering = tuple(s for s in self._steering if s.position > self._consumed)
-        pause = any(p > self._consumed for p in self._pause_positions)
-        if not steering and not pause and not self._approvals:
-            return ControlBatch(last_position=self._consumed)
-        return ControlBatch(
-            pause_requested=pause,
-            steering=steering,
-            approvals=dict(self._approvals),
-            last_position=self._fetched,
-        )
 
     # ---- pending writes inside a step
 
