@@ -50,7 +50,8 @@ class Critic(Protocol):
 
     ``retry`` restores the state from before the step and runs the step again (its tools run again),
     with the reason passed to the agent as observation feedback; after ``max_critic_retries`` the
-    step stands.
+    step stands. To make that possible the engine encodes the state before each step while critics
+    are configured: a per-step cost proportional to the state, paid only by runs with critics.
     """
 
     def evaluate(self, state: Any, decision: Decision[Any], observation: Observation) -> CriticVerdict | None:
