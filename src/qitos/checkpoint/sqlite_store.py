@@ -225,7 +225,8 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     WAL durability level; ``busy_timeout_ms`` is how long SQLite itself waits for a lock before
     the store's own backoff retries, for up to ``retry_timeout`` seconds in all;
     ``compress_min_bytes`` (None: never) is the payload size from which zlib is tried;
-    ``deflate_min_bytes`` (None: never) the size from which smaller payloads get a cheap raw deflate.
+    ``deflate_min_bytes`` (None: never, the default) the size from which smaller payloads get a cheap
+    raw deflate: smaller files for about a quarter more CPU per commit. ``page_size`` applies to new files.
     """
 
     def __init__(
@@ -236,7 +237,8 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         busy_timeout_ms: int = 5_000,
         retry_timeout: float = 60.0,
         compress_min_bytes: int | None = 16_384,
-        deflate_min_bytes: int | None = 1_024,
+        deflate_min_bytes: int | None = None,
+        page_size: int = 8192,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ConfigurationError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
@@ -252,6 +254,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         self._retry_timeout = float(retry_timeout)
         self._compress_min = compress_min_bytes
         self._deflate_min = deflate_min_bytes
+        if page_size not in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
+            raise ConfigurationError(f"page_size must be a power of two from 1024 to 65536, got {page_size!r}")
+        self._page_size = page_size
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._cursor: sqlite3.Cursor | None = None
@@ -296,6 +301,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            # Takes effect only while the file is still empty (before WAL mode is set): 8 KiB pages
+            # hold five ~1.6 KB per-step snapshot rows where 4 KiB pages hold two.
+            conn.execute(f"PRAGMA page_size = {self._page_size}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             _migrate(conn.cursor(), self.path)
