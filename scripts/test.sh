@@ -20,6 +20,9 @@ if [ ! -x /usr/bin/chromium ]; then
     fi
 fi
 
+# Byte-compile once: many tests start real subprocesses, and some machines set PYTHONDONTWRITEBYTECODE.
+.venv/bin/python -m compileall -q src tests >/dev/null
+
 .venv/bin/ruff check src tests bench
 .venv/bin/mypy
 .venv/bin/python -m pytest -q "$@"
