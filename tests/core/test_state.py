@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qitos import StateSchema, StopReason
-from qitos.core.errors import StateValidationError
+from qitos.core.errors import CodecError, StateValidationError
 from qitos.core.state import apply_changes
 
 
@@ -183,6 +183,42 @@ def test_key_ops_encode_keys_as_to_dict_does() -> None:
             "by_number": {"1": "one", "3": "three"},
         }
     )
+
+
+@dataclass
+class OptionalContainers(StateSchema):
+    numbers: list[int] | None = None
+    table: dict[str, float] | None = None
+    either: list[int] | dict[str, int] = field(default_factory=list)
+
+
+def test_changes_to_optional_containers_are_encoded_with_their_item_types() -> None:
+    state = OptionalContainers(numbers=[1], table={"a": 1.5}, either=[1])
+    state.drain_changes()
+    before = state.to_dict()
+    state.numbers.append(2)  # type: ignore[union-attr]
+    state.table["b"] = 2.5  # type: ignore[index]
+    state.either.append(2)  # type: ignore[union-attr]
+    ops = state.drain_changes()
+    assert apply_changes(copy.deepcopy(before), ops) == state.to_dict()
+    assert {op["field"]: op["op"] for op in ops} == {"numbers": "extend", "table": "keys", "either": "set"}
+
+
+def test_a_wrong_typed_item_fails_when_drained_naming_its_path() -> None:
+    state = OptionalContainers(numbers=[1])
+    state.drain_changes()
+    state.numbers.append("2")  # type: ignore[union-attr]
+    with pytest.raises(CodecError) as info:
+        state.drain_changes()
+    assert info.value.path == "state.numbers[1]"
+
+
+def test_a_key_that_was_put_and_deleted_between_drains_is_not_an_error() -> None:
+    state = KeyedState()
+    state.drain_changes()
+    state.by_number["x"] = "bad key"  # type: ignore[index]
+    del state.by_number["x"]  # type: ignore[arg-type]
+    assert state.drain_changes() == [{"op": "keys", "field": "by_number", "put": {}, "delete": []}]
 
 
 def test_other_list_mutations_mark_the_field_replaced() -> None:

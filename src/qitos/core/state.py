@@ -14,13 +14,15 @@ Adoption copies: after ``state.notes = my_list``, keep using ``state.notes``; la
 
 from __future__ import annotations
 
+import contextlib
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Optional, Self, SupportsIndex
+from typing import Any, ClassVar, Optional, Self, SupportsIndex, Union
 
-from qitos.core.codec import decode_dataclass, encode_value, field_hints
+from qitos.core.codec import decode_dataclass, encode_key, encode_value, field_hints
 from qitos.core.errors import CodecError, StateValidationError
 
 __all__ = [
@@ -339,16 +341,24 @@ class StateSchema:
             entry = journal[name]
             if name not in hints:
                 continue  # a plain attribute, not a dataclass field
-            hint, item_hint, value_hint = hints[name]
+            hint, item_hint, key_hint, value_hint = hints[name]
             value = values[name]
-            if entry[0] == "extend" and isinstance(value, list):
+            if entry[0] == "extend" and item_hint is not None and isinstance(value, list):
                 start = entry[1]
                 items = [_encode(v, item_hint, name, start + i) for i, v in enumerate(value[start:])]
                 ops.append({"op": "extend", "field": name, "start": start, "items": items})
-            elif entry[0] == "keys" and isinstance(value, dict):
-                put = {str(k): _encode(value[k], value_hint, name, k) for k in sorted(entry[1], key=str) if k in value}
-                removed = sorted(str(k) for k in entry[1] if k not in value)
-                ops.append({"op": "keys", "field": name, "put": put, "delete": removed})
+            elif entry[0] == "keys" and key_hint is not None and isinstance(value, dict):
+                # Keys are encoded exactly as to_dict encodes them (an Enum key -> its value, an int -> text).
+                path = f"state.{name}"
+                put: dict[str, Any] = {}
+                removed: list[str] = []
+                for key in entry[1]:
+                    if key in value:
+                        put[encode_key(key, key_hint, path)] = _encode(value[key], value_hint, name, key)
+                    else:  # a key that cannot be encoded was never stored, so there is nothing to delete
+                        with contextlib.suppress(CodecError):
+                            removed.append(encode_key(key, key_hint, path))
+                ops.append({"op": "keys", "field": name, "put": dict(sorted(put.items())), "delete": sorted(removed)})
             else:
                 ops.append({"op": "set", "field": name, "value": _encode(value, hint, name, None)})
         journal.clear()
@@ -379,7 +389,7 @@ def apply_changes(data: dict[str, Any], ops: Iterable[Mapping[str, Any]]) -> dic
     return data
 
 
-_DRAIN_HINTS: dict[type, dict[str, tuple[Any, Any, Any]]] = {}
+_DRAIN_HINTS: dict[type, dict[str, tuple[Any, Any, Any, Any]]] = {}
 _PASSTHROUGH = {str: (str, Any, object), int: (int, float, Any, object), bool: (bool, Any, object)}
 
 
@@ -394,20 +404,30 @@ def _encode(value: Any, hint: Any, name: str, key: Any) -> Any:
     return encode_value(value, hint, path)
 
 
-def _drain_hints(cls: type) -> dict[str, tuple[Any, Any, Any]]:
-    """Per field: its type hint, its item hint (lists) and its value hint (dicts); cached per class."""
+def _drain_hints(cls: type) -> dict[str, tuple[Any, Any, Any, Any]]:
+    """Per field, cached per class: its type hint, then the hints that incremental ops encode with:
+    list items (``extend``), dict keys and dict values (``keys``); None where that op does not apply
+    and the field is re-encoded whole."""
     cached = _DRAIN_HINTS.get(cls)
     if cached is None:
-        cached = {name: (h, _item_hint(h), _value_hint(h)) for name, h in field_hints(cls).items()}
+        cached = {name: _field_plan(h) for name, h in field_hints(cls).items()}
         _DRAIN_HINTS[cls] = cached
     return cached
 
 
-def _item_hint(hint: Any) -> Any:
-    args = getattr(hint, "__args__", None)
-    return args[0] if args else Any
-
-
-def _value_hint(hint: Any) -> Any:
-    args = getattr(hint, "__args__", None)
-    return args[1] if args and len(args) > 1 else Any
+def _field_plan(hint: Any) -> tuple[Any, Any, Any, Any]:
+    base = hint
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        arms = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(arms) != 1:
+            return (hint, None, None, None)  # which arm a delta belongs to is not known here
+        base = arms[0]
+    if base is Any or base is object:
+        return (hint, Any, str, Any)  # untyped: JSON-native data with string keys
+    container = typing.get_origin(base) or base
+    args = typing.get_args(base)
+    if container is list:
+        return (hint, args[0] if args else Any, None, None)
+    if container is dict or container is Mapping:
+        return (hint, None, args[0] if args else Any, args[1] if len(args) > 1 else Any)
+    return (hint, None, None, None)
