@@ -303,3 +303,59 @@ def test_a_value_of_the_wrong_type_fails_when_encoded_not_when_restored(name: st
 def test_an_int_in_a_float_field_round_trips_as_an_equal_number() -> None:
     back = TypedState.from_dict(TypedState(ratio=3).to_dict())  # type: ignore[arg-type]
     assert back.ratio == 3.0 and type(back.ratio) is float
+
+
+@pytest.mark.parametrize(
+    ("value", "hint", "message"),
+    [
+        ({3: "x"}, dict, "dict key 3 cannot round-trip"),  # an undeclared key type: "3" would come back as a str
+        ({"3": "x"}, dict[int, str], "dict key '3' is not a int"),
+        ({Level.HIGH: "x"}, dict[Color, str], "is not a Color"),
+        ({Color.RED: "x"}, dict[str, str], "is not a str"),  # a plain Enum key would come back as "red"
+        ({1.5: "x"}, dict[float, str], "dict key 1.5 cannot round-trip"),
+    ],
+)
+def test_a_dict_key_that_cannot_come_back_fails_when_encoded(value: Any, hint: Any, message: str) -> None:
+    with pytest.raises(CodecError, match=message) as info:
+        encode_value(value, hint, "state.table")
+    assert info.value.path == "state.table"
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        (Color.RED, str),  # a plain Enum member would come back as its value
+        (Level.HIGH, Color),
+        ("red", Color),
+        ({"x": 1}, Point),
+        ([1, 2], dict[str, int]),
+        (Point(1, 2), list[int]),
+        (3.0, int),
+    ],
+)
+def test_a_value_of_another_type_fails_naming_both_types(value: Any, hint: Any) -> None:
+    with pytest.raises(CodecError, match=r"declared .* but holds") as info:
+        encode_value(value, hint, "state.x")
+    assert info.value.path == "state.x"
+
+
+def test_values_that_decode_back_equal_still_encode() -> None:
+    cases: list[tuple[Any, Any]] = [
+        (3, float),
+        (Level.HIGH, int),
+        (True, bool),
+        (dt.datetime(2024, 1, 1, 5), Union[dt.date, dt.datetime]),  # noqa: UP007 - the arm order matters here
+        (dt.date(2024, 1, 1), dt.datetime | dt.date),
+        ({Level.LOW: 1}, dict[int, int]),
+    ]
+    for value, hint in cases:
+        assert decode_value(json.loads(json.dumps(encode_value(value, hint))), hint) == value
+
+
+def test_enum_keys_with_str_values_round_trip_and_unknown_keys_fail() -> None:
+    hint = dict[Color, int]
+    assert decode_value(encode_value({Color.BLUE: 1}, hint), hint) == {Color.BLUE: 1}
+    with pytest.raises(CodecError, match="'green' is not a valid Color"):
+        decode_value({"green": 1}, hint, "state.by_color")
+    with pytest.raises(CodecError, match="'3' is not a valid Level"):
+        decode_value({"3": 1}, dict[Level, int], "state.by_level")

@@ -27,8 +27,10 @@ from qitos.core.errors import CodecError
 
 __all__ = [
     "canonical_json",
+    "decode_key",
     "decode_value",
     "digest",
+    "encode_key",
     "encode_value",
     "field_hints",
     "sha256_hex",
@@ -70,7 +72,11 @@ def field_hints(cls: type) -> dict[str, Any]:
 
 
 def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
-    """Encode ``value`` (declared as ``hint``) into JSON-native data, or raise CodecError."""
+    """Encode ``value`` (declared as ``hint``) into JSON-native data, or raise CodecError.
+
+    A value that does not fit its declared type (an ``int`` field holding ``"3"``, a ``date`` field
+    holding a ``datetime``) fails here, naming the path, rather than when the data is decoded.
+    """
     if value is None:
         return None
     kind = type(value)
@@ -78,6 +84,8 @@ def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
         hint is Any or hint is kind or hint is object or (kind is int and hint is float)
     ):
         return value
+    if kind is float and (hint is float or hint is Any or hint is object):
+        return _encode_float(value, path)
     origin = typing.get_origin(hint)
     if hint is Any or hint is object:
         return _encode_untyped(value, path)
@@ -87,33 +95,57 @@ def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
         if value not in typing.get_args(hint):
             raise CodecError(path, f"{value!r} is not one of {typing.get_args(hint)!r}")
         return _encode_untyped(value, path)
+    expected = origin or hint
+    if not isinstance(expected, type):
+        expected = None  # a TypeVar, NewType or similar: nothing to check the value against
     if isinstance(value, enum.Enum):
+        if expected is not None and not _fits(value, expected):
+            raise CodecError(path, _wrong_type(expected, value))
         return _encode_untyped(value.value, path)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if isinstance(hint, type) and type(value) is not hint:
+        if expected is not None and type(value) is not expected:
             raise CodecError(
                 path,
-                f"declared {hint.__qualname__} but holds {type(value).__qualname__}; "
+                f"declared {_name(expected)} but holds {type(value).__qualname__}; "
                 "a subclass instance cannot round-trip through the declared type",
             )
         return _encode_dataclass(value, path)
-    if isinstance(value, _dt.datetime | _dt.date):
+    if isinstance(value, _dt.date):  # also datetime
+        if expected is not None and not _fits(value, expected):
+            raise CodecError(path, _wrong_type(expected, value))
         return value.isoformat()
-    if isinstance(value, float):
-        return _encode_float(value, path)
-    if isinstance(value, _JSON_SCALARS):
-        return value
+    if isinstance(value, float | str | int):  # bool is an int
+        if expected is not None and not _fits(value, expected):
+            raise CodecError(path, _wrong_type(expected, value))
+        return _encode_float(value, path) if isinstance(value, float) else value
     args = typing.get_args(hint)
     if isinstance(value, list | tuple | set | frozenset):
-        expected = origin or hint
-        if isinstance(expected, type) and expected is not Any and not isinstance(value, expected):
-            raise CodecError(path, f"declared {_name(expected)} but holds {type(value).__qualname__}")
+        if expected is not None and not isinstance(value, expected):
+            raise CodecError(path, _wrong_type(expected, value))
         return _encode_sequence(value, origin, args, path)
     if isinstance(value, Mapping):
+        if expected is not None and not isinstance(value, expected):
+            raise CodecError(path, _wrong_type(expected, value))
         key_hint = args[0] if args else Any
         value_hint = args[1] if len(args) > 1 else Any
-        return {_encode_key(k, key_hint, path): encode_value(v, value_hint, f"{path}[{k!r}]") for k, v in value.items()}
+        return {encode_key(k, key_hint, path): encode_value(v, value_hint, f"{path}[{k!r}]") for k, v in value.items()}
     raise CodecError(path, f"cannot encode {type(value).__qualname__}")
+
+
+def _fits(value: Any, cls: type) -> bool:
+    """Whether ``value`` decodes back equal as ``cls``: ints fit float, bools fit only bool,
+    a datetime does not fit date."""
+    if cls is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if cls is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if cls is _dt.date:
+        return isinstance(value, _dt.date) and not isinstance(value, _dt.datetime)
+    return isinstance(value, cls)
+
+
+def _wrong_type(expected: type, value: Any) -> str:
+    return f"declared {_name(expected)} but holds {type(value).__qualname__} {value!r:.60}"
 
 
 def _encode_sequence(value: Any, origin: Any, args: tuple[Any, ...], path: str) -> list[Any]:
@@ -168,21 +200,29 @@ def _matches(value: Any, hint: Any) -> bool:
     origin = typing.get_origin(hint) or hint
     if origin is Literal:
         return value in typing.get_args(hint)
-    if origin is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if origin is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(origin, type) and isinstance(value, origin)
+    return isinstance(origin, type) and _fits(value, origin)
 
 
-def _encode_key(key: Any, hint: Any, path: str) -> str:
-    if isinstance(key, enum.Enum):
-        key = key.value
-    if isinstance(key, str):
+def encode_key(key: Any, hint: Any, path: str) -> str:
+    """Encode a dict key declared as ``hint`` into a JSON object key, or raise CodecError.
+
+    Strings stay as they are, enum members become their value and ints (also int-valued enum
+    members) their decimal text; :func:`decode_key` brings each back. Under an undeclared
+    (``Any``) key type only string keys can round-trip.
+    """
+    if type(key) is str and (hint is str or hint is Any or hint is object):
         return key
-    if isinstance(key, int) and not isinstance(key, bool) and hint in (int, Any):
-        return str(key)
-    raise CodecError(path, f"dict key {key!r} cannot be a JSON object key")
+    declared = isinstance(hint, type) and hint is not object and hint is not Any  # Any is a class since 3.11
+    if declared and not _fits(key, hint):
+        raise CodecError(path, f"dict key {key!r} is not a {hint.__qualname__}")
+    raw = key.value if isinstance(key, enum.Enum) else key
+    if isinstance(raw, str) and (declared or isinstance(key, str)):
+        return raw
+    if type(raw) is int and (hint is int or (declared and issubclass(hint, enum.Enum))):
+        return str(raw)
+    raise CodecError(
+        path, f"dict key {key!r} cannot round-trip as a JSON object key; declare the key type (str, int or an Enum)"
+    )
 
 
 def _encode_dataclass(value: Any, path: str) -> dict[str, Any]:
@@ -220,7 +260,7 @@ def decode_value(data: Any, hint: Any = Any, path: str = "value") -> Any:
         args = typing.get_args(hint)
         key_hint = args[0] if args else Any
         value_hint = args[1] if len(args) > 1 else Any
-        return {_decode_key(k, key_hint, path): decode_value(v, value_hint, f"{path}[{k!r}]") for k, v in data.items()}
+        return {decode_key(k, key_hint, path): decode_value(v, value_hint, f"{path}[{k!r}]") for k, v in data.items()}
     raise CodecError(path, f"unsupported declared type {hint!r}")
 
 
@@ -306,25 +346,61 @@ def _decode_union(data: Any, hint: Any, path: str) -> Any:
             return None
         raise CodecError(path, f"None is not a valid {hint}")
     errors: list[str] = []
-    for arm in arms:
-        if arm is type(None):
-            continue
+    candidates = [arm for arm in arms if arm is not type(None)]
+    first: tuple[Any] | None = None
+    for arm in candidates:
         try:
-            return decode_value(data, arm, path)
+            value = decode_value(data, arm, path)
         except CodecError as exc:
             errors.append(exc.message)
+            continue
+        if len(candidates) == 1:
+            return value
+        # Several arms may accept the data (a datetime arm reads "2024-01-01" too): prefer the one
+        # that encodes the value back to the same data, that is the arm it was encoded from.
+        try:
+            if encode_value(value, arm, path) == data:
+                return value
+        except CodecError:
+            pass
+        if first is None:
+            first = (value,)
+    if first is not None:
+        return first[0]
     raise CodecError(path, f"{data!r} matches no member of {hint} ({'; '.join(errors)})")
 
 
-def _decode_key(key: str, hint: Any, path: str) -> Any:
+def decode_key(key: str, hint: Any, path: str) -> Any:
+    """Decode a JSON object key written by :func:`encode_key` back to a key of type ``hint``."""
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return decode_value(key, hint, path)
+        member = _enum_keys(hint).get(key)
+        if member is None:
+            raise CodecError(path, f"dict key {key!r} is not a valid {hint.__qualname__}")
+        return member
     if hint is int:
         try:
             return int(key)
         except ValueError as exc:
             raise CodecError(path, f"dict key {key!r} is not an int") from exc
     return key
+
+
+_ENUM_KEYS: dict[type, dict[str, Any]] = {}
+
+
+def _enum_keys(cls: type[enum.Enum]) -> dict[str, Any]:
+    """Members of ``cls`` by their JSON object key (as :func:`encode_key` writes it); cached."""
+    members = _ENUM_KEYS.get(cls)
+    if members is None:
+        members = {}
+        for member in cls:
+            value = member.value
+            if isinstance(value, str):
+                members[value] = member
+            elif type(value) is int:
+                members[str(value)] = member
+        _ENUM_KEYS[cls] = members
+    return members
 
 
 def _name(hint: Any) -> str:
