@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qitos import Task, TaskBudget, TaskResource
-from qitos.core.task import TaskValidationError
+from qitos.core.task import EnvSpec, TaskValidationError
 
 
 def test_task_example_from_the_seed_builds() -> None:
@@ -148,6 +148,27 @@ def test_task_to_dict_and_from_dict_round_trip_resources_and_budget() -> None:
     )
     back = Task.from_dict(task.to_dict())
     assert back == dataclasses.replace(task, resources=tuple(task.resources), success_criteria=("c",))
+
+
+def test_task_env_spec_round_trips_through_its_dict_form() -> None:
+    task = Task(objective="o", env_spec=EnvSpec(kind="docker", capabilities=("shell", "fs"), config={"image": "py"}))
+    assert Task.from_dict(task.to_dict()) == task
+
+
+def test_older_task_records_with_only_a_resource_location_still_load() -> None:
+    record = {
+        "id": "t-old",
+        "objective": "o",
+        "resources": [
+            {"kind": "file", "location": "a.txt", "required": True},
+            {"kind": "url", "location": "https://example.org", "required": False},
+        ],
+    }
+    back = Task.from_dict(record)
+    assert back.resources == (
+        TaskResource(kind="file", path="a.txt"),
+        TaskResource(kind="url", uri="https://example.org", required=False),
+    )
 
 
 def test_task_ids_are_unique_by_default() -> None:

@@ -162,11 +162,25 @@ class Task:
         return problems
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native summary for traces."""
+        """JSON-native form, for traces and session records; :meth:`from_dict` rebuilds an equal Task
+        (sequences come back as tuples). Mappings are copied as given: keep their values JSON-native."""
+        env = self.env_spec
         return {
             "id": self.id,
             "objective": self.objective,
-            "resources": [{"kind": r.kind, "location": r.location, "required": r.required} for r in self.resources],
+            "resources": [
+                {
+                    "kind": r.kind,
+                    "path": r.path,
+                    "uri": r.uri,
+                    "required": r.required,
+                    "description": r.description,
+                }
+                for r in self.resources
+            ],
+            "env_spec": None
+            if env is None
+            else {"kind": env.kind, "capabilities": list(env.capabilities), "config": dict(env.config)},
             "success_criteria": list(self.success_criteria),
             "constraints": dict(self.constraints),
             "budget": {
@@ -180,25 +194,20 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Task:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`. Also reads older records whose resources carry only ``location``."""
         budget = data.get("budget") or {}
         env = data.get("env_spec")
         return cls(
             id=str(data.get("id") or _task_id()),
             objective=str(data.get("objective", "")),
-            resources=tuple(
-                TaskResource(
-                    kind=r["kind"],
-                    path=r.get("path"),
-                    uri=r.get("uri"),
-                    required=bool(r.get("required", True)),
-                    description=r.get("description"),
-                )
-                for r in data.get("resources") or ()
-            ),
+            resources=tuple(_resource_from_dict(r) for r in data.get("resources") or ()),
             env_spec=None
             if env is None
-            else EnvSpec(kind=env.get("kind", "host"), capabilities=tuple(env.get("capabilities") or ())),
+            else EnvSpec(
+                kind=env.get("kind", "host"),
+                capabilities=tuple(env.get("capabilities") or ()),
+                config=dict(env.get("config") or {}),
+            ),
             constraints=dict(data.get("constraints") or {}),
             success_criteria=tuple(data.get("success_criteria") or ()),
             budget=TaskBudget(
@@ -209,6 +218,23 @@ class Task:
             inputs=dict(data.get("inputs") or {}),
             metadata=dict(data.get("metadata") or {}),
         )
+
+
+def _resource_from_dict(data: Mapping[str, Any]) -> TaskResource:
+    path, uri = data.get("path"), data.get("uri")
+    location = data.get("location")  # the older summary form kept one location instead of path/uri
+    if path is None and uri is None and location is not None:
+        if data.get("kind") == "url":
+            uri = location
+        else:
+            path = location
+    return TaskResource(
+        kind=data["kind"],
+        path=path,
+        uri=uri,
+        required=bool(data.get("required", True)),
+        description=data.get("description"),
+    )
 
 
 @dataclass(frozen=True)
