@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import gc
 import threading
 import time
 from typing import Any, Literal
@@ -12,7 +13,7 @@ import pytest
 
 from qitos import ToolRegistry, tool
 from qitos.core.errors import ToolDefinitionError
-from qitos.core.tool import ToolResult, validate_arguments
+from qitos.core.tool import ToolResult, ToolSpec, validate_arguments
 
 
 class Mode(enum.Enum):
@@ -208,6 +209,53 @@ def test_abandoned_timed_out_calls_do_not_make_later_calls_time_out() -> None:
         registry.close()
 
 
+def test_timed_calls_run_on_reused_daemon_threads() -> None:
+    seen: list[threading.Thread] = []
+
+    @tool(timeout=1.0)
+    def where() -> str:
+        """Reports its thread."""
+        seen.append(threading.current_thread())
+        return "here"
+
+    registry = ToolRegistry([where])
+    try:
+        assert all(registry.call("where", {}).output == "here" for _ in range(20))
+    finally:
+        registry.close()
+    assert all(t.daemon for t in seen)  # an abandoned call never holds up interpreter exit
+    assert len(set(seen)) <= 2  # sequential calls reuse an idle thread instead of starting one each
+
+
+def test_idle_worker_threads_exit_when_the_registry_is_dropped() -> None:
+    seen: list[threading.Thread] = []
+
+    @tool(timeout=1.0)
+    def where() -> str:
+        """Reports its thread."""
+        seen.append(threading.current_thread())
+        return "here"
+
+    registry = ToolRegistry([where])
+    assert registry.call("where", {}).ok
+    del registry
+    gc.collect()
+    seen[0].join(timeout=2.0)
+    assert not seen[0].is_alive()
+
+
+def test_a_timed_tool_that_raises_is_a_tool_error_result() -> None:
+    @tool(timeout=1.0)
+    def broken() -> str:
+        """Fails."""
+        raise ValueError("bad input file")
+
+    registry = ToolRegistry([broken])
+    result = registry.call("broken", {})
+    registry.close()
+    assert (result.ok, result.error_kind, result.error) == (False, "tool_error", "ValueError: bad input file")
+
+
 def test_an_async_tool_runs_and_times_out() -> None:
     @tool(timeout=0.2)
     async def nap(seconds: float) -> str:
@@ -243,3 +291,48 @@ def test_output_under_the_cap_is_untouched() -> None:
 def test_tool_result_round_trips_through_its_dict_form() -> None:
     result = ToolResult(call_id="c", name="n", ok=False, error="e", error_kind="timeout", duration_ms=1.5)
     assert ToolResult.from_dict(result.to_dict()) == result
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+def test_enum_annotated_parameters_receive_enum_members() -> None:
+    received: dict[str, Any] = {}
+
+    @tool
+    def pick(mode: Mode, level: Level | None = None, modes: list[Mode] | None = None, note: str = "") -> str:
+        """Records what it was given."""
+        received.update(mode=mode, level=level, modes=modes, note=note)
+        return "ok"
+
+    registry = ToolRegistry([pick])
+    args = {"mode": "deep", "level": 2, "modes": ["quick", "deep"], "note": "n"}
+    assert registry.call("pick", args).ok
+    assert received == {"mode": Mode.DEEP, "level": Level.HIGH, "modes": [Mode.QUICK, Mode.DEEP], "note": "n"}
+    assert type(received["mode"]) is Mode and type(received["level"]) is Level
+    assert args == {"mode": "deep", "level": 2, "modes": ["quick", "deep"], "note": "n"}  # the caller's args are kept
+    assert registry.call("pick", {"mode": "quick", "level": None}).ok
+    assert received["mode"] is Mode.QUICK and received["level"] is None and received["modes"] is None
+
+
+def test_a_value_outside_the_enum_is_invalid_arguments_naming_the_parameter() -> None:
+    registry = ToolRegistry([search])
+    result = registry.call("search", {"query": "q", "mode": "slow"})
+    assert result.ok is False and result.error_kind == "invalid_arguments"
+    assert "arguments.mode" in (result.error or "") and "'slow'" in (result.error or "")
+
+
+def test_an_enum_parameter_with_a_hand_written_schema_still_rejects_unknown_values() -> None:
+    def run(mode: Mode) -> str:
+        return mode.value
+
+    spec = ToolSpec(
+        name="run", description="d", parameters={"type": "object", "properties": {"mode": {"type": "string"}}}, func=run
+    )
+    registry = ToolRegistry([spec])
+    assert registry.call("run", {"mode": "deep"}).output == "deep"
+    result = registry.call("run", {"mode": "fast"})
+    assert result.error_kind == "invalid_arguments"
+    assert result.error == "arguments.mode: 'fast' is not a valid Mode"

@@ -17,10 +17,13 @@ import concurrent.futures
 import enum
 import inspect
 import json
+import queue
 import re
+import threading
 import time
 import types
 import typing
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Union, overload
@@ -437,7 +440,9 @@ class ToolRegistry:
         self._schemas: list[dict[str, Any]] | None = None
         self._validators: dict[str, Validator] = {}
         self._is_async: dict[str, bool] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._converters: dict[str, dict[str, Callable[[Any], Any]]] = {}
+        self._workers: _DaemonWorkers | None = None
+        self._release_workers: weakref.finalize[Any, Any] | None = None
         for item in tools:
             self.register(item)
 
@@ -453,6 +458,9 @@ class ToolRegistry:
         self._tools[spec.name] = spec
         self._validators[spec.name] = compile_validator(spec.parameters)
         self._is_async[spec.name] = inspect.iscoroutinefunction(spec.func)
+        converters = _enum_converters(spec)
+        if converters:
+            self._converters[spec.name] = converters
         self._schemas = None
         return spec
 
@@ -500,6 +508,12 @@ class ToolRegistry:
         self._validators[name](args, "arguments", problems)
         if problems:
             return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+        converters = self._converters.get(name)
+        if converters is not None:  # only tools with Enum-annotated parameters
+            try:
+                args = _convert_arguments(args, converters)
+            except ValueError as exc:
+                return _failure(call_id, name, "invalid_arguments", str(exc))
         started = time.perf_counter()
         try:
             if spec.timeout is None and not self._is_async[name]:
@@ -527,16 +541,144 @@ class ToolRegistry:
             return asyncio.run(_with_timeout(coro, spec.timeout))
         if spec.timeout is None:
             return fn(**args)
-        # A thread cannot be killed: on timeout the call is reported and left to finish in the background.
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="qitos-tool")
-        return self._executor.submit(fn, **args).result(timeout=spec.timeout)
+        workers = self._workers
+        if workers is None:
+            workers = self._workers = _DaemonWorkers()
+            # Idle workers exit when the registry is dropped without close(), as a pool's would.
+            self._release_workers = weakref.finalize(self, workers.close)
+        return workers.run(fn, args, spec.timeout)
 
     def close(self) -> None:
-        """Release the worker threads used for tools with a timeout."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Let the idle worker threads used for tools with a timeout exit (calls still running finish
+        in the background). The registry stays usable; a later timed call starts new workers."""
+        if self._release_workers is not None:
+            self._release_workers()  # closes the workers, once
+            self._release_workers = None
+        self._workers = None
+
+
+class _Job:
+    __slots__ = ("done", "error", "fn", "kwargs", "result")
+
+    def __init__(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+        self.fn = fn
+        self.kwargs = kwargs
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _DaemonWorkers:
+    """Daemon threads that run tool calls with a timeout.
+
+    A thread cannot be killed, so a call that times out is reported and keeps its thread until it
+    returns. Each call takes an idle thread or starts a new one, so abandoned calls never make later
+    calls wait (as a fixed-size pool would once all its workers are stuck), and as daemons they never
+    hold up interpreter exit. Up to ``max_idle`` finished threads are kept for reuse.
+    """
+
+    def __init__(self, max_idle: int = 4) -> None:
+        self._idle: list[queue.SimpleQueue[_Job | None]] = []
+        self._lock = threading.Lock()
+        self._max_idle = max_idle
+        self._closed = False
+
+    def run(self, fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout: float) -> Any:
+        """Run ``fn(**kwargs)`` on a worker; raise TimeoutError if it has not returned in ``timeout`` s."""
+        job = _Job(fn, kwargs)
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox,), name="qitos-tool", daemon=True).start()
+        inbox.put(job)
+        if not job.done.wait(timeout):
+            raise concurrent.futures.TimeoutError()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _serve(self, inbox: queue.SimpleQueue[_Job | None]) -> None:
+        while True:
+            job = inbox.get()
+            if job is None:
+                return
+            try:
+                job.result = job.fn(**job.kwargs)
+            except BaseException as exc:  # handed to the caller, as a Future would
+                job.error = exc
+            with self._lock:  # idle again before signalling, so the caller's next call reuses this thread
+                keep = not self._closed and len(self._idle) < self._max_idle
+                if keep:
+                    self._idle.append(inbox)
+            job.done.set()
+            del job
+            if not keep:
+                return
+
+    def close(self) -> None:
+        """Stop the idle threads; busy ones exit when their call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
+
+
+def _enum_converters(spec: ToolSpec) -> dict[str, Callable[[Any], Any]]:
+    """Per parameter annotated with an Enum (or ``Enum | None``, ``list[Enum]``): turns its JSON value
+    into members. Empty for most tools, which then pay nothing per call."""
+    properties = spec.parameters.get("properties") or {}
+    try:
+        hints = typing.get_type_hints(spec.func)
+    except Exception:
+        return {}  # a callable without resolvable hints (e.g. a hand-built ToolSpec): values pass as given
+    converters: dict[str, Callable[[Any], Any]] = {}
+    for pname, hint in hints.items():
+        if pname in properties:
+            converter = _enum_converter(hint)
+            if converter is not None:
+                converters[pname] = converter
+    return converters
+
+
+def _enum_converter(hint: Any) -> Callable[[Any], Any] | None:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        cls: type[enum.Enum] = hint
+        by_value = {m.value: m for m in cls if isinstance(m.value, str | int | float)}
+
+        def to_member(value: Any) -> Any:
+            try:
+                return by_value[value]
+            except (KeyError, TypeError):  # a member, an unhashable or unknown value: the Enum decides
+                return cls(value)
+
+        return to_member
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Union or origin is types.UnionType:
+        arms = [a for a in args if a is not type(None)]
+        inner = _enum_converter(arms[0]) if len(arms) == 1 else None
+        if inner is not None:
+            return lambda value: None if value is None else inner(value)
+        return None
+    if origin is list and args:
+        item = _enum_converter(args[0])
+        if item is not None:
+            return lambda value: [item(v) for v in value]
+    return None
+
+
+def _convert_arguments(args: Mapping[str, Any], converters: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
+    """A copy of validated ``args`` with Enum-annotated values converted; ValueError names the argument."""
+    converted = dict(args)
+    for pname, convert in converters.items():
+        if pname in converted:
+            try:
+                converted[pname] = convert(converted[pname])
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"arguments.{pname}: {exc}") from exc
+    return converted
 
 
 async def _with_timeout(coro: Any, timeout: float) -> Any:
