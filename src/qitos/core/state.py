@@ -55,6 +55,7 @@ class StopReason(StrEnum):
 
 
 _CONTAINERS = (list, dict)
+_object_setattr = object.__setattr__
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 # Journal entries per top-level field: ("set",) | ("extend", start_index) | ("keys", set_of_keys)
@@ -261,14 +262,18 @@ class StateSchema:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_q_"):
-            object.__setattr__(self, name, value)
+            _object_setattr(self, name, value)
             return
-        if isinstance(value, _CONTAINERS):
-            value = _adopt(value, self, name, False)
-        elif isinstance(value, StopReason) and name == "stop_reason":
-            value = value.value
-        object.__setattr__(self, name, value)
-        self._q_journal()[name] = _SET
+        if type(value) not in _SCALARS:
+            if isinstance(value, _CONTAINERS):
+                value = _adopt(value, self, name, False)
+            elif isinstance(value, StopReason) and name == "stop_reason":
+                value = value.value
+        _object_setattr(self, name, value)
+        journal = self.__dict__.get("_q_changes")
+        if journal is None:
+            journal = self._q_journal()
+        journal[name] = _SET
         if name in self._q_validated_fields:
             self._validate_steps(partial=True)
 
