@@ -525,3 +525,39 @@ def test_a_thousand_steps_appending_a_kib_each_keep_the_database_small(db: str, 
     assert size <= 2_500_000, f"{size / 1e6:.2f} MB after 1000 steps of 1 KiB (target: 2.5 MB)"
     again = sa.make_composition(db, side, tools_every=0, note_bytes=1024).restore(session.session_id.value)
     assert again.inspect().snapshot_integrity == "verified"
+
+
+def test_a_head_conflict_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_path: Path) -> None:
+    from qitos import AgentModule, Decision, StateSchema, compose
+    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+    from qitos.core.errors import HeadConflictError
+    from qitos.trace import list_runs
+
+    race: list[Any] = []
+
+    class Racer(AgentModule):  # type: ignore[type-arg]
+        def init_state(self, task: str, **kwargs: Any) -> StateSchema:
+            return StateSchema(task=task, max_steps=3)
+
+        def decide(self, state: Any, observation: Any) -> Any:
+            if state.current_step == 1 and race:
+                race.pop()()  # another writer moves the head while this step runs
+            return Decision.wait()
+
+        def reduce(self, state: Any, observation: Any, decision: Any) -> Any:
+            return state
+
+    logdir = tmp_path / "runs"
+    composition = compose(agent=Racer, store=SqliteCheckpointStore(str(tmp_path / "s.db")), trace_logdir=str(logdir))
+    session = composition.session("race")
+    race.append(lambda: composition.restore(session.session_id.value).run())
+
+    with pytest.raises(HeadConflictError):
+        session.run()
+
+    manifests = [run.manifest() for run in list_runs(str(logdir))]
+    assert sorted(m["status"] for m in manifests) == ["failed", "stopped"]
+    loser = next(run for run in list_runs(str(logdir)) if run.manifest()["status"] == "failed")
+    events = [e["event_type"] for e in loser.events()]
+    assert events[0] == "run_start" and events[-1] == "run_end" and events.count("run_end") == 1
+    assert "HeadConflictError" in (loser.manifest()["summary"]["error"] or "")

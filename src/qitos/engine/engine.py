@@ -751,11 +751,18 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         lifecycle = _lifecycle_for(reason)
         changes = run.step_changes + state.drain_changes()
         run.step_changes = []
+        commit_error: Exception | None = None
         try:
             if run.journal.durable:
                 run.journal.commit(self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending))
-        finally:
             run.journal.close()
+        except Exception as exc:
+            # The last boundary could not be made durable (for example another writer moved the head):
+            # the run still ends with run_end and a finished trace, then the error is raised.
+            commit_error = exc
+            status = "failed"
+            run.error = f"{type(exc).__name__}: {exc}"
+            run.emit(EngineEvent(E.ERROR, state.current_step, phase=P.COMMIT, ok=False, error=run.error))
         elapsed = self._elapsed(run)
         task_result = TaskResult(
             task_id=run.task.id,
@@ -807,6 +814,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         if self._hook_table["on_run_end"]:
             ctx = HookContext(run.run_id, state.current_step, state, result=result)
             self._call_hooks("on_run_end", run, ctx)
+        if commit_error is not None:
+            raise commit_error
         return result
 
     def _boundary_commit(
