@@ -183,6 +183,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         self._cancel = False
         self._cancel_immediate = False
         self._hook_table = self._build_hook_table()
+        self._event_listeners = [h for h in self.hooks if _overrides(h, "on_event")]
         self._model_path: Any = None
 
     # ------------------------------------------------------------------ public API
@@ -270,7 +271,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
-        run.live = on_event is not None or any(_overrides(h, "on_event") for h in self.hooks)
+        run.live = on_event is not None or bool(self._event_listeners)
         stop: StopReason | None = None
         raised: BaseException | None = None
         try:
@@ -869,7 +870,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         writer: TraceWriter | None,
         on_event: Callable[[EngineEvent], None] | None,
     ) -> Callable[[EngineEvent], None]:
-        listeners = [h for h in self.hooks if _overrides(h, "on_event")]
+        listeners = self._event_listeners
         if writer is None and on_event is None and not listeners:
             return events.append
 

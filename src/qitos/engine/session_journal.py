@@ -5,7 +5,6 @@ Snapshot payload (format 1), JSON::
     step_id, lifecycle, stop_reason, run_id       where the session stands (lifecycle and run_id only
                                                   when they change; earlier values carry forward)
     state:  {"full": {...}} | {"delta": [ops]}    strict-codec state, or the changes since the parent
-    state_bytes (full snapshots)                  the size driving the materialization rule below
     log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
              chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
     budget_used, control_position                 counters and consumed control items
@@ -45,6 +44,8 @@ _MIN_FULL_BYTES = 4096
 # storage stays within (1 + 1/factor) of the data, a restore applies at most factor x state of deltas.
 _FULL_FACTOR = 3
 APPROVAL_KINDS = ("approve", "reject")
+# The digest of a log with no entries (it does not depend on the log id).
+_EMPTY_LOG_DIGEST = ExchangeLog("empty").digest
 
 # --------------------------------------------------------------------------- restoring
 
@@ -62,7 +63,7 @@ class RestoredSession:
     request_view: str | None
     pending: PendingStep | None
     carry_changes: list[dict[str, Any]]
-    state_bytes: int = 0
+    state_bytes: int = 0  # the base snapshot's payload size: what the materialization rule compares to
     delta_bytes: int = 0
     lifecycle: str = "created"
     run_id: str | None = None
@@ -142,7 +143,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
         request_view=view_id,
         pending=None,
         carry_changes=[],
-        state_bytes=int(base.payload.get("state_bytes", 0)),
+        state_bytes=base.payload_size,
         delta_bytes=delta_bytes,
         lifecycle=str(head.payload.get("lifecycle", "running")),
         run_id=run_id,
@@ -380,7 +381,7 @@ class SessionJournal(RunJournal):
         log_meta = {
             "log_id": log.log_id if log is not None else f"log-{self.session_id}",
             "position": log.position if log is not None else self._log_position,
-            "digest": log.digest if log is not None else ExchangeLog(f"log-{self.session_id}").digest,
+            "digest": log.digest if log is not None else _EMPTY_LOG_DIGEST,
         }
         if chunk is not None:
             payload["log"] = {**log_meta, "chunk": chunk}
@@ -396,12 +397,10 @@ class SessionJournal(RunJournal):
         if full:
             state_full = last.state.to_dict()
             chunks = [*self._log_chunks, chunk] if chunk else list(self._log_chunks)
-            state_bytes = len(canonical_json(state_full)) + 66 * len(chunks)
             payload.update(
                 format=FORMAT,
                 run_id=self.run_id,
                 state={"full": state_full},
-                state_bytes=state_bytes,
                 log={**log_meta, "chunks": chunks},
                 request_view=self._request_view_id,
             )
@@ -435,7 +434,7 @@ class SessionJournal(RunJournal):
         written = snapshot.payload_size
         if full:
             self._base_id = snapshot.snapshot_id
-            self._state_bytes = int(payload["state_bytes"])
+            self._state_bytes = written
             self._delta_bytes = 0
         else:
             self._delta_bytes += written

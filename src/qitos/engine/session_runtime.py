@@ -43,7 +43,7 @@ from qitos.checkpoint.store import (
     SessionSnapshotCommit,
     utc_now,
 )
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core.codec import sha256_hex
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,
@@ -604,7 +604,6 @@ def new_session(
         "step": [],
         "request_view": None,
         "state": {"full": full},
-        "state_bytes": len(canonical_json(full)),
         "log": {"log_id": log.log_id, "position": 0, "digest": log.digest, "chunks": []},
     }
     snapshot = SessionSnapshot.create(
