@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import random
 import sqlite3
@@ -47,6 +48,7 @@ from qitos.checkpoint.store import (
     SessionSnapshotCommit,
     SnapshotNotFoundError,
     StepWrite,
+    StoredSnapshotRow,
     SyncCheckpointStore,
     check_after,
     check_blobs,
@@ -56,6 +58,7 @@ from qitos.checkpoint.store import (
     name_set,
     utc_now,
 )
+from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,
@@ -156,7 +159,7 @@ _SQL_CHAIN = (
     " FROM chain JOIN snapshots p ON p.snapshot_id = chain.parent_id"
     " WHERE chain.stop IS NOT NULL AND chain.snapshot_id != chain.stop AND chain.depth < ?)"
     " SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding,"
-    " CAST(payload AS BLOB), stop, depth FROM chain ORDER BY depth DESC"
+    " CAST(payload AS BLOB), stop, depth FROM chain"
 )
 # A session's head chain, newest first, staying within the session.
 _SQL_SESSION_CHAIN = (
@@ -200,6 +203,7 @@ _SQL_PRUNE = (
 _SQL_PRUNE_WRITES = "DELETE FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
 _SQL_SNAPSHOT_COUNT = "SELECT COUNT(*) FROM snapshots"
 
+_DEPTH: Final = operator.itemgetter(9)  # the depth column of _SQL_CHAIN rows
 _MAX_CHAIN: Final = 10_000_000  # guards the recursive query against a cycle in corrupted rows
 _BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
@@ -260,6 +264,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._cursor: sqlite3.Cursor | None = None
+        self._checkpointer: WalCheckpointer | None = None
         self._pid = os.getpid()
         self._closed = False
         _LIVE.add(self)
@@ -275,6 +280,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         if self._conn is not None:
             _INHERITED.append(self._conn)
         self._conn = self._cursor = None
+        self._checkpointer = None  # the parent's thread does not exist here; _open starts a new one
         self._pid = os.getpid()
 
     def _connection(self) -> sqlite3.Cursor:
@@ -285,13 +291,11 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         if self._cursor is None:
             self._conn = self._open()
             self._cursor = self._conn.cursor()  # one reused cursor: cheaper than conn.execute's new one
+            if self.path != ":memory:":
+                self._checkpointer = WalCheckpointer(self._connect)
         return self._cursor
 
-    def _open(self) -> sqlite3.Connection:
-        if self.path != ":memory:" and not self.path.startswith("file:"):
-            parent = Path(self.path).parent
-            if not parent.is_dir():
-                raise CheckpointError(f"cannot open checkpoint database {self.path!r}: {parent} is not a directory")
+    def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path,
             timeout=self._busy_timeout_ms / 1000,
@@ -301,11 +305,25 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path != ":memory:" and not self.path.startswith("file:"):
+            parent = Path(self.path).parent
+            if not parent.is_dir():
+                raise CheckpointError(f"cannot open checkpoint database {self.path!r}: {parent} is not a directory")
+        conn = self._connect()
+        try:
             # Takes effect only while the file is still empty (before WAL mode is set): 8 KiB pages
             # hold five ~1.6 KB per-step snapshot rows where 4 KiB pages hold two.
             conn.execute(f"PRAGMA page_size = {self._page_size}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            # Checkpoints run on a background thread (wal_checkpointer); this is only the safety net.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {SAFETY_NET_PAGES}")
             _migrate(conn.cursor(), self.path)
         except BaseException:
             conn.close()
@@ -321,7 +339,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             with self._lock:
                 try:
                     cur = self._connection()
-                    return _in_transaction(cur, fn) if write else fn(cur)
+                    if not write:
+                        return fn(cur)
+                    result = _in_transaction(cur, fn)
+                    if self._checkpointer is not None:
+                        self._checkpointer.committed()
+                    return result
                 except sqlite3.OperationalError as exc:
                     if not _is_busy(exc):
                         raise self._error(exc) from exc
@@ -456,6 +479,8 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         )
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
+        # Ordered here, not by SQL: sorting the rows with their payloads in SQLite costs more.
+        rows.sort(key=_DEPTH, reverse=True)
         oldest = rows[0]
         stop, depth = oldest[8], oldest[9]
         if stop is not None and oldest[0] != stop:
@@ -466,7 +491,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             else:
                 reason = f"ancestor {oldest[2]} is missing from the store"
             raise SnapshotIntegrityError(snapshot_id, reason)
-        return [_snapshot(row) for row in rows]
+        return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
 
     def list_sessions(self) -> list[SessionHeadRecord]:
         """Every session head, in creation order."""
@@ -625,6 +650,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def close(self) -> None:
         """Close this process's connection; later calls raise CheckpointError. Idempotent."""
         with self._lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = self._cursor = None
@@ -700,6 +728,11 @@ def _snapshot_rows(cur: sqlite3.Cursor, sql: str, params: tuple[Any, ...], snaps
 
 
 def _snapshot(row: Any) -> SessionSnapshot:
+    return SessionSnapshot.from_stored_rows([_stored_row(row)])[0]
+
+
+def _stored_row(row: Any) -> StoredSnapshotRow:
+    """A snapshots row as ``SessionSnapshot.from_stored_rows`` takes it, decompressed."""
     snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload = row[:8]
     if encoding == "zlib" or encoding == "deflate":
         try:
@@ -710,15 +743,7 @@ def _snapshot(row: Any) -> SessionSnapshot:
         raise SnapshotIntegrityError(snapshot_id, f"unknown payload encoding {encoding!r}")
     if not isinstance(payload, bytes):
         raise SnapshotIntegrityError(snapshot_id, f"stored payload is a {type(payload).__name__}, not bytes")
-    return SessionSnapshot.from_stored(
-        snapshot_id=snapshot_id,
-        session_id=session_id,
-        parent_id=parent_id,
-        base_id=base_id,
-        sequence=sequence,
-        created_at=created_at,
-        payload_json=payload,
-    )
+    return (snapshot_id, session_id, parent_id, base_id, sequence, created_at, payload)
 
 
 def _head_record(row: Any) -> SessionHeadRecord:
