@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import pickle
 from typing import Any
 
@@ -177,3 +179,33 @@ def test_a_default_sync_method_inside_an_event_loop_points_to_the_async_twin() -
     with pytest.raises(UsageError, match="await alist_sessions"):
         asyncio.run(misuse())
     assert store.list_sessions() == []
+
+
+def _stored(payload_json: str, sequence: int = 0) -> tuple[str, str, None, None, int, str, bytes]:
+    content = snapshot_content_text(
+        session_id="s", parent_id=None, base_id=None, sequence=sequence, created_at="t", payload_json=payload_json
+    )
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    return (digest, "s", None, None, sequence, "t", payload_json.encode())
+
+
+def test_rows_rebuilt_together_keep_each_payload_with_its_snapshot() -> None:
+    rows = [_stored(json.dumps({"n": i, "text": "é" * i}, ensure_ascii=False), i) for i in range(50)]
+    snapshots = SessionSnapshot.from_stored_rows(rows)
+    assert [s.payload["n"] for s in snapshots] == list(range(50))
+    assert [s.snapshot_id for s in snapshots] == [r[0] for r in rows]
+    assert snapshots[7].canonical_payload() == rows[7][6].decode()
+
+
+def test_a_verified_payload_holding_two_json_values_is_named_not_merged() -> None:
+    bad = _stored('{"a":1},{"b":2}', 1)  # hashes correctly, but is not one JSON object
+    with pytest.raises(SnapshotIntegrityError) as caught:
+        SessionSnapshot.from_stored_rows([_stored('{"a":0}'), bad, _stored('{"c":3}', 2)])
+    assert caught.value.snapshot_id == bad[0]
+
+
+def test_a_verified_payload_that_is_not_an_object_is_named() -> None:
+    bad = _stored("[1,2]", 1)
+    with pytest.raises(SnapshotIntegrityError, match="not a JSON object") as caught:
+        SessionSnapshot.from_stored_rows([_stored('{"a":0}'), bad])
+    assert caught.value.snapshot_id == bad[0]

@@ -359,3 +359,15 @@ def test_enum_keys_with_str_values_round_trip_and_unknown_keys_fail() -> None:
         decode_value({"green": 1}, hint, "state.by_color")
     with pytest.raises(CodecError, match="'3' is not a valid Level"):
         decode_value({"3": 1}, dict[Level, int], "state.by_level")
+
+
+def test_a_long_list_of_scalars_decodes_to_a_copy_and_still_rejects_a_wrong_item() -> None:
+    texts = [f"item {i}" for i in range(1000)]
+    decoded = decode_value(texts, list[str])
+    assert decoded == texts and decoded is not texts
+    assert decode_value([1, 2.5], list[float]) == [1.0, 2.5] and type(decode_value([1], list[float])[0]) is float
+    with pytest.raises(CodecError, match=r"value\[1\]"):
+        decode_value([1, True], list[int])
+    with pytest.raises(CodecError, match=r"value\[2\]"):
+        decode_value(["a", "b", 3], list[str])
+    assert decode_value(["x", 1], list[Any]) == ["x", 1]

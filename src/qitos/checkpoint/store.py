@@ -57,6 +57,7 @@ __all__ = [
     "SessionSnapshotCommit",
     "SnapshotNotFoundError",
     "StepWrite",
+    "StoredSnapshotRow",
     "SyncCheckpointStore",
     "check_after",
     "check_blobs",
@@ -128,6 +129,9 @@ def utc_now() -> str:
 # Same settings as qitos.core.codec.canonical_json, held once (json.dumps builds an encoder per call).
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 _DECODE = json.JSONDecoder().decode
+
+StoredSnapshotRow = tuple[str, Any, Any, Any, Any, Any, bytes | str]
+"""A stored snapshot as a store reads it: id, session, parent, base, sequence, created_at, payload JSON."""
 
 
 def json_text(value: Any, what: str) -> str:
@@ -353,33 +357,69 @@ class SessionSnapshot:
         payload_json: bytes | str,
     ) -> SessionSnapshot:
         """Rebuild a stored snapshot, verifying its digest; SnapshotIntegrityError names it if not."""
-        snapshot = cls(
-            snapshot_id=snapshot_id,
-            session_id=session_id,
-            parent_id=parent_id,
-            base_id=base_id,
-            sequence=sequence,
-            created_at=created_at,
-            payload={},
-        )
-        try:
-            text = payload_json.decode("utf-8") if isinstance(payload_json, bytes) else payload_json
-            actual = snapshot._digest(text)
-        except (UnicodeDecodeError, TypeError, ValueError) as exc:
-            raise SnapshotIntegrityError(snapshot_id, f"stored content is unreadable: {exc}") from exc
-        if actual != snapshot_id:
-            raise SnapshotIntegrityError(
-                snapshot_id, f"stored content hashes to {actual}; the stored bytes were altered"
+        row = (snapshot_id, session_id, parent_id, base_id, sequence, created_at, payload_json)
+        return cls.from_stored_rows([row])[0]
+
+    @classmethod
+    def from_stored_rows(cls, rows: Iterable[StoredSnapshotRow]) -> list[SessionSnapshot]:
+        """Rebuild stored snapshots, in order, verifying every digest before any payload is parsed.
+
+        Each row is ``(snapshot_id, session_id, parent_id, base_id, sequence, created_at,
+        payload_json)``. The payloads are parsed together in one JSON call (a chain of many small
+        deltas costs one parse, not one per snapshot); SnapshotIntegrityError names the first
+        snapshot whose content does not hash to its id or whose payload is not a JSON object.
+        """
+        snapshots: list[SessionSnapshot] = []
+        texts: list[str] = []
+        new = object.__new__
+        for snapshot_id, session_id, parent_id, base_id, sequence, created_at, payload_json in rows:
+            try:
+                text = payload_json.decode("utf-8") if isinstance(payload_json, bytes) else payload_json
+                content = snapshot_content_text(
+                    session_id=session_id,
+                    parent_id=parent_id,
+                    base_id=base_id,
+                    sequence=sequence,
+                    created_at=created_at,
+                    payload_json=text,
+                )
+                actual = hashlib.sha256(content.encode("utf-8")).hexdigest()
+            except (UnicodeDecodeError, TypeError, ValueError, AttributeError) as exc:
+                raise SnapshotIntegrityError(snapshot_id, f"stored content is unreadable: {exc}") from exc
+            if actual != snapshot_id:
+                raise SnapshotIntegrityError(
+                    snapshot_id, f"stored content hashes to {actual}; the stored bytes were altered"
+                )
+            # The fields were just verified against the id: set them without __init__'s per-field
+            # frozen-dataclass calls (this is the restore path, thousands of rows).
+            snapshot = new(cls)
+            snapshot.__dict__.update(
+                snapshot_id=snapshot_id,
+                session_id=session_id,
+                parent_id=parent_id,
+                base_id=base_id,
+                sequence=sequence,
+                created_at=created_at,
+                _canonical_payload=text,
             )
+            snapshots.append(snapshot)
+            texts.append(text)
         try:
-            payload = _DECODE(text)
-        except ValueError as exc:  # only if SHA-256 collided; kept for a clear error
-            raise SnapshotIntegrityError(snapshot_id, f"stored payload is not JSON: {exc}") from exc
-        if not isinstance(payload, dict):
-            raise SnapshotIntegrityError(snapshot_id, "stored payload is not a JSON object")
-        object.__setattr__(snapshot, "payload", payload)
-        object.__setattr__(snapshot, "_canonical_payload", text)
-        return snapshot
+            payloads = _DECODE("[" + ",".join(texts) + "]")
+        except ValueError:
+            payloads = []
+        if len(payloads) != len(snapshots):  # not one JSON value each: parse one by one to name the culprit
+            payloads = []
+            for snapshot, text in zip(snapshots, texts, strict=True):
+                try:
+                    payloads.append(_DECODE(text))
+                except ValueError as exc:
+                    raise SnapshotIntegrityError(snapshot.snapshot_id, f"stored payload is not JSON: {exc}") from exc
+        for snapshot, payload in zip(snapshots, payloads, strict=True):
+            if not isinstance(payload, dict):
+                raise SnapshotIntegrityError(snapshot.snapshot_id, "stored payload is not a JSON object")
+            snapshot.__dict__["payload"] = payload
+        return snapshots
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
