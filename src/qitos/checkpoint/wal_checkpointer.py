@@ -8,8 +8,11 @@ and, averaged over a run, roughly doubles the cost of a small commit.
 :class:`WalCheckpointer` moves that work to a daemon thread with its own connection. The writer calls
 :meth:`WalCheckpointer.committed` after each commit (a counter increment); every ``every`` commits
 the thread runs ``PRAGMA wal_checkpoint(PASSIVE)``, which never blocks writers or readers (SQLite
-releases the GIL while it runs). The writer keeps a larger ``wal_autocheckpoint`` as a safety net, so
-the log stays bounded even if this thread falls behind or the process forks without it.
+releases the GIL while it runs). The writer keeps a larger ``wal_autocheckpoint`` (2000 pages) as a
+safety net: the log stays bounded if this thread falls behind or the process forks without it, and
+because a passive checkpoint racing continuous commits never backfills the very last frames, it is
+also what lets the log restart from its beginning; by then the thread has copied almost everything,
+so that commit pays little.
 
 A checkpoint changes no committed data and is crash-safe at any instant, so stopping the thread
 (``close``) or losing it (interpreter exit, ``fork``) loses nothing.
@@ -25,7 +28,7 @@ from typing import Final
 
 __all__ = ["SAFETY_NET_PAGES", "WalCheckpointer"]
 
-SAFETY_NET_PAGES: Final = 4000
+SAFETY_NET_PAGES: Final = 2000
 """The writer connection's own ``wal_autocheckpoint``: used only if the background thread lags."""
 
 
