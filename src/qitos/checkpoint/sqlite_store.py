@@ -5,7 +5,9 @@ Design (STYLE practice 6, SPEC sections 3 and 7):
 - stdlib ``sqlite3``; one connection per store per process, opened lazily, shared by threads
   behind a ``threading.Lock`` and re-opened in a child after ``fork()`` (a connection inherited
   across ``fork()`` is never used nor closed by the child);
-- WAL journal, ``synchronous=NORMAL`` by default (``FULL`` on request), ``busy_timeout``;
+- WAL journal, ``synchronous=NORMAL`` by default (``FULL`` on request), ``busy_timeout``; WAL
+  checkpoints run on a background thread (:mod:`qitos.checkpoint.wal_checkpointer`), not inside
+  whichever commit crosses the log's size limit;
 - every write is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
   any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff, so
   "database is locked" never reaches the caller unless the file stays locked for
