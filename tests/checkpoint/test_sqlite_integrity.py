@@ -367,3 +367,71 @@ def test_reads_leave_no_open_read_snapshot_behind(db: Path) -> None:
                 assert busy == 0, f"read #{position - 100} left a read snapshot open"
         finally:
             other.close()
+
+
+def _two_interleaved_sessions(store: SqliteCheckpointStore, steps: int) -> dict[str, list[str]]:
+    ids: dict[str, list[str]] = {"a": [], "b": []}
+    for i in range(steps + 1):
+        for name in ("a", "b"):
+            chain = ids[name]
+            snap = SessionSnapshot.create(
+                session_id=name,
+                parent_id=chain[-1] if chain else None,
+                base_id=chain[0] if chain else None,
+                sequence=i,
+                payload={"full": {}} if not chain else {"note": f"{name}{i}"},
+            )
+            store.commit_session_snapshot(
+                SessionSnapshotCommit(
+                    session_id=name,
+                    expected_head=chain[-1] if chain else None,
+                    snapshot=snap,
+                    lifecycle="running",
+                )
+            )
+            chain.append(snap.snapshot_id)
+    return ids
+
+
+def test_a_chain_within_one_session_is_read_as_one_range_among_other_sessions_rows(db: Path) -> None:
+    from qitos.checkpoint.sqlite_store import _chain_rows
+
+    with SqliteCheckpointStore(db) as store:
+        ids = _two_interleaved_sessions(store, 20)
+        for name in ("a", "b"):
+            chain = store.load_chain(ids[name][-1])
+            assert [s.snapshot_id for s in chain] == ids[name]
+            assert chain[-1].payload == {"note": f"{name}20"}
+            _, walked = store._run(lambda cur, name=name: _chain_rows(cur, ids[name][-1]), write=False)
+            assert walked is False
+        # A fork's chain crosses into its parent session: the recursive walk reads it.
+        fork = SessionSnapshot.create(
+            session_id="fork", parent_id=ids["a"][5], base_id=ids["a"][0], sequence=6, payload={"note": "f"}
+        )
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(session_id="fork", expected_head=None, snapshot=fork, lifecycle="running")
+        )
+        rows, walked = store._run(lambda cur: _chain_rows(cur, fork.snapshot_id), write=False)
+        assert walked is True and len(rows) == 7
+        assert [s.snapshot_id for s in store.load_chain(fork.snapshot_id)] == [*ids["a"][:6], fork.snapshot_id]
+
+
+def test_a_relinked_parent_inside_the_range_falls_back_and_names_the_missing_ancestor(db: Path) -> None:
+    with SqliteCheckpointStore(db) as store:
+        ids = _two_interleaved_sessions(store, 6)
+    # Point a middle snapshot at an ancestor that does not exist (its digest then fails too).
+    _tamper(db, "DELETE FROM snapshots WHERE snapshot_id = ?", ids["a"][3])
+    with SqliteCheckpointStore(db) as store:
+        with pytest.raises(SnapshotIntegrityError, match=ids["a"][3]) as caught:
+            store.load_chain(ids["a"][-1])
+        assert caught.value.snapshot_id == ids["a"][-1]
+        assert [s.snapshot_id for s in store.load_chain(ids["b"][-1])] == ids["b"]  # the other session is intact
+
+
+def test_chains_still_load_after_vacuum_renumbers_rows(db: Path) -> None:
+    with SqliteCheckpointStore(db) as store:
+        ids = _two_interleaved_sessions(store, 10)
+        store.vacuum()
+    with SqliteCheckpointStore(db) as store:
+        for name in ("a", "b"):
+            assert [s.snapshot_id for s in store.load_chain(ids[name][-1])] == ids[name]

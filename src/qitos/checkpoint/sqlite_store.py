@@ -163,6 +163,15 @@ _SQL_CHAIN = (
     " SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding,"
     " CAST(payload AS BLOB), stop, depth FROM chain"
 )
+# The chain's two ends: the snapshot's rowid and session, its base and the base's rowid.
+_SQL_CHAIN_ENDS = (
+    "SELECT s.rowid, s.session_id, s.base_id, b.rowid FROM snapshots s "
+    "LEFT JOIN snapshots b ON b.snapshot_id = s.base_id WHERE s.snapshot_id = ?"
+)
+_SQL_CHAIN_RANGE = (
+    "SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, "
+    "CAST(payload AS BLOB) FROM snapshots WHERE rowid BETWEEN ? AND ? AND session_id = ?"
+)
 # A session's head chain, newest first, staying within the session.
 _SQL_SESSION_CHAIN = (
     "WITH RECURSIVE chain(snapshot_id, parent_id, depth) AS ("
@@ -476,23 +485,21 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
-        rows = self._run(
-            lambda cur: _snapshot_rows(cur, _SQL_CHAIN, (snapshot_id, _MAX_CHAIN), snapshot_id), write=False
-        )
+        rows, walked = self._run(lambda cur: _chain_rows(cur, snapshot_id), write=False)
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
-        # Ordered here, not by SQL: sorting the rows with their payloads in SQLite costs more.
-        rows.sort(key=_DEPTH, reverse=True)
-        oldest = rows[0]
-        stop, depth = oldest[8], oldest[9]
-        if stop is not None and oldest[0] != stop:
-            if depth >= _MAX_CHAIN:
-                reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
-            elif oldest[2] is None:
-                reason = f"its base {stop} is not among its ancestors (reached the root)"
-            else:
-                reason = f"ancestor {oldest[2]} is missing from the store"
-            raise SnapshotIntegrityError(snapshot_id, reason)
+        if walked:  # from the recursive query: check that it reached the base
+            rows.sort(key=_DEPTH, reverse=True)  # here, not in SQL: sorting rows with payloads there costs more
+            oldest = rows[0]
+            stop, depth = oldest[8], oldest[9]
+            if stop is not None and oldest[0] != stop:
+                if depth >= _MAX_CHAIN:
+                    reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
+                elif oldest[2] is None:
+                    reason = f"its base {stop} is not among its ancestors (reached the root)"
+                else:
+                    reason = f"ancestor {oldest[2]} is missing from the store"
+                raise SnapshotIntegrityError(snapshot_id, reason)
         return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
 
     def list_sessions(self) -> list[SessionHeadRecord]:
@@ -723,6 +730,36 @@ def _schema_version(cur: sqlite3.Cursor, path: str) -> int:
 def _snapshot_rows(cur: sqlite3.Cursor, sql: str, params: tuple[Any, ...], snapshot_id: str) -> list[Any]:
     try:
         return cur.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "decode" in str(exc).lower():
+            raise SnapshotIntegrityError(snapshot_id, f"a stored row is not valid text: {exc}") from exc
+        raise
+
+
+def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]:
+    """The rows of ``snapshot_id``'s chain and whether they came from the recursive parent walk.
+
+    A session's snapshots are inserted in commit order, so a chain that stays within one session
+    is one rowid-range read, linked up here by parent ids. A chain that crosses into a parent
+    session (a fork before its first full state), or a range that does not link up (rowids
+    renumbered by VACUUM, damaged rows), falls back to the recursive query, which names what is
+    missing.
+    """
+    try:
+        ends = _one(cur.execute(_SQL_CHAIN_ENDS, (snapshot_id,)))
+        if ends is not None:
+            rowid, session_id, base_id, base_rowid = ends
+            if base_id is not None and base_rowid is not None and base_rowid <= rowid:
+                by_id = {row[0]: row for row in cur.execute(_SQL_CHAIN_RANGE, (base_rowid, rowid, session_id))}
+                chain: list[Any] = []
+                current = by_id.get(snapshot_id)
+                while current is not None and len(chain) < len(by_id):
+                    chain.append(current)
+                    if current[0] == base_id:
+                        chain.reverse()
+                        return chain, False
+                    current = by_id.get(current[2])
+        return cur.execute(_SQL_CHAIN, (snapshot_id, _MAX_CHAIN)).fetchall(), True
     except sqlite3.OperationalError as exc:
         if "decode" in str(exc).lower():
             raise SnapshotIntegrityError(snapshot_id, f"a stored row is not valid text: {exc}") from exc
