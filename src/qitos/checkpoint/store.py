@@ -66,6 +66,7 @@ __all__ = [
     "json_text",
     "name_set",
     "snapshot_content_text",
+    "snapshot_digest",
     "utc_now",
 ]
 
@@ -179,6 +180,32 @@ def snapshot_content_text(
     Equal to ``canonical_json({session_id, parent_id, base_id, sequence, created_at, payload})``
     without serializing the payload again; its SHA-256 is the snapshot id.
     """
+    head, tail = _content_around_payload(session_id, parent_id, base_id, sequence, created_at)
+    return head + payload_json + tail
+
+
+def snapshot_digest(
+    *,
+    session_id: Any,
+    parent_id: Any,
+    base_id: Any,
+    sequence: Any,
+    created_at: Any,
+    payload_json: str | bytes,
+) -> str:
+    """The snapshot id: SHA-256 of :func:`snapshot_content_text`, hashed in three parts so a large
+    payload is never copied into one content string (UTF-8 bytes are hashed as they are)."""
+    head, tail = _content_around_payload(session_id, parent_id, base_id, sequence, created_at)
+    hasher = hashlib.sha256(head.encode("utf-8"))
+    hasher.update(payload_json if isinstance(payload_json, bytes) else payload_json.encode("utf-8"))
+    hasher.update(tail.encode("utf-8"))
+    return hasher.hexdigest()
+
+
+def _content_around_payload(
+    session_id: Any, parent_id: Any, base_id: Any, sequence: Any, created_at: Any
+) -> tuple[str, str]:
+    """The canonical content JSON before and after the payload (keys in sorted order)."""
     if (
         type(session_id) is str
         and type(created_at) is str
@@ -190,14 +217,12 @@ def snapshot_content_text(
             '{"base_id":' + ("null" if base_id is None else encode_basestring(base_id))
             + ',"created_at":' + encode_basestring(created_at)
             + ',"parent_id":' + ("null" if parent_id is None else encode_basestring(parent_id))
-            + ',"payload":' + payload_json
-            + ',"sequence":' + str(sequence)
-            + ',"session_id":' + encode_basestring(session_id) + "}"
+            + ',"payload":',
+            ',"sequence":' + str(sequence) + ',"session_id":' + encode_basestring(session_id) + "}",
         )  # fmt: skip
     return (
-        f'{{"base_id":{_scalar(base_id)},"created_at":{_scalar(created_at)},'
-        f'"parent_id":{_scalar(parent_id)},"payload":{payload_json},'
-        f'"sequence":{_scalar(sequence)},"session_id":{_scalar(session_id)}}}'
+        f'{{"base_id":{_scalar(base_id)},"created_at":{_scalar(created_at)},"parent_id":{_scalar(parent_id)},"payload":',
+        f',"sequence":{_scalar(sequence)},"session_id":{_scalar(session_id)}}}',
     )
 
 
@@ -305,7 +330,7 @@ class SessionSnapshot:
         return snapshot
 
     def _digest(self, payload_json: str) -> str:
-        content = snapshot_content_text(
+        return snapshot_digest(
             session_id=self.session_id,
             parent_id=self.parent_id,
             base_id=self.base_id,
@@ -313,7 +338,6 @@ class SessionSnapshot:
             created_at=self.created_at,
             payload_json=payload_json,
         )
-        return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
     def canonical_payload(self) -> str:
         """The payload's canonical JSON as fixed at creation or load, checked against the id.
@@ -374,16 +398,15 @@ class SessionSnapshot:
         new = object.__new__
         for snapshot_id, session_id, parent_id, base_id, sequence, created_at, payload_json in rows:
             try:
-                text = payload_json.decode("utf-8") if isinstance(payload_json, bytes) else payload_json
-                content = snapshot_content_text(
+                actual = snapshot_digest(
                     session_id=session_id,
                     parent_id=parent_id,
                     base_id=base_id,
                     sequence=sequence,
                     created_at=created_at,
-                    payload_json=text,
+                    payload_json=payload_json,
                 )
-                actual = hashlib.sha256(content.encode("utf-8")).hexdigest()
+                text = payload_json.decode("utf-8") if isinstance(payload_json, bytes) else payload_json
             except (UnicodeDecodeError, TypeError, ValueError, AttributeError) as exc:
                 raise SnapshotIntegrityError(snapshot_id, f"stored content is unreadable: {exc}") from exc
             if actual != snapshot_id:
