@@ -435,3 +435,22 @@ def test_chains_still_load_after_vacuum_renumbers_rows(db: Path) -> None:
     with SqliteCheckpointStore(db) as store:
         for name in ("a", "b"):
             assert [s.snapshot_id for s in store.load_chain(ids[name][-1])] == ids[name]
+
+
+def test_an_incompressible_large_payload_is_still_compressed_and_reads_back(db: Path) -> None:
+    import random
+    import string
+
+    noise = "".join(random.Random(7).choices(string.ascii_letters + string.digits, k=120_000))
+    payload = {"full": {"noise": noise}}
+    with SqliteCheckpointStore(db) as store:
+        first = SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload=payload)
+        store.commit_session_snapshot(
+            SessionSnapshotCommit(session_id="s", expected_head=None, snapshot=first, lifecycle="created")
+        )
+    with sqlite3.connect(db) as conn:
+        encoding, stored = conn.execute("SELECT encoding, payload FROM snapshots").fetchone()
+    assert encoding == "zlib" and len(stored) < 0.85 * len(noise)  # entropy coding still saves ~25 %
+    assert zlib.decompress(stored) == first.canonical_payload().encode()
+    with SqliteCheckpointStore(db) as store:
+        assert store.get_snapshot(first.snapshot_id).payload == payload
