@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import os
@@ -410,20 +409,6 @@ def test_a_complete_header_with_an_odd_type_falls_back_to_the_bucket(tmp_path: P
     assert len(got) == 21 and got[-1].record_id == "odd"
     assert (got[-1].metadata["type"], got[-1].step_id, got[-1].role) == ("reference", 99, "x")
     assert {r.metadata["type"] for r in got} == {"reference"}
-
-
-def test_records_read_column_wise_are_ordinary_frozen_records(tmp_path: Path) -> None:
-    memory = MemdirMemory(str(tmp_path / "m"), create=True)
-    for i in range(30):
-        memory.append(MemoryRecord("user", f"fact {i}", i, record_id=f"f{i}", metadata={"n": i}))
-    got = MemdirMemory(str(tmp_path / "m")).retrieve({"max_items": None})
-    record = got[7]
-    assert type(record) is MemoryRecord
-    expected = MemoryRecord("user", "fact 7", 7, metadata=dict(record.metadata), record_id="f7")
-    assert record == expected and repr(record) == repr(expected)
-    assert record.metadata["n"] == 7 and record.metadata["type"] == "user"
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        record.content = "changed"  # type: ignore[misc]
 
 
 def test_a_large_segment_is_parsed_with_the_collector_left_as_it_was(tmp_path: Path) -> None:
