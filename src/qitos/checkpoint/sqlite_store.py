@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -308,19 +308,14 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         return self._cursor
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
+        # ``timeout`` is SQLite's busy timeout (sqlite3_busy_timeout), for this and the checkpointer's connection.
+        return sqlite3.connect(
             self.path,
             timeout=self._busy_timeout_ms / 1000,
             isolation_level=None,
             check_same_thread=False,
             cached_statements=64,
         )
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     def _open(self) -> sqlite3.Connection:
         if self.path != ":memory:" and not self.path.startswith("file:"):
@@ -486,21 +481,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
-        rows, walked = self._run(lambda cur: _chain_rows(cur, snapshot_id), write=False)
+        rows, _ = self._run(lambda cur: _chain_rows(cur, snapshot_id), write=False)
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
-        if walked:  # from the recursive query: check that it reached the base
-            rows.sort(key=_DEPTH, reverse=True)  # here, not in SQL: sorting rows with payloads there costs more
-            oldest = rows[0]
-            stop, depth = oldest[8], oldest[9]
-            if stop is not None and oldest[0] != stop:
-                if depth >= _MAX_CHAIN:
-                    reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
-                elif oldest[2] is None:
-                    reason = f"its base {stop} is not among its ancestors (reached the root)"
-                else:
-                    reason = f"ancestor {oldest[2]} is missing from the store"
-                raise SnapshotIntegrityError(snapshot_id, reason)
         return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
 
     def list_sessions(self) -> list[SessionHeadRecord]:
@@ -742,25 +725,33 @@ def _schema_version(cur: sqlite3.Cursor, path: str) -> int:
     return version
 
 
-def _snapshot_rows(cur: sqlite3.Cursor, sql: str, params: tuple[Any, ...], snapshot_id: str) -> list[Any]:
+@contextlib.contextmanager
+def _stored_text_checked(snapshot_id: str) -> Iterator[None]:
+    """Turn SQLite's "could not decode" on a damaged text column into an integrity error."""
     try:
-        return cur.execute(sql, params).fetchall()
+        yield
     except sqlite3.OperationalError as exc:
         if "decode" in str(exc).lower():
             raise SnapshotIntegrityError(snapshot_id, f"a stored row is not valid text: {exc}") from exc
         raise
 
 
+def _snapshot_rows(cur: sqlite3.Cursor, sql: str, params: tuple[Any, ...], snapshot_id: str) -> list[Any]:
+    with _stored_text_checked(snapshot_id):
+        return cur.execute(sql, params).fetchall()
+
+
 def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]:
-    """The rows of ``snapshot_id``'s chain and whether they came from the recursive parent walk.
+    """The rows of ``snapshot_id``'s chain, oldest first ([] if it does not exist), and whether they
+    came from the recursive parent walk.
 
     A session's snapshots are inserted in commit order, so a chain that stays within one session
     is one rowid-range read, linked up here by parent ids. A chain that crosses into a parent
     session (a fork before its first full state), or a range that does not link up (rowids
-    renumbered by VACUUM, damaged rows), falls back to the recursive query, which names what is
-    missing.
+    renumbered by VACUUM, damaged rows), falls back to the recursive query; SnapshotIntegrityError
+    names what is missing when that walk does not reach the base either.
     """
-    try:
+    with _stored_text_checked(snapshot_id):
         ends = _one(cur.execute(_SQL_CHAIN_ENDS, (snapshot_id,)))
         if ends is not None:
             rowid, session_id, base_id, base_rowid = ends
@@ -774,11 +765,21 @@ def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]
                         chain.reverse()
                         return chain, False
                     current = by_id.get(current[2])
-        return cur.execute(_SQL_CHAIN, (snapshot_id, _MAX_CHAIN)).fetchall(), True
-    except sqlite3.OperationalError as exc:
-        if "decode" in str(exc).lower():
-            raise SnapshotIntegrityError(snapshot_id, f"a stored row is not valid text: {exc}") from exc
-        raise
+        rows = cur.execute(_SQL_CHAIN, (snapshot_id, _MAX_CHAIN)).fetchall()
+    if not rows:
+        return rows, True
+    rows.sort(key=_DEPTH, reverse=True)  # here, not in SQL: sorting rows with payloads there costs more
+    oldest = rows[0]
+    stop, depth = oldest[8], oldest[9]
+    if stop is not None and oldest[0] != stop:
+        if depth >= _MAX_CHAIN:
+            reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
+        elif oldest[2] is None:
+            reason = f"its base {stop} is not among its ancestors (reached the root)"
+        else:
+            reason = f"ancestor {oldest[2]} is missing from the store"
+        raise SnapshotIntegrityError(snapshot_id, reason)
+    return rows, True
 
 
 def _snapshot(row: Any) -> SessionSnapshot:

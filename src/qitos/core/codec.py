@@ -326,7 +326,7 @@ def decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
 
 
 # Item types whose JSON form is the value itself: a list of exactly these decodes to a copy.
-_EXACT_ITEM_TYPES: dict[Any, type] = {str: str, int: int, bool: bool, float: float}
+_EXACT_ITEM_TYPES: frozenset[Any] = frozenset({str, int, bool, float})
 
 
 def _decode_sequence(data: Any, origin: Any, args: tuple[Any, ...], path: str) -> Any:
@@ -337,8 +337,11 @@ def _decode_sequence(data: Any, origin: Any, args: tuple[Any, ...], path: str) -
             raise CodecError(path, f"expected {len(args)} items, got {len(data)}")
         return tuple(decode_value(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(data, args, strict=True)))
     item_hint = args[0] if args else Any
-    exact = _EXACT_ITEM_TYPES.get(item_hint)
-    if item_hint is Any or item_hint is object or (exact is not None and all(type(v) is exact for v in data)):
+    if (
+        item_hint is Any
+        or item_hint is object
+        or (item_hint in _EXACT_ITEM_TYPES and all(type(v) is item_hint for v in data))
+    ):
         items = list(data)  # nothing to convert or check per item (a long list of strings, say)
     else:
         items = [decode_value(v, item_hint, f"{path}[{i}]") for i, v in enumerate(data)]
