@@ -15,14 +15,18 @@ also what lets the log restart from its beginning; by then the thread has copied
 so that commit pays little.
 
 A checkpoint changes no committed data and is crash-safe at any instant, so stopping the thread
-(``close``) or losing it (interpreter exit, ``fork``) loses nothing.
+(``close``) or losing it (interpreter exit, ``fork``) loses nothing. A ``fork`` waits for a
+running checkpoint to finish first: a child forked while the thread is inside SQLite would inherit
+SQLite's internal mutexes locked and hang on its first query.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Final
 
@@ -30,6 +34,26 @@ __all__ = ["SAFETY_NET_PAGES", "WalCheckpointer"]
 
 SAFETY_NET_PAGES: Final = 2000
 """The writer connection's own ``wal_autocheckpoint``: used only if the background thread lags."""
+
+_LIVE: weakref.WeakSet[WalCheckpointer] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for checkpointer in list(_LIVE):
+        checkpointer._busy.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for checkpointer in list(_LIVE):
+        checkpointer._busy.release()
+
+
+def _after_fork_in_child() -> None:
+    for checkpointer in list(_LIVE):
+        checkpointer._busy = threading.Lock()  # the thread holding nothing does not exist here
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 class WalCheckpointer:
@@ -48,6 +72,8 @@ class WalCheckpointer:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._busy = threading.Lock()  # held while the thread is inside SQLite (see _before_fork)
+        _LIVE.add(self)
         self.checkpoints = 0
         """Checkpoints completed so far (observable by tests and benchmarks)."""
         self.last_error: sqlite3.Error | None = None
@@ -79,14 +105,15 @@ class WalCheckpointer:
                 self._wake.clear()
                 if self._stopping:
                     return
-                try:
-                    if conn is None:
-                        conn = self._connect()
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                    self.checkpoints += 1
-                except sqlite3.Error as exc:  # busy or I/O: the safety net and the next round cover it
-                    self.last_error = exc
+                with self._busy:
+                    try:
+                        if conn is None:
+                            conn = self._connect()
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                        self.checkpoints += 1
+                    except sqlite3.Error as exc:  # busy or I/O: the safety net and the next round cover it
+                        self.last_error = exc
         finally:
             if conn is not None:
-                with contextlib.suppress(sqlite3.Error):
+                with self._busy, contextlib.suppress(sqlite3.Error):
                     conn.close()
