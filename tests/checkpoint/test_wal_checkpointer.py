@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def _wait_for(predicate: object, timeout: float = 10.0) -> bool:
 
 def test_committed_pages_reach_the_main_file_without_a_commit_checkpointing(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
-    store = SqliteCheckpointStore(db)
+    store = SqliteCheckpointStore(db, compress_min_bytes=None)  # ~1 KB per row, as written
     _commit_steps(store, 300)  # ~300 commits: far below the writer's own safety-net checkpoint
     checkpointer = store._checkpointer
     assert checkpointer is not None
@@ -108,3 +110,47 @@ def test_a_forked_child_commits_with_its_own_checkpointer(tmp_path: Path) -> Non
     head = store.get_session_head("s")
     assert head is not None and head.sequence == len(ids)
     store.close()
+
+
+def test_forking_while_checkpoints_run_never_leaves_the_child_hung(tmp_path: Path) -> None:
+    # A child forked while the thread is inside SQLite would inherit SQLite's mutexes locked.
+    db = tmp_path / "sessions.db"
+    store = SqliteCheckpointStore(db, compress_min_bytes=None)
+    _commit_steps(store, 200)
+    checkpointer = store._checkpointer
+    assert checkpointer is not None
+    stop = threading.Event()
+
+    def storm() -> None:  # keep the thread checkpointing back to back
+        while not stop.is_set():
+            checkpointer.committed()
+
+    side = threading.Thread(target=storm, daemon=True)
+    side.start()
+    hung = 0
+    try:
+        for _ in range(40):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = 0 if store.get_session_head("s") is not None else 2
+                finally:
+                    os._exit(code)
+            deadline = time.monotonic() + 10.0
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert os.waitstatus_to_exitcode(status) == 0
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    hung += 1
+                    break
+                time.sleep(0.002)
+    finally:
+        stop.set()
+        side.join()
+        store.close()
+    assert hung == 0, f"{hung} of 40 forked children hung"
