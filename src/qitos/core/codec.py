@@ -155,7 +155,13 @@ def _encode_sequence(value: Any, origin: Any, args: tuple[Any, ...], path: str) 
         return [encode_value(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value, args, strict=True))]
     item_hint = args[0] if args else Any
     items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+    if item_hint in _PLAIN_ITEM_TYPES and all(type(v) is item_hint for v in items):
+        return list(items)  # each item is its own JSON form: nothing to convert or check
     return [encode_value(v, item_hint, f"{path}[{i}]") for i, v in enumerate(items)]
+
+
+# Item types encoded as themselves (float is not: NaN and infinities are refused per item).
+_PLAIN_ITEM_TYPES: frozenset[Any] = frozenset({str, int, bool})
 
 
 def _encode_untyped(value: Any, path: str) -> Any:
