@@ -217,3 +217,30 @@ def test_eight_processes_running_eight_sessions_on_one_file_all_complete(tmp_pat
     for sid in heads:
         assert composition.restore(sid).inspect().snapshot_integrity == "verified"
     store.close()
+
+
+def test_long_list_fields_stored_as_runs_resume_in_another_process_with_the_same_state(tmp_path: Path) -> None:
+    db, side = _paths(tmp_path)
+    kwargs = {"note_bytes": 1024, "tools_every": 0}
+    expected = _reference(tmp_path, 150, **kwargs)
+
+    first = sa.run_cli(
+        "run", "--db", db, "--log", side, "--target", "150", "--note-bytes", "1024", "--tools-every", "0",
+        "--pause-at", "90",
+    )  # fmt: skip
+    assert first["stop_reason"] == "paused"
+    with SqliteCheckpointStore(db) as store:
+        bases = [
+            s for sid in store.list_session_snapshots(first["session_id"])
+            if (s := store.get_snapshot(sid)).base_id is None and "chunks" in s.payload["state"]
+        ]  # fmt: skip
+    assert len(bases) >= 2, "90 KiB of notes should have produced bases with the notes stored as runs"
+    newer, older = bases[0].payload["state"]["chunks"]["notes"], bases[1].payload["state"]["chunks"]["notes"]
+    assert newer[: len(older) - 1] == older[:-1]  # the newer base reuses the older one's closed runs
+
+    second = sa.run_cli(
+        "run", "--db", db, "--log", side, "--session", first["session_id"], "--note-bytes", "1024", "--tools-every", "0"
+    )
+
+    assert second["stop_reason"] == "final"
+    assert second["state"] == expected

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import zlib
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,17 @@ import pytest
 import session_agents as sa
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint.packing import unpack, zstd
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
+from qitos.core.agent_module import AgentModule
+from qitos.core.decision import Decision
 from qitos.core.errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
 from qitos.core.identity import SnapshotIdentity
+from qitos.core.state import StateSchema
 from qitos.engine.composition import Composition, compose
 from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine.session_journal import materialize
 from qitos.models.scripted import ScriptedModel
 
 
@@ -434,8 +441,8 @@ def _rewrite_payload(db: str, snapshot_id: str, change: Any) -> None:
             "SELECT encoding, CAST(payload AS BLOB) FROM snapshots WHERE snapshot_id = ?", (snapshot_id,)
         ).fetchone()
         stored: str | bytes
-        if encoding == "zlib":
-            stored = zlib.compress(change(zlib.decompress(payload)))
+        if encoding == "zstd":
+            stored = zstd.compress(change(unpack(payload)))
         else:
             new = change(payload)
             try:
@@ -505,6 +512,81 @@ def test_a_corrupted_exchange_log_blob_is_reported_by_inspect_not_raised(db: str
         session.fork()
     integrity = session.inspect().snapshot_integrity
     assert integrity != "verified" and chunks[0] in integrity
+
+
+@pytest.mark.parametrize("damage", ["altered", "missing"])
+def test_a_damaged_state_run_is_reported_naming_the_base_that_references_it(db: str, side: str, damage: str) -> None:
+    composition = sa.make_composition(db, side, tools_every=0, note_bytes=1024)
+    session = composition.session("Grow", target=60)
+    session.run()
+    chain = _store(composition).load_chain(_head(composition, session.session_id.value))
+    base = chain[0]
+    runs = base.payload["state"]["chunks"]["notes"]
+    victim = runs[0][0]
+    with sqlite3.connect(db) as con:
+        if damage == "altered":
+            con.execute("UPDATE blobs SET data = ? WHERE digest = ?", (b'["forged"]', victim))
+        else:
+            con.execute("DELETE FROM blobs WHERE digest = ?", (victim,))
+
+    with pytest.raises(SnapshotIntegrityError) as on_run:
+        composition.restore(session.session_id.value).run()
+    assert on_run.value.snapshot_id == base.snapshot_id and victim in str(on_run.value)
+    with pytest.raises(SnapshotIntegrityError, match=victim):
+        session.fork()
+    integrity = session.inspect().snapshot_integrity
+    assert base.snapshot_id in integrity and victim in integrity
+
+
+@dataclass
+class RollingState(StateSchema):
+    """A state with one growing list that is sometimes trimmed at the front."""
+
+    notes: list[str] = field(default_factory=list)
+
+
+class RollingAgent(AgentModule[RollingState, Any, Any]):
+    """Appends a 1 KiB note per step and, every 40 steps, drops the ten oldest; final at step 150."""
+
+    def init_state(self, task: str, **kwargs: Any) -> RollingState:
+        return RollingState(task=task, max_steps=200)
+
+    def decide(self, state: RollingState, observation: Any) -> Decision[Any]:
+        step = state.current_step
+        if step >= 150:
+            return Decision.final("done")
+        state.notes.append(sa._note(step, 1024))
+        if step % 40 == 39:
+            del state.notes[:10]
+        return Decision.wait()
+
+    def reduce(self, state: RollingState, observation: Any, decision: Decision[Any]) -> RollingState:
+        return state
+
+
+def _rolling_notes(steps: int) -> list[str]:
+    notes: list[str] = []
+    for step in range(steps):
+        notes.append(sa._note(step, 1024))
+        if step % 40 == 39:
+            del notes[:10]
+    return notes
+
+
+def test_a_list_changed_other_than_by_appends_is_cut_again_and_restores_exactly(db: str) -> None:
+    composition = compose(agent=RollingAgent, store=SqliteCheckpointStore(db))
+    session = composition.session("Roll")
+    result = session.run()
+
+    store = _store(composition)
+    history = store.list_session_snapshots(session.session_id.value)
+    bases = [s for sid in history if (s := store.get_snapshot(sid)).base_id is None and "chunks" in s.payload["state"]]
+    assert len(bases) >= 3
+    assert result.state.notes == _rolling_notes(150)
+    for snapshot_id in history:
+        restored = materialize(store, snapshot_id)
+        step = restored.snapshot.payload["step_id"]
+        assert restored.state_data["notes"] == _rolling_notes(min(step, 150)), f"at step {step}"
 
 
 # --------------------------------------------------------------------------- storage growth

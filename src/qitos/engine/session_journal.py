@@ -1,10 +1,12 @@
 """The store-backed journal of durable sessions, and rebuilding a session from its snapshots.
 
-Snapshot payload (format 1), JSON::
+Snapshot payload (format 2), JSON::
 
     step_id, lifecycle, stop_reason, run_id       where the session stands (lifecycle and run_id only
                                                   when they change; earlier values carry forward)
-    state:  {"full": {...}} | {"delta": [ops]}    strict-codec state, or the changes since the parent
+    state:  {"full": {...}, "chunks": {...}}      strict-codec state (long list fields as references
+          | {"delta": [ops]}                      to stored runs, see state_chunks), or the changes
+                                                  since the parent
     log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
              chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
     budget_used, control_position                 counters and consumed control items
@@ -13,36 +15,41 @@ Snapshot payload (format 1), JSON::
     step                                          what this boundary's step did (for the work graph)
 
 A snapshot holds the state *changes* of its step and a reference to a blob with the new exchange
-entries. A full state is written again only when the deltas since the last full one outgrow it (a
-geometric rule: storage and restore cost stay within a small factor of the state's size). Durability
-modes and crash safety are described in ``qitos.engine.session_runtime``.
+entries. A full state (a new base) is written once the deltas since the last one outgrow its
+payload by ``_FULL_FACTOR`` and are either ``_MIN_BASE_DELTA_BYTES`` long or ``_MAX_CHAIN_DELTAS``
+snapshots deep. Because long lists are stored as shared runs, a base costs what is new since the
+last one plus its references, so bases stay frequent and a restore reads a short chain: the base,
+its runs and at most a few dozen deltas. Format 1 payloads (no ``chunks``) are read the same way.
+Durability modes and crash safety are described in ``qitos.engine.session_runtime``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from qitos.checkpoint.packing import pack_or_raw, unpack
 from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core.decision import Action
 from qitos.core.errors import CheckpointError, SnapshotIntegrityError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
 from qitos.engine.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
+from qitos.engine.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 
 __all__ = ["FORMAT", "RestoredSession", "SessionJournal", "materialize", "restore"]
 
-FORMAT = 1
-_MIN_FULL_BYTES = 4096
-# A full state is rewritten when the deltas since the last one exceed this multiple of its size:
-# storage stays within (1 + 1/factor) of the data, a restore applies at most factor x state of deltas.
+FORMAT = 2
+# A new base is written when the deltas since the last one exceed this multiple of its payload
+# (so payload rewrites stay within 1/factor of the data) and the chain is long enough to matter.
 _FULL_FACTOR = 3
+_MIN_BASE_DELTA_BYTES = 32 * 1024
+_MAX_CHAIN_DELTAS = 64
 APPROVAL_KINDS = ("approve", "reject")
 # The digest of a log with no entries (it does not depend on the log id).
 _EMPTY_LOG_DIGEST = ExchangeLog("empty").digest
@@ -65,6 +72,11 @@ class RestoredSession:
     carry_changes: list[dict[str, Any]]
     state_bytes: int = 0  # the base snapshot's payload size: what the materialization rule compares to
     delta_bytes: int = 0
+    deltas: int = 0  # snapshots after the base
+    # The base's list fields stored as runs, and the fields changed since other than by appends
+    # (their runs no longer describe a prefix): what the next base may reuse.
+    chunks: dict[str, list[ChunkRef]] = field(default_factory=dict)
+    reshaped: set[str] = field(default_factory=set)
     lifecycle: str = "created"
     run_id: str | None = None
     # True when the unfinished step was rebuilt from pending writes: what its DECIDE appended to the
@@ -88,8 +100,11 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     # Copy-on-write: fields are copied only when a delta changes them (the payloads stay intact).
     data: dict[str, Any] = dict(state_part["full"])
     copied: set[str] = set()
+    chunks = _load_chunks(store, base, data)
+    copied.update(chunks)  # lists joined from runs belong to no payload
+    reshaped: set[str] = set()
     log_meta: Mapping[str, Any] = base.payload.get("log") or {}
-    chunks: list[str] = list(log_meta.get("chunks") or [])
+    log_chunks: list[str] = list(log_meta.get("chunks") or [])
     view_id = base.payload.get("request_view")
     run_id = base.payload.get("run_id")
     delta_bytes = 0
@@ -100,29 +115,31 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
         part = payload.get("state") or {}
         if "full" in part:
             raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
+        ops = part.get("delta") or []
         try:
-            apply_copied(data, part.get("delta") or [], copied)
+            apply_copied(data, ops, copied)
+            note_reshaped(reshaped, ops)
         except Exception as exc:
             raise SnapshotIntegrityError(snap.snapshot_id, f"its state delta does not apply: {exc}") from exc
         snap_log = payload.get("log")
         if snap_log:
             log_meta = snap_log
             if snap_log.get("chunk"):
-                chunks.append(snap_log["chunk"])
+                log_chunks.append(snap_log["chunk"])
         if "request_view" in payload:
             view_id = payload["request_view"]
     log = ExchangeLog(log_meta.get("log_id") or f"log-{head.session_id}")
-    if chunks:
+    if log_chunks:
         try:
-            blobs = store.get_blobs(chunks)
+            blobs = store.get_blobs(log_chunks)
         except CheckpointError as exc:
             raise SnapshotIntegrityError(head.snapshot_id, f"its exchange-log blobs are unreadable: {exc}") from exc
-        for chunk in chunks:
+        for chunk in log_chunks:
             raw = blobs.get(chunk)
             if raw is None:
                 raise SnapshotIntegrityError(head.snapshot_id, f"exchange-log blob {chunk} is missing")
             try:
-                log.extend_entries(json.loads(zlib.decompress(raw)))
+                log.extend_entries(json.loads(unpack(raw)))
             except Exception as exc:
                 raise SnapshotIntegrityError(
                     head.snapshot_id, f"exchange-log blob {chunk} is unreadable: {exc}"
@@ -139,15 +156,50 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
         state_data=data,
         copied=copied,
         log=log,
-        log_chunks=chunks,
+        log_chunks=log_chunks,
         request_view=view_id,
         pending=None,
         carry_changes=[],
         state_bytes=base.payload_size,
         delta_bytes=delta_bytes,
+        deltas=len(chain) - 1,
+        chunks=chunks,
+        reshaped=reshaped,
         lifecycle=str(head.payload.get("lifecycle", "running")),
         run_id=run_id,
     )
+
+
+def _load_chunks(store: CheckpointStore, base: SessionSnapshot, data: dict[str, Any]) -> dict[str, list[ChunkRef]]:
+    """Join the base's list fields stored as runs into ``data``; their references, by field."""
+    stored = base.payload["state"].get("chunks") or {}
+    try:
+        if not isinstance(stored, dict):
+            raise ValueError("the chunk table is not an object")
+        refs = {name: parse_refs(value) for name, value in stored.items()}
+        if any(name in data for name in refs):
+            raise ValueError("a field is both inline and stored as runs")
+    except ValueError as exc:
+        raise SnapshotIntegrityError(base.snapshot_id, f"its state chunk table is malformed: {exc}") from exc
+    if not refs:
+        return refs
+    try:
+        blobs = store.get_blobs({ref.digest for field_refs in refs.values() for ref in field_refs})
+    except CheckpointError as exc:
+        raise SnapshotIntegrityError(base.snapshot_id, f"its state chunks are unreadable: {exc}") from exc
+    for name, field_refs in refs.items():
+        try:
+            data[name] = join_chunks(field_refs, blobs)
+        except ValueError as exc:
+            raise SnapshotIntegrityError(base.snapshot_id, f"field {name!r}: {exc}") from exc
+    return refs
+
+
+def note_reshaped(reshaped: set[str], ops: list[dict[str, Any]]) -> None:
+    """Add the fields that ``ops`` change other than by appending (see ``state_chunks``)."""
+    for op in ops:
+        if op["op"] != "extend":
+            reshaped.add(op["field"])
 
 
 def apply_copied(data: dict[str, Any], ops: list[dict[str, Any]], copied: set[str]) -> None:
@@ -179,6 +231,7 @@ def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSe
             pending = PendingStep.from_dict(write.payload)
             restored.log.extend_entries(pending.log_entries)
             apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            note_reshaped(restored.reshaped, pending.state_changes)
             restored.carry_changes.extend(pending.state_changes)
             restored.pending_from_writes = True
     if pending is not None:
@@ -230,6 +283,9 @@ class SessionJournal(RunJournal):
         self._base_id = restored.base_id
         self._state_bytes = restored.state_bytes
         self._delta_bytes = restored.delta_bytes
+        self._deltas = restored.deltas
+        self._chunks = dict(restored.chunks)
+        self._reshaped = set(restored.reshaped)
         self._run_recorded = False
         # The log position already in snapshots: entries an unfinished step re-applied from its
         # pending writes come after it and go into the next commit.
@@ -350,6 +406,7 @@ class SessionJournal(RunJournal):
         delta: list[dict[str, Any]] = []
         for boundary in boundaries:
             delta.extend(boundary.state_changes)
+        note_reshaped(self._reshaped, delta)
         blobs: dict[str, bytes] = {}
         # Only what changed is written; unchanged log and request-view references are inherited
         # from earlier snapshots of the chain (see materialize).
@@ -375,7 +432,7 @@ class SessionJournal(RunJournal):
         log: ExchangeLog | None = last.log
         chunk: str | None = None
         if log is not None and log.position > self._log_position:
-            raw = zlib.compress(canonical_json(log.entries(self._log_position)).encode("utf-8"), 6)
+            raw = pack_or_raw(canonical_json(log.entries(self._log_position)).encode("utf-8"))
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
         log_meta = {
@@ -387,21 +444,23 @@ class SessionJournal(RunJournal):
             payload["log"] = {**log_meta, "chunk": chunk}
         view = last.request_view
         if view is not None and view is not self._request_view_obj:
-            raw_view = zlib.compress(canonical_json(view.to_dict()).encode("utf-8"), 6)
+            raw_view = pack_or_raw(canonical_json(view.to_dict()).encode("utf-8"))
             view_id = sha256_hex(raw_view)
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
             payload["request_view"] = view_id
-        # The geometric rule: rewrite the full state once the deltas since the last one outgrow it.
-        full = self._delta_bytes > _FULL_FACTOR * max(self._state_bytes, _MIN_FULL_BYTES)
+        full = self._delta_bytes > _FULL_FACTOR * self._state_bytes and (
+            self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS
+        )
+        chunks: dict[str, list[ChunkRef]] = {}
         if full:
-            state_full = last.state.to_dict()
-            chunks = [*self._log_chunks, chunk] if chunk else list(self._log_chunks)
+            state_part, chunks = self._full_state(last, blobs)
+            log_chunks = [*self._log_chunks, chunk] if chunk else list(self._log_chunks)
             payload.update(
                 format=FORMAT,
                 run_id=self.run_id,
-                state={"full": state_full},
-                log={**log_meta, "chunks": chunks},
+                state=state_part,
+                log={**log_meta, "chunks": log_chunks},
                 request_view=self._request_view_id,
             )
             base_id = None
@@ -435,13 +494,45 @@ class SessionJournal(RunJournal):
         if full:
             self._base_id = snapshot.snapshot_id
             self._state_bytes = written
-            self._delta_bytes = 0
+            self._delta_bytes = self._deltas = 0
+            self._chunks, self._reshaped = chunks, set()
         else:
             self._delta_bytes += written
+            self._deltas += 1
         if chunk:
             self._log_chunks.append(chunk)
         self._log_position = log.position if log is not None else self._log_position
         self.commits += 1
+
+    def _full_state(
+        self, last: BoundaryCommit, blobs: dict[str, bytes]
+    ) -> tuple[dict[str, Any], dict[str, list[ChunkRef]]]:
+        """The base's state part, with long list fields cut into runs (added to ``blobs``).
+
+        A list that only grew by appends since the last base keeps that base's closed runs and
+        only its new items are encoded: a base costs what is new, not the whole state.
+        """
+        state = last.state
+        inline: dict[str, Any] = {}
+        chunks: dict[str, list[ChunkRef]] = {}
+        for name, hint in field_hints(type(state)).items():
+            value = getattr(state, name)
+            path = f"state.{name}"
+            kept: list[ChunkRef] = []
+            if isinstance(value, list) and name not in self._reshaped:
+                kept = reusable_runs(self._chunks.get(name), len(value))
+            start = sum(ref.count for ref in kept)
+            encoded = encode_value(value[start:] if start else value, hint, path)
+            cut = chunk_list(encoded, kept) if type(encoded) is list else None
+            if cut is None:
+                inline[name] = encoded
+            else:
+                chunks[name], new_blobs = cut
+                blobs.update(new_blobs)
+        part: dict[str, Any] = {"full": inline}
+        if chunks:
+            part["chunks"] = {name: [ref.to_list() for ref in refs] for name, refs in chunks.items()}
+        return part, chunks
 
 
 def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint.packing import unpack
 from qitos.checkpoint.store import (
     CheckpointStore,
     DuplicateOperationError,
@@ -445,7 +445,7 @@ class Session:
         if view_id:
             raw = store.get_blobs([view_id]).get(view_id)
             if raw is not None:
-                view = RequestView.from_dict(json.loads(zlib.decompress(raw)))
+                view = RequestView.from_dict(json.loads(unpack(raw)))
         return SessionInspection(
             head=head,
             lifecycle=SessionLifecycle(record.lifecycle),
