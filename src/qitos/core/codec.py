@@ -39,9 +39,13 @@ __all__ = [
 _JSON_SCALARS = (str, int, bool, type(None))
 
 
+# One encoder, built once: json.dumps with these options builds a new JSONEncoder on every call.
+_CANONICAL_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of a JSON-native value (sorted keys, compact, no NaN)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL_ENCODE(value)
 
 
 def sha256_hex(text: str | bytes) -> str:
