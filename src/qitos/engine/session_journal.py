@@ -41,6 +41,7 @@ from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
 from qitos.engine.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
 from qitos.engine.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
+from qitos.engine.stored_view import view_record
 
 __all__ = ["FORMAT", "RestoredSession", "SessionJournal", "materialize", "restore"]
 
@@ -444,7 +445,7 @@ class SessionJournal(RunJournal):
             payload["log"] = {**log_meta, "chunk": chunk}
         view = last.request_view
         if view is not None and view is not self._request_view_obj:
-            raw_view = pack_or_raw(canonical_json(view.to_dict()).encode("utf-8"))
+            raw_view = pack_or_raw(canonical_json(view_record(view, log)).encode("utf-8"))
             view_id = sha256_hex(raw_view)
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view

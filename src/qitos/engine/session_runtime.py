@@ -67,6 +67,7 @@ from qitos.engine.journal import (
     ResumePoint,
 )
 from qitos.engine.session_journal import APPROVAL_KINDS, FORMAT, RestoredSession, SessionJournal, materialize, restore
+from qitos.engine.stored_view import view_from_record
 
 if TYPE_CHECKING:
     from qitos.engine.composition import Composition, ResolverReference
@@ -442,10 +443,10 @@ class Session:
         }
         view = None
         view_id = restored.request_view if restored else None
-        if view_id:
+        if view_id and restored is not None:
             raw = store.get_blobs([view_id]).get(view_id)
             if raw is not None:
-                view = RequestView.from_dict(json.loads(unpack(raw)))
+                view = view_from_record(json.loads(unpack(raw)), restored.log)
         return SessionInspection(
             head=head,
             lifecycle=SessionLifecycle(record.lifecycle),

@@ -1,0 +1,70 @@
+"""The last request view of a durable session is stored with its exchange items by reference."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import session_agents as sa
+
+from qitos.checkpoint.packing import unpack
+from qitos.core.exchange import ExchangeLog
+from qitos.engine.composition import Composition
+from qitos.engine.stored_view import view_from_record, view_record
+from qitos.models.scripted import ScriptedModel
+
+
+def _model_session(tmp_path: Path, target: int = 6) -> tuple[Composition, str, ScriptedModel]:
+    model = ScriptedModel(sa.model_script(target, note_bytes=64))
+    composition = sa.make_composition(str(tmp_path / "s.db"), str(tmp_path / "side.log"), agent="model", model=model)
+    session = composition.session("Index notes", target=target)
+    session.run()
+    return composition, session.session_id.value, model
+
+
+def test_inspect_returns_the_view_last_sent_while_the_store_holds_item_ids_not_item_texts(tmp_path: Path) -> None:
+    composition, sid, model = _model_session(tmp_path)
+    sent = model.requests[-1]
+
+    shown = composition.restore(sid).inspect().last_request_view
+
+    assert shown is not None and shown.to_dict() == sent.to_dict()
+    store = composition.runtime.checkpoint_store
+    head = store.get_session_head(sid)
+    assert head is not None
+    chain = store.load_chain(head.snapshot_id)
+    view_id = next(s.payload["request_view"] for s in reversed(chain) if s.payload.get("request_view"))
+    with sqlite3.connect(tmp_path / "s.db") as con:
+        stored = json.loads(unpack(con.execute("SELECT data FROM blobs WHERE digest = ?", (view_id,)).fetchone()[0]))
+    assert stored["selected_items"] and all(isinstance(item, str) for item in stored["selected_items"])
+    assert stored["selected_items"] == list(sent.selection.selected_item_ids)
+
+
+def _log_with_one_exchange() -> ExchangeLog:
+    log = ExchangeLog("log-test")
+    exchange = log.open([{"role": "user", "content": "hello"}])
+    log.record_output(exchange.exchange_id, {"role": "assistant", "content": "hi"})
+    log.close(exchange.exchange_id)
+    return log
+
+
+def test_items_the_log_does_not_hold_are_stored_inline_and_read_back(tmp_path: Path) -> None:
+    _, _, model = _model_session(tmp_path)
+    sent = model.requests[-1]
+    other_log = _log_with_one_exchange()  # holds ex-000001/0 and /1 with other texts
+
+    record = view_record(sent, other_log)
+
+    assert all(isinstance(item, dict) for item in record["selected_items"])
+    assert view_from_record(record, other_log).to_dict() == sent.to_dict()
+
+
+def test_a_stored_view_naming_an_item_the_log_lacks_fails_naming_it(tmp_path: Path) -> None:
+    _, _, model = _model_session(tmp_path)
+    record = view_record(model.requests[-1], None)
+    record["selected_items"] = ["ex-000999/0"]
+
+    with pytest.raises(ValueError, match="ex-000999/0"):
+        view_from_record(record, _log_with_one_exchange())
