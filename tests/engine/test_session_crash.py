@@ -73,6 +73,11 @@ class Trial:
     def progress(self) -> Path:
         return self.root / "progress.log"
 
+    @property
+    def note_bytes(self) -> int:
+        """Odd seeds append 4 KiB notes: the state's list is then stored as runs by bases mid-run."""
+        return 4096 if self.seed % 2 else 16
+
 
 def _kill_at_random_point(trial: Trial, *extra: str) -> Trial:
     """Start the run in a subprocess and SIGKILL it at a random point of step ``kill_step``."""
@@ -92,6 +97,8 @@ def _kill_at_random_point(trial: Trial, *extra: str) -> Trial:
         str(TOOL_SLEEP),
         "--progress-log",
         str(trial.progress),
+        "--note-bytes",
+        str(trial.note_bytes),
         *extra,
     )
     try:
@@ -113,7 +120,7 @@ def _kill_at_random_point(trial: Trial, *extra: str) -> Trial:
 def _new_trial(tmp_path: Path, seed: int, **kwargs: Any) -> Trial:
     trial = Trial(seed=seed, root=tmp_path / f"trial{seed}")
     trial.root.mkdir()
-    composition = sa.make_composition(trial.db, trial.side_log, sleep=TOOL_SLEEP, **kwargs)
+    composition = sa.make_composition(trial.db, trial.side_log, sleep=TOOL_SLEEP, note_bytes=trial.note_bytes, **kwargs)
     trial.session_id = composition.session("Index notes", target=TARGET).session_id.value
     composition.runtime.checkpoint_store.close()
     return trial
@@ -124,7 +131,7 @@ def _check_recovery(trial: Trial) -> None:
     assert trial.returncode == -signal.SIGKILL, (
         f"trial {trial.seed}: the run was not killed (exit {trial.returncode}): {trial.stderr}"
     )
-    composition = sa.make_composition(trial.db, trial.side_log, sleep=TOOL_SLEEP)
+    composition = sa.make_composition(trial.db, trial.side_log, sleep=TOOL_SLEEP, note_bytes=trial.note_bytes)
     try:
         session = composition.restore(trial.session_id)
         after_kill = session.inspect()
@@ -139,6 +146,7 @@ def _check_recovery(trial: Trial) -> None:
         # No committed step lost and none applied twice.
         assert state.steps_done == list(range(TARGET)), where
         assert len(state.notes) == TARGET, where
+        assert all(len(note) == trial.note_bytes for note in state.notes), where
         assert state.final_result == f"{TARGET} notes", where
         first = result.records[0].step_id if result.records else state.current_step
         assert first == committed, f"{where}: the restored run started at step {first}"
@@ -170,6 +178,10 @@ def _check_recovery(trial: Trial) -> None:
         assert all(c.endswith("-append") for c in interrupted), where
         assert len(interrupted) <= 1, f"{where}: more than one call was interrupted: {interrupted}"
         assert session.inspect().snapshot_integrity == "verified"
+        if trial.note_bytes > 1024:  # the big notes really were stored as runs by some base
+            store = composition.runtime.checkpoint_store
+            snapshots = [store.get_snapshot(s) for s in store.list_session_snapshots(trial.session_id)]
+            assert any("chunks" in s.payload["state"] for s in snapshots if s.base_id is None), where
     finally:
         composition.runtime.checkpoint_store.close()
 
