@@ -147,6 +147,7 @@ def run_qitos(n: int, data: list[str], workdir: Path, durability: str) -> dict[s
         "db_bytes": _db_size(path),
         "restore_ms": statistics.median(r["ms"] for r in restores),
         "chain": restores[0]["chain"],
+        "runs": restores[0]["runs"],
         "commits": snapshots - 1,
     }
 
@@ -173,8 +174,9 @@ def restore_child(db: str, session_id: str) -> None:
     restored = restore(store, session_id, head.snapshot_id)
     state = session.state_type.from_dict(restored.state_data)
     elapsed = time.perf_counter() - start
-    chain = len(store.load_chain(head.snapshot_id))
-    print(json.dumps({"ms": elapsed * 1e3, "items": len(state.items), "chain": chain}))
+    chain = store.load_chain(head.snapshot_id)
+    runs = sum(len(refs) for refs in (chain[0].payload["state"].get("chunks") or {}).values())
+    print(json.dumps({"ms": elapsed * 1e3, "items": len(state.items), "chain": len(chain), "runs": runs}))
 
 
 # --------------------------------------------------------------------------- the raw SQLite anchor
@@ -342,6 +344,7 @@ def report(
     print(f"{'last 100 / first 100':34}" + "".join(f"{f['last_us'] / f['first_us']:>16.2f}" for _, f in cols))
     print(f"{'snapshots committed':34}{sync['commits']:>16}{batched['commits']:>16}")
     print(f"{'snapshots read to restore the head':34}{sync['chain']:>16}{batched['chain']:>16}")
+    print(f"{'state runs read to restore the head':34}{sync['runs']:>16}{batched['runs']:>16}")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nmachine: raw SQLite WAL autocommit INSERT of 1 KiB {raw['mean_us']:.1f} µs; load average {load}")
     if lg:
