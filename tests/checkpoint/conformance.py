@@ -642,6 +642,24 @@ def test_prune_keeps_every_head_chain_and_drops_the_unreachable(store: Checkpoin
     assert store.prune() == PruneReport(deleted_snapshots=0, kept_snapshots=5)
 
 
+def test_prune_drops_the_blobs_only_pruned_snapshots_mentioned_and_keeps_every_other(store: CheckpointStore) -> None:
+    snaps = chain_of(store, "s", 1)
+    (only_pruned, d1), (shared, d2), (only_kept, d3), (orphan, d4), (in_write, d5) = (
+        blob(text) for text in (b"pruned run", b"shared run", b"kept run", b"not yet committed", b"write blob")
+    )
+    doomed = advance(store, snaps[1], {"state": {"chunks": {"notes": [[only_pruned, 1, 9], [shared, 1, 9]]}}},
+                     blobs={only_pruned: d1, shared: d2})  # fmt: skip
+    store.put_writes([_write(doomed, "decision", "step", {"view": in_write})])
+    store.put_blobs({in_write: d5, orphan: d4})
+    advance(store, doomed, {"log": {"chunks": [shared, only_kept]}}, parent=snaps[1], blobs={only_kept: d3})
+
+    report = store.prune()
+
+    assert report == PruneReport(deleted_snapshots=1, kept_snapshots=3, deleted_blobs=2)
+    assert set(store.get_blobs([only_pruned, shared, only_kept, orphan, in_write])) == {shared, only_kept, orphan}
+    assert store.prune().deleted_blobs == 0
+
+
 def test_prune_keeps_named_snapshots_with_their_chains(store: CheckpointStore) -> None:
     snaps, _, _ = _rewound(store)
     report = store.prune(keep=[snaps[3].snapshot_id])

@@ -143,7 +143,8 @@ def test_fork_from_an_unknown_snapshot_is_not_found(cli: Any, workdir: Path) -> 
 def test_prune_and_vacuum_report_what_they_did(cli: Any, workdir: Path) -> None:
     _session(cli)
     report = cli.json("sessions", "prune", "--db", "s.db", "--json")
-    assert set(report) == {"deleted_snapshots", "kept_snapshots"} and report["kept_snapshots"] >= 1
+    assert set(report) == {"deleted_snapshots", "kept_snapshots", "deleted_blobs"} and report["kept_snapshots"] >= 1
+    assert "blob(s)" in cli.run("sessions", "prune", "--db", "s.db", code=0).stdout
     vac = cli.json("sessions", "vacuum", "--db", "s.db", "--json")
     assert set(vac) == {"db", "bytes_before", "bytes_after"} and vac["bytes_after"] > 0
     assert "vacuumed" in cli.run("sessions", "vacuum", "--db", "s.db", code=0).stdout

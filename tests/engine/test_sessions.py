@@ -340,6 +340,40 @@ def test_prune_and_vacuum_keep_every_reachable_snapshot_restorable_and_drop_the_
     assert begins["s0-append"] == begins["s0-index"] == begins["s0-publish"] == 1
 
 
+def test_prune_reclaims_the_runs_of_a_dropped_session_and_keeps_those_a_kept_fork_shares(db: str, side: str) -> None:
+    kept = sa.make_composition(db, side, tools_every=0, note_bytes=1024)
+    parent = kept.session("Grow", target=80)
+    parent.run()
+    child = parent.fork(_snapshot_at_step(kept, parent.session_id.value, 60), operation_id="kept-fork")
+    child.run()
+    dropped = sa.make_composition(db, side, tools_every=0, note_bytes=1000).session("Other notes", target=80)
+    dropped.run()
+    store = _store(kept)
+    dropped_runs = {
+        ref[0]
+        for sid in store.list_session_snapshots(dropped.session_id.value)
+        for refs in (store.get_snapshot(sid).payload["state"].get("chunks") or {}).values()
+        for ref in refs
+    }
+    assert dropped_runs
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM heads WHERE session_id = ?", (dropped.session_id.value,))
+    size_before = _files_size(db)
+
+    report = store.prune()
+    store.vacuum()
+
+    assert report.deleted_blobs >= len(dropped_runs)
+    assert store.get_blobs(dropped_runs) == {}
+    assert _files_size(db) < size_before
+    for session, notes in ((parent, 80), (child, 80)):
+        again = kept.restore(session.session_id.value)
+        assert again.inspect().snapshot_integrity == "verified"
+        head = store.get_session_head(session.session_id.value)
+        assert head is not None
+        assert materialize(store, head.snapshot_id).state_data["notes"] == [sa._note(i, 1024) for i in range(notes)]
+
+
 # --------------------------------------------------------------------------- durability modes
 
 

@@ -30,6 +30,7 @@ from qitos.checkpoint.store import (
     check_control,
     check_write_base,
     json_text,
+    mentioned_digests,
     name_set,
     utc_now,
 )
@@ -291,7 +292,8 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
     # ---- retention
 
     def prune(self, *, keep: Iterable[str] = ()) -> PruneReport:
-        """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes), then the
+        blobs that only they mentioned (see ``mentioned_digests``)."""
         named = name_set(keep, "keep") or frozenset()
         with self._lock:
             self._check_open()
@@ -305,11 +307,24 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
                     reachable.add(current)
                     current = self._snapshots[current].parent_id
             doomed = [snapshot_id for snapshot_id in self._snapshots if snapshot_id not in reachable]
+            candidates: set[str] = set()
             for snapshot_id in doomed:
-                del self._snapshots[snapshot_id]
+                candidates |= mentioned_digests(self._snapshots.pop(snapshot_id).payload_json)
             for bucket_key in [key for key in self._writes if key[1] not in self._snapshots]:
-                del self._writes[bucket_key]
-            return PruneReport(deleted_snapshots=len(doomed), kept_snapshots=len(self._snapshots))
+                for _, payload_json in self._writes.pop(bucket_key).values():
+                    candidates |= mentioned_digests(payload_json)
+            unreferenced = candidates & self._blobs.keys()
+            if unreferenced:
+                for row in self._snapshots.values():
+                    unreferenced -= mentioned_digests(row.payload_json)
+                for bucket in self._writes.values():
+                    for _, payload_json in bucket.values():
+                        unreferenced -= mentioned_digests(payload_json)
+                for digest in unreferenced:
+                    del self._blobs[digest]
+            return PruneReport(
+                deleted_snapshots=len(doomed), kept_snapshots=len(self._snapshots), deleted_blobs=len(unreferenced)
+            )
 
     def vacuum(self) -> None:
         """Nothing to reclaim in memory; checks only that the store is open."""

@@ -59,6 +59,7 @@ from qitos.checkpoint.store import (
     check_control,
     check_write_base,
     json_text,
+    mentioned_digests,
     name_set,
     utc_now,
 )
@@ -207,13 +208,23 @@ _SQL_KEEP_MISSING = (
     "SELECT k.snapshot_id FROM temp.prune_keep k LEFT JOIN snapshots s ON s.snapshot_id = k.snapshot_id "
     "WHERE s.snapshot_id IS NULL ORDER BY k.snapshot_id LIMIT 1"
 )
-_SQL_PRUNE = (
+_SQL_REACH = (
     "WITH RECURSIVE reach(snapshot_id) AS ("
     " SELECT snapshot_id FROM heads UNION SELECT snapshot_id FROM temp.prune_keep"
     " UNION SELECT s.parent_id FROM snapshots s JOIN reach r ON s.snapshot_id = r.snapshot_id"
     " WHERE s.parent_id IS NOT NULL)"
-    " DELETE FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
 )
+# Rows as _stored_row reads them (the payload as bytes).
+_STORED_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, CAST(payload AS BLOB)"
+_SQL_PRUNE_DOOMED = (
+    f"{_SQL_REACH} SELECT {_STORED_COLUMNS} FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
+)
+_SQL_PRUNE = f"{_SQL_REACH} DELETE FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
+_SQL_DOOMED_WRITES = "SELECT payload FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
+_SQL_ALL_SNAPSHOTS = f"SELECT {_STORED_COLUMNS} FROM snapshots"
+_SQL_ALL_WRITES = "SELECT payload FROM writes"
+_SQL_BLOB_PRESENT = "SELECT digest FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
+_SQL_BLOB_DELETE = "DELETE FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
 _SQL_PRUNE_WRITES = "DELETE FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
 _SQL_SNAPSHOT_COUNT = "SELECT COUNT(*) FROM snapshots"
 
@@ -594,7 +605,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     # ---- retention
 
     def prune(self, *, keep: Iterable[str] = ()) -> PruneReport:
-        """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes), then the
+        blobs that only they mentioned (see ``mentioned_digests``). One write transaction: no
+        commit can start to reference a blob while it is being judged unreferenced."""
         named = sorted(name_set(keep, "keep") or ())
 
         def prune(cur: sqlite3.Cursor) -> PruneReport:
@@ -604,12 +617,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             missing = _one(cur.execute(_SQL_KEEP_MISSING))
             if missing is not None:
                 raise SnapshotNotFoundError(missing[0])
+            candidates: set[str] = set()
+            for row in cur.execute(_SQL_PRUNE_DOOMED).fetchall():
+                candidates |= mentioned_digests(_payload_or_empty(row))
             cur.execute(_SQL_PRUNE)
             deleted = int(_one(cur.execute("SELECT changes()"))[0])  # rowcount is -1 after WITH
+            for (payload,) in cur.execute(_SQL_DOOMED_WRITES).fetchall():
+                candidates |= mentioned_digests(payload)
             cur.execute(_SQL_PRUNE_WRITES)
             cur.execute(_SQL_KEEP_CLEAR)
             kept = int(_one(cur.execute(_SQL_SNAPSHOT_COUNT))[0])
-            return PruneReport(deleted_snapshots=deleted, kept_snapshots=kept)
+            dropped = _drop_blobs(cur, candidates)
+            return PruneReport(deleted_snapshots=deleted, kept_snapshots=kept, deleted_blobs=dropped)
 
         return self._run(prune, write=True)
 
@@ -635,6 +654,37 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _payload_or_empty(row: Any) -> bytes:
+    """A snapshots row's payload JSON, or b"" when it does not decode."""
+    try:
+        payload = _stored_row(row)[6]
+    except SnapshotIntegrityError:
+        return b""
+    return payload if isinstance(payload, bytes) else payload.encode("utf-8")
+
+
+def _drop_blobs(cur: sqlite3.Cursor, candidates: set[str]) -> int:
+    """Delete the ``candidates`` blobs that no remaining snapshot or pending write mentions.
+
+    Kept payloads are scanned whole (prune is maintenance, not a hot path); if any of them does
+    not decode, nothing is deleted, since what it references cannot be known."""
+    if not candidates:
+        return 0
+    present = {row[0] for row in cur.execute(_SQL_BLOB_PRESENT, (json.dumps(sorted(candidates)),))}
+    if not present:
+        return 0
+    for row in cur.execute(_SQL_ALL_SNAPSHOTS).fetchall():
+        payload = _payload_or_empty(row)
+        if not payload:
+            return 0
+        present -= mentioned_digests(payload)
+    for (payload,) in cur.execute(_SQL_ALL_WRITES).fetchall():
+        present -= mentioned_digests(payload)
+    if present:
+        cur.execute(_SQL_BLOB_DELETE, (json.dumps(sorted(present)),))
+    return len(present)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

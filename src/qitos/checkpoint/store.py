@@ -31,6 +31,7 @@ import asyncio
 import datetime as _dt
 import hashlib
 import json
+import re
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
@@ -64,6 +65,7 @@ __all__ = [
     "check_control",
     "check_write_base",
     "json_text",
+    "mentioned_digests",
     "name_set",
     "snapshot_content_text",
     "snapshot_digest",
@@ -553,6 +555,22 @@ class PruneReport:
 
     deleted_snapshots: int
     kept_snapshots: int
+    deleted_blobs: int = 0
+
+
+_DIGEST_MENTION = re.compile(rb'"([0-9a-f]{64})"')
+
+
+def mentioned_digests(payload_json: str | bytes) -> set[str]:
+    """Every 64-hex-digit JSON string in a stored payload: the blobs it may reference.
+
+    Stores do not interpret payloads. :meth:`CheckpointStore.prune` deletes a blob only when a
+    pruned snapshot mentioned its digest and no kept snapshot or pending write does, so a payload
+    may reference blobs anywhere in its structure, and a blob that no snapshot ever mentioned
+    (stored by ``put_blobs`` ahead of its commit) is never removed by a prune.
+    """
+    data = payload_json.encode("utf-8") if isinstance(payload_json, str) else payload_json
+    return {match.decode("ascii") for match in _DIGEST_MENTION.findall(data)}
 
 
 def check_blobs(blobs: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
@@ -668,7 +686,8 @@ class CheckpointStore(abc.ABC):
 
     @abc.abstractmethod
     async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
-        """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes), then the
+        blobs that only they mentioned (see :func:`mentioned_digests`)."""
 
     @abc.abstractmethod
     async def avacuum(self) -> None:
@@ -733,7 +752,8 @@ class CheckpointStore(abc.ABC):
         return _run_sync(self.aget_blobs(digests), "get_blobs")
 
     def prune(self, *, keep: Iterable[str] = ()) -> PruneReport:
-        """Delete snapshots not reachable from a head or ``keep`` (with their writes)."""
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes), then the
+        blobs that only they mentioned (see :func:`mentioned_digests`)."""
         return _run_sync(self.aprune(keep=keep), "prune")
 
     def vacuum(self) -> None:

@@ -320,14 +320,16 @@ def prune(
     db: DbOption = DEFAULT_DB,
     json_out: JsonOption = False,
 ) -> None:
-    """Delete snapshots no session head (nor --keep) reaches."""
+    """Delete snapshots no session head (nor --keep) reaches, and the blobs only they referenced."""
     with open_store(db) as store:
         report = store.prune(keep=keep or ())
     if json_out:
         print_json(to_jsonable(report))
     else:
         console().print(
-            f"deleted {report.deleted_snapshots} snapshot(s); {report.kept_snapshots} kept", highlight=False
+            f"deleted {report.deleted_snapshots} snapshot(s) and {report.deleted_blobs} blob(s); "
+            f"{report.kept_snapshots} snapshot(s) kept",
+            highlight=False,
         )
 
 
