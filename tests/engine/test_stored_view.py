@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 import session_agents as sa
@@ -24,22 +25,41 @@ def _model_session(tmp_path: Path, target: int = 6) -> tuple[Composition, str, S
     return composition, session.session_id.value, model
 
 
-def test_inspect_returns_the_view_last_sent_while_the_store_holds_item_ids_not_item_texts(tmp_path: Path) -> None:
+def _stored_view(composition: Composition, sid: str, db: Path) -> tuple[dict[str, Any], int]:
+    """The last request view's stored record and its stored size in bytes."""
+    store = composition.runtime.checkpoint_store
+    head = store.get_session_head(sid)
+    assert head is not None
+    chain = store.load_chain(head.snapshot_id)
+    view_id = next(s.payload["request_view"] for s in reversed(chain) if s.payload.get("request_view"))
+    with sqlite3.connect(db) as con:
+        raw = con.execute("SELECT data FROM blobs WHERE digest = ?", (view_id,)).fetchone()[0]
+    return json.loads(unpack(raw)), len(raw)
+
+
+def test_inspect_returns_the_view_last_sent_while_the_store_holds_segments_of_ids(tmp_path: Path) -> None:
     composition, sid, model = _model_session(tmp_path)
     sent = model.requests[-1]
 
     shown = composition.restore(sid).inspect().last_request_view
 
     assert shown is not None and shown.to_dict() == sent.to_dict()
-    store = composition.runtime.checkpoint_store
-    head = store.get_session_head(sid)
-    assert head is not None
-    chain = store.load_chain(head.snapshot_id)
-    view_id = next(s.payload["request_view"] for s in reversed(chain) if s.payload.get("request_view"))
-    with sqlite3.connect(tmp_path / "s.db") as con:
-        stored = json.loads(unpack(con.execute("SELECT data FROM blobs WHERE digest = ?", (view_id,)).fetchone()[0]))
-    assert stored["selected_items"] and all(isinstance(item, str) for item in stored["selected_items"])
-    assert stored["selected_items"] == list(sent.selection.selected_item_ids)
+    stored, _ = _stored_view(composition, sid, tmp_path / "s.db")
+    assert stored["selected_items"][0] == ["ex-000001", sent.selection.selected_exchange_ids[-2]]
+    assert not any(isinstance(item, dict) for item in stored["selected_items"])  # no item text stored again
+    assert stored["selection"]["selected_exchange_ids"][0][0] == "ex-000001"
+
+
+def test_the_stored_view_does_not_grow_with_the_history(tmp_path: Path) -> None:
+    short, long = tmp_path / "short", tmp_path / "long"
+    short.mkdir()
+    long.mkdir()
+    sizes = []
+    for root, target in ((short, 5), (long, 60)):
+        composition, sid, model = _model_session(root, target)
+        assert len(model.requests[-1].selected_items_json) > 2 * target  # the whole transcript is sent
+        sizes.append(_stored_view(composition, sid, root / "s.db")[1])
+    assert sizes[1] < 1.2 * sizes[0], sizes
 
 
 def _log_with_one_exchange() -> ExchangeLog:
