@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from qitos.core.codec import digest
+from qitos.core.context import ContextContribution
 from qitos.core.errors import ConfigurationError, ModelError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
@@ -218,3 +220,28 @@ def test_adapters_declare_their_request_target() -> None:
     log.open([{"role": "user", "content": "t"}])
     view = RequestView.from_exchange_log(log, model=ScriptedModel(["a"], model_id="script-1"))
     assert (view.target.provider, view.target.model, view.target.transport) == ("scripted", "script-1", "in-process")
+
+
+def test_request_digest_is_the_digest_of_the_parsed_messages_and_tools() -> None:
+    log = ExchangeLog(log_id="digest-test")
+    first = log.open([{"role": "user", "content": 'été, 日本語, "quoted" \\ and\nnewline'}])
+    log.record_output(
+        first.exchange_id,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "name": "add", "arguments": {"b": 2, "a": 1}}],
+        },
+    )
+    log.record_tool_result(first.exchange_id, "c1", {"sum": 3})
+    log.close(first.exchange_id)
+    log.open([{"role": "user", "content": "next"}])
+    view = RequestView.from_exchange_log(
+        log,
+        instructions=[{"role": "system", "content": "sys"}],
+        tool_schemas=[{"name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {}}}],
+        context_contributions=[ContextContribution(contribution_id="notes", source="memory", content="remember ü")],
+    )
+    assert view.context_json and view.tool_schemas_json and len(view.selected_items_json) == 4
+
+    assert request_digest(view) == digest({"messages": view.messages(), "tools": view.tools()})

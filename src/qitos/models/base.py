@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from qitos.core.codec import digest
+from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -93,8 +93,17 @@ def request_digest(view: RequestView) -> str:
 
     Two views with the same digest are the same request as far as any adapter is concerned;
     ReplayModel uses it to detect a run that diverged from its recording.
+
+    The view already holds each message and schema as canonical JSON text, so the canonical text
+    of ``{"messages": view.messages(), "tools": view.tools()}`` is assembled from those texts
+    rather than parsed and re-encoded: a long transcript costs a join, not a parse per item.
     """
-    return digest({"messages": view.messages(), "tools": view.tools()})
+    messages = [
+        *view.instructions_json,
+        *(canonical_json(json.loads(text)["message"]) for text in view.context_json),
+        *view.selected_items_json,
+    ]
+    return sha256_hex('{"messages":[' + ",".join(messages) + '],"tools":[' + ",".join(view.tool_schemas_json) + "]}")
 
 
 # --------------------------------------------------------------------------- records
