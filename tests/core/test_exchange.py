@@ -294,3 +294,15 @@ def _plain_turn(log: ExchangeLog) -> None:
     eid = log.open([{"role": "user", "content": "hi"}]).exchange_id
     log.record_output(eid, {"role": "assistant", "content": "hello"})
     log.close(eid)
+
+
+def test_entries_json_is_the_canonical_text_of_the_entries_from_a_position() -> None:
+    log = ExchangeLog()
+    tool_turn(log, "q — ü")
+    mark = log.position
+    tool_turn(log, "second", calls=2)
+    assert log.entries_json() == canonical_json(log.entries())
+    assert log.entries_json(mark) == canonical_json(log.entries(mark))
+    assert log.entries_json(log.position) == "[]"
+    with pytest.raises(ExchangeLogError, match="outside"):
+        log.entries_json(log.position + 1)

@@ -493,6 +493,12 @@ class ExchangeLog:
             raise ExchangeLogError(f"entries(start={start}): position outside 0..{len(self._entries)}")
         return [json.loads(canonical_json(e)) for e in self._entries[start:]]
 
+    def entries_json(self, start: int = 0) -> str:
+        """The canonical JSON text of ``entries(start)``, without copying the entries first."""
+        if start < 0 or start > len(self._entries):
+            raise ExchangeLogError(f"entries_json(start={start}): position outside 0..{len(self._entries)}")
+        return "[" + ",".join(canonical_json(e) for e in self._entries[start:]) + "]"
+
     def projection(self) -> ExchangeProjection:
         """The projection index over the closed prefix (for request builders; do not mutate)."""
         return self._projection

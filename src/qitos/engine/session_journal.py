@@ -433,7 +433,7 @@ class SessionJournal(RunJournal):
         log: ExchangeLog | None = last.log
         chunk: str | None = None
         if log is not None and log.position > self._log_position:
-            raw = pack_or_raw(canonical_json(log.entries(self._log_position)).encode("utf-8"))
+            raw = pack_or_raw(log.entries_json(self._log_position).encode("utf-8"))
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
         log_meta = {
