@@ -32,6 +32,7 @@ import json
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from json.encoder import encode_basestring as _json_string
 from typing import Any, Literal, Protocol, cast, overload
 
 from qitos.core.codec import canonical_json, sha256_hex
@@ -526,7 +527,10 @@ class ExchangeLog:
         self._exchanges.append(exchange)
         self._by_id[exchange_id] = exchange.index
         self._open = exchange.index
-        self._commit(entry)
+        # The entry's canonical text, assembled from the messages' own (keys in sorted order).
+        inputs_json = ",".join(m.json_text for m in messages)
+        text = f'{{"exchange_id":{_json_string(exchange_id)},"inputs":[{inputs_json}],"op":"open"}}'
+        self._commit(entry, text)
         return exchange
 
     def record_output(self, exchange_id: str, message: Message | Mapping[str, Any]) -> Exchange:
@@ -539,7 +543,8 @@ class ExchangeLog:
             raise ExchangeLogError(f"exchange {exchange_id!r} already has an output")
         updated = replace(exchange, output=parsed)
         self._replace(updated)
-        self._commit({"op": "output", "exchange_id": exchange_id, "message": parsed.to_dict()})
+        entry = {"op": "output", "exchange_id": exchange_id, "message": parsed.to_dict()}
+        self._commit(entry, f'{{"exchange_id":{_json_string(exchange_id)},"message":{parsed.json_text},"op":"output"}}')
         return updated
 
     def record_tool_result(self, exchange_id: str, tool_call_id: str, content: Any) -> Exchange:
@@ -628,9 +633,10 @@ class ExchangeLog:
         self._exchanges[exchange.index] = exchange
         self._exchanges_cache = None
 
-    def _commit(self, entry: dict[str, Any]) -> None:
+    def _commit(self, entry: dict[str, Any], text: str | None = None) -> None:
+        """Append ``entry``; ``text``, when given, is its canonical JSON (hashed without re-encoding)."""
         self._entries.append(entry)
-        self._digest = sha256_hex(self._digest + canonical_json(entry))
+        self._digest = sha256_hex(self._digest + (canonical_json(entry) if text is None else text))
         self._exchanges_cache = None
 
     def _index_closed(self, exchange: Exchange, texts: list[str]) -> None:
