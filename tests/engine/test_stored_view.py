@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -11,7 +12,9 @@ import pytest
 import session_agents as sa
 
 from qitos.checkpoint.packing import unpack
+from qitos.core.codec import canonical_json
 from qitos.core.exchange import ExchangeLog
+from qitos.core.request_view import RequestView
 from qitos.engine.composition import Composition
 from qitos.engine.stored_view import view_from_record, view_record
 from qitos.models.scripted import ScriptedModel
@@ -88,3 +91,81 @@ def test_a_stored_view_naming_an_item_the_log_lacks_fails_naming_it(tmp_path: Pa
 
     with pytest.raises(ValueError, match="ex-000999/0"):
         view_from_record(record, _log_with_one_exchange())
+
+
+def _log_of(closed: int) -> ExchangeLog:
+    """``closed`` closed exchanges with 1, 2 or 3 items each, then one open exchange."""
+    log = ExchangeLog("log-segments")
+    for i in range(closed):
+        exchange = log.open([{"role": "user", "content": f"question {i}"}])
+        if i % 3 == 1:
+            log.record_output(exchange.exchange_id, {"role": "assistant", "content": f"answer {i}"})
+        elif i % 3 == 2:
+            call = {"id": f"c{i}", "name": "look", "arguments": {"q": i}}
+            log.record_output(exchange.exchange_id, {"role": "assistant", "content": None, "tool_calls": [call]})
+            log.record_tool_result(exchange.exchange_id, f"c{i}", f"result {i}")
+        log.close(exchange.exchange_id)
+    log.open([{"role": "user", "content": "still open"}, {"role": "user", "content": "and more"}])
+    return log
+
+
+def _view_selecting(log: ExchangeLog, item_ids: list[str], texts: dict[str, str] | None = None) -> RequestView:
+    """A real request view of ``log`` whose selection is rewritten to ``item_ids``."""
+    view = RequestView.from_exchange_log(log)
+    by_id = {f"{e.exchange_id}/{k}": m.json_text for e in log.exchanges for k, m in enumerate(e.items)}
+    chosen = [(texts or {}).get(item_id, by_id[item_id]) for item_id in item_ids]
+    exchanges = list(dict.fromkeys(item_id.rsplit("/", 1)[0] for item_id in item_ids))
+    selection = dataclasses.replace(
+        view.selection,
+        selected_item_ids=tuple(item_ids),
+        selected_exchange_ids=tuple(exchanges),
+        omitted_exchange_ids=tuple(e.exchange_id for e in log.exchanges if e.exchange_id not in exchanges),
+    )
+    return dataclasses.replace(view, selected_items_json=tuple(chosen), selection=selection)
+
+
+def _items(log: ExchangeLog, *numbers: int) -> list[str]:
+    return [f"ex-{n:06d}/{k}" for n in numbers for k in range(len(log.exchange(f"ex-{n:06d}").items))]
+
+
+@pytest.mark.parametrize(
+    ("numbers", "expected"),
+    [
+        (range(1, 13), [["ex-000001", "ex-000011"], "ex-000012/0", "ex-000012/1"]),
+        ([3, 4, 5, 7, 8, 9, 10, 11], [["ex-000003", "ex-000005"], ["ex-000007", "ex-000011"]]),
+        ([11], [["ex-000011", "ex-000011"]]),
+        ([], []),
+    ],
+)
+def test_selections_fold_into_segments_of_closed_exchanges_and_read_back_exactly(
+    numbers: range | list[int], expected: list[Any]
+) -> None:
+    log = _log_of(11)
+    view = _view_selecting(log, _items(log, *numbers))
+
+    record = view_record(view, log)
+
+    assert record["selected_items"] == expected
+    assert view_from_record(json.loads(json.dumps(record)), log).to_dict() == view.to_dict()
+
+
+def test_a_partly_selected_or_altered_exchange_breaks_the_run_and_is_stored_item_by_item() -> None:
+    log = _log_of(11)
+    ids = _items(log, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+    ids.remove("ex-000005/1")  # exchange 5 is only partly selected
+    altered = {"ex-000008/0": canonical_json({"role": "user", "content": "not what the log holds"})}
+    view = _view_selecting(log, ids, altered)
+
+    record = view_record(view, log)
+
+    assert record["selected_items"] == [
+        ["ex-000001", "ex-000004"],
+        "ex-000005/0",
+        ["ex-000006", "ex-000007"],
+        {"role": "user", "content": "not what the log holds"},
+        "ex-000008/1",
+        ["ex-000009", "ex-000009"],
+    ]
+    assert record["selection"]["selected_exchange_ids"] == [["ex-000001", "ex-000009"]]
+    assert record["selection"]["omitted_exchange_ids"] == [["ex-000010", "ex-000011"], "ex-000012"]
+    assert view_from_record(json.loads(json.dumps(record)), log).to_dict() == view.to_dict()

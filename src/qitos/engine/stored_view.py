@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from qitos.core.exchange import Exchange, ExchangeLog, ExchangeLogError, exchange_id_at
+from qitos.core.exchange import ExchangeLog, ExchangeLogError, exchange_id_at
 from qitos.core.request_view import RequestView
 
 __all__ = ["view_from_record", "view_record"]
@@ -32,18 +33,17 @@ _EXCHANGE_LISTS = ("selected_exchange_ids", "omitted_exchange_ids", "protected_e
 
 
 def view_record(view: RequestView, log: ExchangeLog | None) -> dict[str, Any]:
-    """The stored form of ``view``, with what ``log`` holds referenced and folded into segments."""
+    """The stored form of ``view``, with what ``log`` holds referenced and folded into segments.
+
+    Runs are matched against the log's projection of its closed prefix with list comparisons, so
+    recording the view of a long transcript costs a few C-level compares, not work per item."""
     data = dataclasses.replace(view, selected_items_json=()).to_dict()  # no parse of every item
-    ids = view.selection.selected_item_ids
-    texts = view.selected_items_json
+    ids = list(view.selection.selected_item_ids)
+    texts = list(view.selected_items_json)
     if log is None or len(ids) != len(texts):
         data["selected_items"] = [json.loads(text) for text in texts]
         return data
-    items = [
-        item_id if _logged_item(log, item_id) == text else json.loads(text)
-        for item_id, text in zip(ids, texts, strict=True)
-    ]
-    data["selected_items"] = _fold_items(items, log)
+    data["selected_items"] = _fold_items(ids, log, texts)
     selection = data["selection"]
     for name in _ITEM_LISTS:
         selection[name] = _fold_items(selection[name], log)
@@ -54,15 +54,20 @@ def view_record(view: RequestView, log: ExchangeLog | None) -> dict[str, Any]:
 
 def view_from_record(data: Mapping[str, Any], log: ExchangeLog) -> RequestView:
     """The request view stored as ``data``; ValueError names a reference ``log`` cannot resolve."""
+    proj = log.projection()
     items: list[Any] = []
-    for item in _unfold_items(data.get("selected_items") or (), log):
-        if isinstance(item, str):
-            text = _logged_item(log, item)
+    for segment in data.get("selected_items") or ():
+        if isinstance(segment, list):
+            first, last = _segment_bounds(segment, log)
+            offsets = proj.item_offsets
+            items.extend(json.loads(text) for text in proj.item_json[offsets[first] : offsets[last + 1]])
+        elif isinstance(segment, str):
+            text = _logged_item(log, segment)
             if text is None:
-                raise ValueError(f"the stored request view selects item {item!r}, which the exchange log lacks")
+                raise ValueError(f"the stored request view selects item {segment!r}, which the exchange log lacks")
             items.append(json.loads(text))
         else:
-            items.append(item)
+            items.append(segment)
     selection = dict(data["selection"])
     for name in _ITEM_LISTS:
         selection[name] = _unfold_items(selection.get(name) or (), log)
@@ -74,90 +79,135 @@ def view_from_record(data: Mapping[str, Any], log: ExchangeLog) -> RequestView:
 # --------------------------------------------------------------------------- segments
 
 
-def _fold_items(items: Sequence[Any], log: ExchangeLog) -> list[Any]:
-    """Runs of whole closed exchanges' item ids become ``[first, last]``; the rest stays as is."""
+def _fold_items(ids: Sequence[Any], log: ExchangeLog, texts: Sequence[str] | None = None) -> list[Any]:
+    """Runs of whole closed exchanges' item ids become ``[first, last]``.
+
+    With ``texts`` (the view's item texts, in step with ``ids``) a run folds only where the texts
+    are the log's too, and any other item is stored as its id when the log holds its text, inline
+    otherwise."""
+    proj = log.projection()
+    offsets = proj.item_offsets
     out: list[Any] = []
     at = 0
-    while at < len(items):
-        exchange = _closed_exchange_of(items[at], log)
-        count = len(exchange.items) if exchange is not None else 0
-        if exchange is not None and list(items[at : at + count]) == _item_ids(exchange):
-            if out and isinstance(out[-1], list) and _follows(out[-1][1], exchange):
-                out[-1][1] = exchange.exchange_id
-            else:
-                out.append([exchange.exchange_id, exchange.exchange_id])
-            at += count
-        else:
-            out.append(items[at])
-            at += 1
-    return out
+    while at < len(ids):
+        item_id = ids[at]
+        first = _closed_index(item_id[:-2], log) if isinstance(item_id, str) and item_id.endswith("/0") else None
+        if first is not None:
+            start = offsets[first]
 
+            def matches(end: int, at: int = at, start: int = start) -> bool:
+                span = end - start
+                if list(ids[at : at + span]) != proj.item_ids[start:end]:
+                    return False
+                return texts is None or list(texts[at : at + span]) == proj.item_json[start:end]
 
-def _unfold_items(segments: Sequence[Any], log: ExchangeLog) -> list[Any]:
-    out: list[Any] = []
-    for segment in segments:
-        if isinstance(segment, list):
-            for exchange in _exchange_range(segment, log):
-                out.extend(_item_ids(exchange))
+            last = _longest_run(first, proj.closed_count, len(ids) - at, offsets, matches)
+            if last is not None:
+                _append_segment(out, first, last, proj.exchange_ids)
+                at += offsets[last + 1] - start
+                continue
+        if texts is None or not isinstance(item_id, str):
+            out.append(item_id)
         else:
-            out.append(segment)
+            out.append(item_id if _logged_item(log, item_id) == texts[at] else json.loads(texts[at]))
+        at += 1
     return out
 
 
 def _fold_exchanges(ids: Sequence[str], log: ExchangeLog) -> list[Any]:
     """Runs of consecutive closed exchange ids become ``[first, last]``."""
+    proj = log.projection()
+    every = range(proj.closed_count + 1)  # each exchange boundary, as offsets into exchange_ids
     out: list[Any] = []
-    for exchange_id in ids:
-        exchange = _closed_exchange(exchange_id, log)
-        if exchange is None:
-            out.append(exchange_id)
-        elif out and isinstance(out[-1], list) and _follows(out[-1][1], exchange):
-            out[-1][1] = exchange_id
+    at = 0
+    while at < len(ids):
+        first = _closed_index(ids[at], log)
+        if first is not None:
+
+            def matches(end: int, at: int = at, start: int = first) -> bool:
+                return list(ids[at : at + end - start]) == proj.exchange_ids[start:end]
+
+            last = _longest_run(first, proj.closed_count, len(ids) - at, every, matches)
+            if last is not None:
+                _append_segment(out, first, last, proj.exchange_ids)
+                at += last + 1 - first
+                continue
+        out.append(ids[at])
+        at += 1
+    return out
+
+
+def _longest_run(
+    first: int, closed: int, room: int, offsets: Sequence[int], matches: Callable[[int], bool]
+) -> int | None:
+    """The last exchange of the longest run of whole closed exchanges from ``first`` that fits in
+    ``room`` entries and ``matches`` (called with the run's end offset), or None.
+
+    Matching a longer run implies matching every shorter one, so the longest is found by trying
+    the longest that fits, then bisecting: a few list comparisons, however long the history."""
+    lo, hi = first, bisect_right(offsets, offsets[first] + room, first + 1, closed + 1) - 2
+    if hi < lo or not matches(offsets[first + 1]):
+        return None
+    if matches(offsets[hi + 1]):
+        return hi
+    hi -= 1
+    while lo < hi:  # the longest matching run ends at an exchange in [lo, hi]; lo's run matches
+        mid = (lo + hi + 1) // 2
+        if matches(offsets[mid + 1]):
+            lo = mid
         else:
-            out.append([exchange_id, exchange_id])
+            hi = mid - 1
+    return lo
+
+
+def _append_segment(out: list[Any], first: int, last: int, exchange_ids: Sequence[str]) -> None:
+    if first > 0 and out and isinstance(out[-1], list) and out[-1][1] == exchange_id_at(first - 1):
+        out[-1][1] = exchange_ids[last]
+    else:
+        out.append([exchange_ids[first], exchange_ids[last]])
+
+
+def _unfold_items(segments: Sequence[Any], log: ExchangeLog) -> list[Any]:
+    proj = log.projection()
+    out: list[Any] = []
+    for segment in segments:
+        if isinstance(segment, list):
+            first, last = _segment_bounds(segment, log)
+            out.extend(proj.item_ids[proj.item_offsets[first] : proj.item_offsets[last + 1]])
+        else:
+            out.append(segment)
     return out
 
 
 def _unfold_exchanges(segments: Sequence[Any], log: ExchangeLog) -> list[str]:
+    proj = log.projection()
     out: list[str] = []
     for segment in segments:
         if isinstance(segment, list):
-            out.extend(exchange.exchange_id for exchange in _exchange_range(segment, log))
+            first, last = _segment_bounds(segment, log)
+            out.extend(proj.exchange_ids[first : last + 1])
         else:
             out.append(str(segment))
     return out
 
 
-def _exchange_range(segment: list[Any], log: ExchangeLog) -> list[Exchange]:
-    """The closed exchanges ``first`` .. ``last`` of a segment; ValueError if the log lacks one."""
+def _segment_bounds(segment: list[Any], log: ExchangeLog) -> tuple[int, int]:
+    """The indexes of a segment's first and last closed exchange; ValueError if the log lacks one."""
     if len(segment) != 2:
         raise ValueError(f"a stored request view segment must be [first, last], got {segment!r}")
-    first, last = (_closed_exchange(str(exchange_id), log) for exchange_id in segment)
-    if first is None or last is None or last.index < first.index:
+    first, last = (_closed_index(str(exchange_id), log) for exchange_id in segment)
+    if first is None or last is None or last < first:
         raise ValueError(f"the stored request view selects exchanges {segment!r}, which the log does not hold closed")
-    return [log.exchange_at(index) for index in range(first.index, last.index + 1)]
+    return first, last
 
 
-def _follows(exchange_id: str, exchange: Exchange) -> bool:
-    return exchange.index > 0 and exchange_id_at(exchange.index - 1) == exchange_id
-
-
-def _item_ids(exchange: Exchange) -> list[str]:
-    return [f"{exchange.exchange_id}/{k}" for k in range(len(exchange.items))]
-
-
-def _closed_exchange_of(item: Any, log: ExchangeLog) -> Exchange | None:
-    if not isinstance(item, str) or not item.endswith("/0"):
-        return None
-    return _closed_exchange(item[:-2], log)
-
-
-def _closed_exchange(exchange_id: str, log: ExchangeLog) -> Exchange | None:
+def _closed_index(exchange_id: str, log: ExchangeLog) -> int | None:
+    """The index of a closed exchange of ``log`` (closed exchanges are its leading ones), or None."""
     try:
-        exchange = log.exchange(exchange_id)
+        index = log.exchange(exchange_id).index
     except ExchangeLogError:
         return None
-    return exchange if exchange.closed else None
+    return index if index < log.projection().closed_count else None
 
 
 def _logged_item(log: ExchangeLog, item_id: str) -> str | None:
