@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qitos.checkpoint.packing import PackingError, pack_or_raw, unpack
-from qitos.core.codec import sha256_hex
+from qitos.core.codec import canonical_json, sha256_hex
 
 __all__ = ["CHUNK_BYTES", "MIN_CHUNKED_BYTES", "ChunkRef", "chunk_list", "join_chunks", "parse_refs", "reusable_runs"]
 
@@ -31,7 +31,6 @@ CHUNK_BYTES = 32 * 1024
 """A run is closed once its items' JSON reaches this many characters."""
 MIN_CHUNKED_BYTES = 8 * 1024
 """A list whose JSON is shorter stays inline in the payload."""
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +79,7 @@ def chunk_list(items: list[Any], kept: list[ChunkRef] | None = None) -> tuple[li
     """Cut encoded ``items`` (the list's items after the ``kept`` runs) into runs; return all the
     refs and the new blobs to store, or None when nothing is kept and the list is short enough to
     stay inline."""
-    texts = [_ENCODE(item) for item in items]
+    texts = [canonical_json(item) for item in items]
     if not kept and sum(len(text) + 1 for text in texts) < MIN_CHUNKED_BYTES:
         return None
     refs = list(kept or ())
