@@ -129,8 +129,6 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
-# Same settings as qitos.core.codec.canonical_json, held once (json.dumps builds an encoder per call).
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 _DECODE = json.JSONDecoder().decode
 
 StoredSnapshotRow = tuple[str, Any, Any, Any, Any, Any, bytes | str]
@@ -146,7 +144,7 @@ def json_text(value: Any, what: str) -> str:
     if not isinstance(value, Mapping):
         raise CodecError(what, f"expected a mapping, got {type(value).__qualname__}")
     try:
-        text: str = _ENCODE(value)
+        text: str = canonical_json(value)
     except (TypeError, ValueError) as exc:
         raise CodecError(what, f"not JSON-native: {exc}") from exc
     if _DECODE(text) != value:
@@ -311,7 +309,7 @@ class SessionSnapshot:
         _require_str(stamp, "created_at")
         if trusted and isinstance(payload, Mapping):
             try:
-                payload_json = _ENCODE(payload)
+                payload_json = canonical_json(payload)
             except (TypeError, ValueError) as exc:
                 raise CodecError("snapshot.payload", f"not JSON-native: {exc}") from exc
         else:
