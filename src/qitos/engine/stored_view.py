@@ -43,12 +43,12 @@ def view_record(view: RequestView, log: ExchangeLog | None) -> dict[str, Any]:
     if log is None or len(ids) != len(texts):
         data["selected_items"] = [json.loads(text) for text in texts]
         return data
-    data["selected_items"] = _fold_items(ids, log, texts)
+    data["selected_items"] = _fold(ids, log, items=True, texts=texts)
     selection = data["selection"]
     for name in _ITEM_LISTS:
-        selection[name] = _fold_items(selection[name], log)
+        selection[name] = _fold(selection[name], log, items=True)
     for name in _EXCHANGE_LISTS:
-        selection[name] = _fold_exchanges(selection[name], log)
+        selection[name] = _fold(selection[name], log, items=False)
     return data
 
 
@@ -70,34 +70,43 @@ def view_from_record(data: Mapping[str, Any], log: ExchangeLog) -> RequestView:
             items.append(segment)
     selection = dict(data["selection"])
     for name in _ITEM_LISTS:
-        selection[name] = _unfold_items(selection.get(name) or (), log)
+        selection[name] = _unfold(selection.get(name) or (), log, items=True)
     for name in _EXCHANGE_LISTS:
-        selection[name] = _unfold_exchanges(selection.get(name) or (), log)
+        selection[name] = _unfold(selection.get(name) or (), log, items=False)
     return RequestView.from_dict({**data, "selected_items": items, "selection": selection})
 
 
 # --------------------------------------------------------------------------- segments
 
 
-def _fold_items(ids: Sequence[Any], log: ExchangeLog, texts: Sequence[str] | None = None) -> list[Any]:
-    """Runs of whole closed exchanges' item ids become ``[first, last]``.
-
-    With ``texts`` (the view's item texts, in step with ``ids``) a run folds only where the texts
-    are the log's too, and any other item is stored as its id when the log holds its text, inline
-    otherwise."""
+def _flat(log: ExchangeLog, *, items: bool) -> tuple[Sequence[str], Sequence[int]]:
+    """The closed prefix as a flat id list (item ids, or exchange ids) and, per exchange, the
+    offset where its ids start (one more offset marks the end)."""
     proj = log.projection()
-    offsets = proj.item_offsets
+    if items:
+        return proj.item_ids, proj.item_offsets
+    return proj.exchange_ids, range(proj.closed_count + 1)
+
+
+def _fold(ids: Sequence[Any], log: ExchangeLog, *, items: bool, texts: Sequence[str] | None = None) -> list[Any]:
+    """Runs of whole closed exchanges (their item ids, or their exchange ids) become ``[first, last]``.
+
+    With ``texts`` (the view's item texts, in step with item ``ids``) a run folds only where the
+    texts are the log's too, and any other item is stored as its id when the log holds its text,
+    inline otherwise."""
+    proj = log.projection()
+    flat, offsets = _flat(log, items=items)
     out: list[Any] = []
     at = 0
     while at < len(ids):
-        item_id = ids[at]
-        first = _closed_index(item_id[:-2], log) if isinstance(item_id, str) and item_id.endswith("/0") else None
+        entry = ids[at]
+        first = _run_start(entry, log, items=items)
         if first is not None:
             start = offsets[first]
 
             def matches(end: int, at: int = at, start: int = start) -> bool:
                 span = end - start
-                if list(ids[at : at + span]) != proj.item_ids[start:end]:
+                if list(ids[at : at + span]) != flat[start:end]:
                     return False
                 return texts is None or list(texts[at : at + span]) == proj.item_json[start:end]
 
@@ -106,35 +115,22 @@ def _fold_items(ids: Sequence[Any], log: ExchangeLog, texts: Sequence[str] | Non
                 _append_segment(out, first, last, proj.exchange_ids)
                 at += offsets[last + 1] - start
                 continue
-        if texts is None or not isinstance(item_id, str):
-            out.append(item_id)
+        if texts is None or not isinstance(entry, str):
+            out.append(entry)
         else:
-            out.append(item_id if _logged_item(log, item_id) == texts[at] else json.loads(texts[at]))
+            out.append(entry if _logged_item(log, entry) == texts[at] else json.loads(texts[at]))
         at += 1
     return out
 
 
-def _fold_exchanges(ids: Sequence[str], log: ExchangeLog) -> list[Any]:
-    """Runs of consecutive closed exchange ids become ``[first, last]``."""
-    proj = log.projection()
-    every = range(proj.closed_count + 1)  # each exchange boundary, as offsets into exchange_ids
-    out: list[Any] = []
-    at = 0
-    while at < len(ids):
-        first = _closed_index(ids[at], log)
-        if first is not None:
-
-            def matches(end: int, at: int = at, start: int = first) -> bool:
-                return list(ids[at : at + end - start]) == proj.exchange_ids[start:end]
-
-            last = _longest_run(first, proj.closed_count, len(ids) - at, every, matches)
-            if last is not None:
-                _append_segment(out, first, last, proj.exchange_ids)
-                at += last + 1 - first
-                continue
-        out.append(ids[at])
-        at += 1
-    return out
+def _run_start(entry: Any, log: ExchangeLog, *, items: bool) -> int | None:
+    """The closed exchange a run starting at ``entry`` would start with: the exchange of a first
+    item (``ex-000012/0``), or the exchange itself; None if ``entry`` cannot start a run."""
+    if not isinstance(entry, str):
+        return None
+    if items:
+        return _closed_index(entry[:-2], log) if entry.endswith("/0") else None
+    return _closed_index(entry, log)
 
 
 def _longest_run(
@@ -167,27 +163,16 @@ def _append_segment(out: list[Any], first: int, last: int, exchange_ids: Sequenc
         out.append([exchange_ids[first], exchange_ids[last]])
 
 
-def _unfold_items(segments: Sequence[Any], log: ExchangeLog) -> list[Any]:
-    proj = log.projection()
+def _unfold(segments: Sequence[Any], log: ExchangeLog, *, items: bool) -> list[Any]:
+    """The inverse of :func:`_fold` without texts."""
+    flat, offsets = _flat(log, items=items)
     out: list[Any] = []
     for segment in segments:
         if isinstance(segment, list):
             first, last = _segment_bounds(segment, log)
-            out.extend(proj.item_ids[proj.item_offsets[first] : proj.item_offsets[last + 1]])
+            out.extend(flat[offsets[first] : offsets[last + 1]])
         else:
             out.append(segment)
-    return out
-
-
-def _unfold_exchanges(segments: Sequence[Any], log: ExchangeLog) -> list[str]:
-    proj = log.projection()
-    out: list[str] = []
-    for segment in segments:
-        if isinstance(segment, list):
-            first, last = _segment_bounds(segment, log)
-            out.extend(proj.exchange_ids[first : last + 1])
-        else:
-            out.append(str(segment))
     return out
 
 
