@@ -208,18 +208,17 @@ _SQL_KEEP_MISSING = (
     "SELECT k.snapshot_id FROM temp.prune_keep k LEFT JOIN snapshots s ON s.snapshot_id = k.snapshot_id "
     "WHERE s.snapshot_id IS NULL ORDER BY k.snapshot_id LIMIT 1"
 )
-_SQL_REACH = (
+# Rows as _stored_row reads them (the payload as bytes).
+_STORED_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, CAST(payload AS BLOB)"
+# The snapshots no head and no kept snapshot reaches through parent links.
+_SQL_PRUNE_DOOMED = (
     "WITH RECURSIVE reach(snapshot_id) AS ("
     " SELECT snapshot_id FROM heads UNION SELECT snapshot_id FROM temp.prune_keep"
     " UNION SELECT s.parent_id FROM snapshots s JOIN reach r ON s.snapshot_id = r.snapshot_id"
     " WHERE s.parent_id IS NOT NULL)"
+    f" SELECT {_STORED_COLUMNS} FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
 )
-# Rows as _stored_row reads them (the payload as bytes).
-_STORED_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, CAST(payload AS BLOB)"
-_SQL_PRUNE_DOOMED = (
-    f"{_SQL_REACH} SELECT {_STORED_COLUMNS} FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
-)
-_SQL_PRUNE = f"{_SQL_REACH} DELETE FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
+_SQL_PRUNE = "DELETE FROM snapshots WHERE snapshot_id IN (SELECT value FROM json_each(?))"
 _SQL_DOOMED_WRITES = "SELECT payload FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
 _SQL_ALL_SNAPSHOTS = f"SELECT {_STORED_COLUMNS} FROM snapshots"
 _SQL_ALL_WRITES = "SELECT payload FROM writes"
@@ -618,17 +617,17 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             if missing is not None:
                 raise SnapshotNotFoundError(missing[0])
             candidates: set[str] = set()
-            for row in cur.execute(_SQL_PRUNE_DOOMED).fetchall():
+            doomed = cur.execute(_SQL_PRUNE_DOOMED).fetchall()
+            for row in doomed:
                 candidates |= mentioned_digests(_payload_or_empty(row))
-            cur.execute(_SQL_PRUNE)
-            deleted = int(_one(cur.execute("SELECT changes()"))[0])  # rowcount is -1 after WITH
+            cur.execute(_SQL_PRUNE, (json.dumps([row[0] for row in doomed]),))
             for (payload,) in cur.execute(_SQL_DOOMED_WRITES).fetchall():
                 candidates |= mentioned_digests(payload)
             cur.execute(_SQL_PRUNE_WRITES)
             cur.execute(_SQL_KEEP_CLEAR)
             kept = int(_one(cur.execute(_SQL_SNAPSHOT_COUNT))[0])
             dropped = _drop_blobs(cur, candidates)
-            return PruneReport(deleted_snapshots=deleted, kept_snapshots=kept, deleted_blobs=dropped)
+            return PruneReport(deleted_snapshots=len(doomed), kept_snapshots=kept, deleted_blobs=dropped)
 
         return self._run(prune, write=True)
 
