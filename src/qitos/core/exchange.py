@@ -490,15 +490,16 @@ class ExchangeLog:
 
     def entries(self, start: int = 0) -> list[dict[str, Any]]:
         """JSON-native entries from position ``start`` on (copies; safe to persist)."""
-        if start < 0 or start > len(self._entries):
-            raise ExchangeLogError(f"entries(start={start}): position outside 0..{len(self._entries)}")
-        return [json.loads(canonical_json(e)) for e in self._entries[start:]]
+        return [json.loads(canonical_json(e)) for e in self._entries_from(start, "entries")]
 
     def entries_json(self, start: int = 0) -> str:
         """The canonical JSON text of ``entries(start)``, without copying the entries first."""
+        return "[" + ",".join(canonical_json(e) for e in self._entries_from(start, "entries_json")) + "]"
+
+    def _entries_from(self, start: int, caller: str) -> list[dict[str, Any]]:
         if start < 0 or start > len(self._entries):
-            raise ExchangeLogError(f"entries_json(start={start}): position outside 0..{len(self._entries)}")
-        return "[" + ",".join(canonical_json(e) for e in self._entries[start:]) + "]"
+            raise ExchangeLogError(f"{caller}(start={start}): position outside 0..{len(self._entries)}")
+        return self._entries[start:]
 
     def projection(self) -> ExchangeProjection:
         """The projection index over the closed prefix (for request builders; do not mutate)."""
