@@ -50,6 +50,7 @@ from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Decision
 from qitos.core.state import StateSchema
 from qitos.engine.composition import compose
+from qitos.engine.engine import Engine
 from qitos.engine.hooks import EngineHook, HookContext
 
 HERE = Path(__file__).resolve().parent
@@ -109,8 +110,9 @@ class StepClock(EngineHook):
 
 
 def _db_size(path: Path) -> int:
-    with sqlite3.connect(path) as con:
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
     return path.stat().st_size
 
 
@@ -151,6 +153,16 @@ def run_qitos(n: int, data: list[str], workdir: Path, durability: str) -> dict[s
         "runs": restores[0]["runs"],
         "commits": snapshots - 1,
     }
+
+
+def run_qitos_volatile(n: int, data: list[str]) -> dict[str, Any]:
+    """The same agent run by ``Engine.run`` with no store (nothing durable): the engine's own share."""
+    start = time.perf_counter()
+    result = Engine(BenchAgent(data)).run("bench", n=n)
+    total = time.perf_counter() - start
+    if len(result.state.items) != n:
+        raise SystemExit(f"qitos without a store did not finish its {n} appends: {result.task_result}")
+    return {"mean_us": total / n * 1e6}
 
 
 def _restore_child(argv: list[str]) -> dict[str, Any]:
@@ -211,28 +223,19 @@ print(json.dumps({"ms": elapsed * 1e3, "items": len(items)}))
 """
 
 
-def run_floors(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
-    """What the two absolute targets cost with plain ``sqlite3`` and no framework, on this machine.
-
-    - commit: per step, the least a durable, content-addressed step commit does in SQL: ``BEGIN
-      IMMEDIATE``, a compare-and-swap ``UPDATE`` of the session's head row, an ``INSERT`` of the
-      step's 1 KiB keyed by its SHA-256, ``COMMIT``. WAL with ``synchronous=NORMAL`` and automatic
-      checkpoints off, so copying the log back is not counted (qitos does that on a thread).
-    - restore: a fresh process opens a file holding the final state as one JSON row, reads it
-      and parses it (no verification, no decompression, no typed state); median of three.
-    """
-    path = workdir / "floor.db"
+def _floor_commits(path: Path, data: list[str], *, autocheckpoint: int) -> float:
+    """µs per plain-sqlite3 durable step commit into a new file (see :func:`run_floors`)."""
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=NORMAL")
-    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
     con.execute("CREATE TABLE heads (session_id TEXT PRIMARY KEY, snapshot_id TEXT NOT NULL)")
     con.execute("CREATE TABLE steps (snapshot_id TEXT PRIMARY KEY, parent_id TEXT, payload TEXT NOT NULL)")
     con.execute("INSERT INTO heads VALUES ('floor', '')")
     cur = con.cursor()
     head = ""
     start = time.perf_counter()
-    for item in data[:n]:
+    for item in data:
         step_id = hashlib.sha256(item.encode()).hexdigest()
         cur.execute("BEGIN IMMEDIATE")
         moved = cur.execute(
@@ -243,7 +246,26 @@ def run_floors(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
         cur.execute("INSERT INTO steps VALUES (?, ?, ?)", (step_id, head, item))
         cur.execute("COMMIT")
         head = step_id
-    commit_us = (time.perf_counter() - start) / n * 1e6
+    elapsed = time.perf_counter() - start
+    con.close()
+    return elapsed / len(data) * 1e6
+
+
+def run_floors(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
+    """What the two absolute targets cost with plain ``sqlite3`` and no framework, on this machine.
+
+    - commit: per step, the least a durable, content-addressed step commit does in SQL: ``BEGIN
+      IMMEDIATE``, a compare-and-swap ``UPDATE`` of the session's head row, an ``INSERT`` of the
+      step's 1 KiB keyed by its SHA-256, ``COMMIT``; WAL with ``synchronous=NORMAL``. Measured
+      twice: with SQLite's default automatic checkpoints (copying the log back into the file, which
+      a long-running store must do somewhere), and with them off (the log grows without bound).
+    - restore: a fresh process opens a file holding the final state as one JSON row, reads it
+      and parses it (no verification, no decompression, no typed state); median of three.
+    """
+    commit_us = _floor_commits(workdir / "floor-checkpointed.db", data[:n], autocheckpoint=1000)
+    commit_no_checkpoint_us = _floor_commits(workdir / "floor.db", data[:n], autocheckpoint=0)
+    path = workdir / "floor-state.db"
+    con = sqlite3.connect(path, isolation_level=None)
     con.execute("CREATE TABLE floor (id INTEGER PRIMARY KEY, state TEXT NOT NULL)")
     con.execute("INSERT INTO floor VALUES (1, ?)", (json.dumps(data[:n]),))
     con.close()
@@ -251,7 +273,11 @@ def run_floors(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
     restores = [_restore_child(argv) for _ in range(3)]
     if any(r["items"] != n for r in restores):
         raise SystemExit(f"floor restore read the wrong state: {restores}")
-    return {"commit_us": commit_us, "restore_ms": statistics.median(r["ms"] for r in restores)}
+    return {
+        "commit_us": commit_us,
+        "commit_no_checkpoint_us": commit_no_checkpoint_us,
+        "restore_ms": statistics.median(r["ms"] for r in restores),
+    }
 
 
 # --------------------------------------------------------------------------- the LangGraph side
@@ -412,9 +438,14 @@ def report(
     state_mb = n * KIB / MB
     print("\nthis machine's floors (plain sqlite3, no framework; see run_floors)")
     print(
+        f"  qitos step with no store (Engine.run, nothing durable)  {floors['volatile_us']:>8,.0f} µs"
+        f"   durability adds {sync['mean_us'] - floors['volatile_us']:,.0f} µs per sync step"
+    )
+    print(
         f"  durable step commit in SQL (CAS head + 1 KiB row)   {floors['commit_us']:>8,.0f} µs"
         f"   qitos sync is {sync['mean_us'] / floors['commit_us']:.1f}x it"
     )
+    print(f"    the same with checkpoints off (unbounded log)        {floors['commit_no_checkpoint_us']:>8,.0f} µs")
     print(
         f"  fresh-process read + parse of the state ({state_mb:.1f} MB)  {floors['restore_ms']:>8,.2f} ms"
         f"   qitos restore is {sync['restore_ms'] / floors['restore_ms']:.1f}x it"
@@ -461,6 +492,7 @@ def main() -> None:
         workdir = Path(tmp)
         raw = run_raw_sqlite(args.n, data, workdir)
         floors = run_floors(args.n, data, workdir)
+        floors["volatile_us"] = run_qitos_volatile(args.n, data)["mean_us"]
         sync = run_qitos(args.n, data, workdir, "sync")
         batched = run_qitos(args.n, data, workdir, "batched")
         lg = None if args.no_langgraph else run_langgraph(args.n, workdir)
