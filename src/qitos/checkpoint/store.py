@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import datetime as _dt
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
@@ -124,9 +124,20 @@ class BlobIntegrityError(CheckpointError):
 # --------------------------------------------------------------------------- helpers for stores
 
 
+# The formatted date and time of the last second stamped: every commit stamps twice (the snapshot's
+# creation, the head's move), and formatting only the microseconds costs a third of a datetime's.
+_STAMPED_SECOND: tuple[int, str] = (-1, "")
+
+
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds and a ``Z`` suffix."""
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+    global _STAMPED_SECOND
+    second, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    stamped, prefix = _STAMPED_SECOND
+    if second != stamped:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _STAMPED_SECOND = (second, prefix)  # one tuple: a racing thread sees the old pair or the new
+    return f"{prefix}.{micros:06d}Z"
 
 
 _DECODE = json.JSONDecoder().decode
