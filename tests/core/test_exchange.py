@@ -193,6 +193,23 @@ def test_digest_is_a_hash_chain_over_canonical_entries() -> None:
     assert log.position == 4
 
 
+def test_the_hash_chain_holds_for_every_kind_of_tool_result_content() -> None:
+    # Each op hashes a canonical text it assembles itself: it must equal canonical_json(entry).
+    log = ExchangeLog()
+    eid = log.open([{"role": "user", "content": 'quote " back\\slash\nnew line — ü \x01'}]).exchange_id
+    contents: list[Any] = [None, "", 'a "quoted"\ttab', "naïve — 日本 \u2028", {"z": [1, 2.5], "a": None}, [True]]
+    calls = [{"id": f'call "{k}" ü', "name": "lookup", "arguments": {}} for k in range(len(contents))]
+    log.record_output(eid, {"role": "assistant", "content": None, "tool_calls": calls})
+    for call, content in zip(calls, contents, strict=True):
+        log.record_tool_result(eid, call["id"], content)
+    log.close(eid)
+    expected = sha256_hex(EXCHANGE_LOG_SCHEMA)
+    for entry in log.entries():
+        expected = sha256_hex(expected + canonical_json(entry))
+    assert log.digest == expected
+    assert ExchangeLog.replay(log.entries(), log_id="copy").digest == log.digest
+
+
 def test_replay_rebuilds_an_identical_log() -> None:
     log = ExchangeLog("session-log")
     for i in range(5):

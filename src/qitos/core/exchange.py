@@ -442,7 +442,9 @@ class ExchangeLog:
         self.log_id: str = log_id or new_id("log")
         self._exchanges: list[Exchange] = []
         self._by_id: dict[str, int] = {}
-        self._entries: list[dict[str, Any]] = []
+        # Each entry is kept as its canonical JSON text: what the hash chain covers, what
+        # entries_json() joins, and what entries() parses into fresh copies.
+        self._entry_texts: list[str] = []
         self._digest = sha256_hex(EXCHANGE_LOG_SCHEMA)
         self._open: int | None = None
         self._projection = ExchangeProjection()
@@ -486,20 +488,21 @@ class ExchangeLog:
     @property
     def position(self) -> int:
         """Number of entries applied so far."""
-        return len(self._entries)
+        return len(self._entry_texts)
 
     def entries(self, start: int = 0) -> list[dict[str, Any]]:
         """JSON-native entries from position ``start`` on (copies; safe to persist)."""
-        return [json.loads(canonical_json(e)) for e in self._entries_from(start, "entries")]
+        return [json.loads(text) for text in self._texts_from(start, "entries")]
 
     def entries_json(self, start: int = 0) -> str:
-        """The canonical JSON text of ``entries(start)``, without copying the entries first."""
-        return "[" + ",".join(canonical_json(e) for e in self._entries_from(start, "entries_json")) + "]"
+        """The canonical JSON text of ``entries(start)``, without building the entries."""
+        return "[" + ",".join(self._texts_from(start, "entries_json")) + "]"
 
-    def _entries_from(self, start: int, caller: str) -> list[dict[str, Any]]:
-        if start < 0 or start > len(self._entries):
-            raise ExchangeLogError(f"{caller}(start={start}): position outside 0..{len(self._entries)}")
-        return self._entries[start:]
+    def _texts_from(self, start: int, caller: str) -> list[str]:
+        texts = self._entry_texts
+        if start < 0 or start > len(texts):
+            raise ExchangeLogError(f"{caller}(start={start}): position outside 0..{len(texts)}")
+        return texts[start:]
 
     def projection(self) -> ExchangeProjection:
         """The projection index over the closed prefix (for request builders; do not mutate)."""
@@ -523,7 +526,6 @@ class ExchangeLog:
                     f"calls (got role {message.role!r}); record tool results with record_tool_result"
                 )
         exchange_id = exchange_id_at(len(self._exchanges))
-        entry = {"op": "open", "exchange_id": exchange_id, "inputs": [m.to_dict() for m in messages]}
         exchange = Exchange(exchange_id=exchange_id, index=len(self._exchanges), inputs=messages)
         self._exchanges.append(exchange)
         self._by_id[exchange_id] = exchange.index
@@ -531,7 +533,7 @@ class ExchangeLog:
         # The entry's canonical text, assembled from the messages' own (keys in sorted order).
         inputs_json = ",".join(m.json_text for m in messages)
         text = f'{{"exchange_id":{_json_string(exchange_id)},"inputs":[{inputs_json}],"op":"open"}}'
-        self._commit(entry, text)
+        self._commit(text)
         return exchange
 
     def record_output(self, exchange_id: str, message: Message | Mapping[str, Any]) -> Exchange:
@@ -544,8 +546,7 @@ class ExchangeLog:
             raise ExchangeLogError(f"exchange {exchange_id!r} already has an output")
         updated = replace(exchange, output=parsed)
         self._replace(updated)
-        entry = {"op": "output", "exchange_id": exchange_id, "message": parsed.to_dict()}
-        self._commit(entry, f'{{"exchange_id":{_json_string(exchange_id)},"message":{parsed.json_text},"op":"output"}}')
+        self._commit(f'{{"exchange_id":{_json_string(exchange_id)},"message":{parsed.json_text},"op":"output"}}')
         return updated
 
     def record_tool_result(self, exchange_id: str, tool_call_id: str, content: Any) -> Exchange:
@@ -570,8 +571,10 @@ class ExchangeLog:
         result = Message(role="tool", content=content, tool_call_id=tool_call_id)
         updated = replace(exchange, tool_results=(*exchange.tool_results, result))
         self._replace(updated)
+        content_json = "null" if content is None else _json_string(content)
         self._commit(
-            {"op": "tool_result", "exchange_id": exchange_id, "tool_call_id": tool_call_id, "content": content}
+            f'{{"content":{content_json},"exchange_id":{_json_string(exchange_id)},"op":"tool_result",'
+            f'"tool_call_id":{_json_string(tool_call_id)}}}',
         )
         return updated
 
@@ -586,7 +589,7 @@ class ExchangeLog:
         self._replace(closed)
         self._open = None
         self._index_closed(closed, texts)
-        self._commit({"op": "close", "exchange_id": exchange_id})
+        self._commit(f'{{"exchange_id":{_json_string(exchange_id)},"op":"close"}}')
         return closed
 
     # ------------------------------------------------------------------ event sourcing
@@ -634,10 +637,12 @@ class ExchangeLog:
         self._exchanges[exchange.index] = exchange
         self._exchanges_cache = None
 
-    def _commit(self, entry: dict[str, Any], text: str | None = None) -> None:
-        """Append ``entry``; ``text``, when given, is its canonical JSON (hashed without re-encoding)."""
-        self._entries.append(entry)
-        self._digest = sha256_hex(self._digest + (canonical_json(entry) if text is None else text))
+    def _commit(self, text: str) -> None:
+        """Append an entry given as its canonical JSON ``text`` and extend the hash chain. Each op
+        assembles that text from parts it already has (keys in sorted order), so no entry is
+        built and encoded again."""
+        self._entry_texts.append(text)
+        self._digest = sha256_hex(self._digest + text)
         self._exchanges_cache = None
 
     def _index_closed(self, exchange: Exchange, texts: list[str]) -> None:
