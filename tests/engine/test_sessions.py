@@ -22,10 +22,11 @@ from qitos.checkpoint.packing import unpack, zstd
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
 from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Decision
+from qitos.core.decision import Action, Decision
 from qitos.core.errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
 from qitos.core.identity import SnapshotIdentity
 from qitos.core.state import StateSchema
+from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.composition import Composition, compose
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.engine.session_journal import materialize
@@ -450,6 +451,90 @@ def test_batched_mode_also_commits_when_the_time_limit_passes(db: str, side: str
 
     commits = _commits(composition, session.session_id.value)
     assert 3 <= commits < 30
+
+
+# --------------------------------------------------------------------------- pending writes
+
+
+class _DurableWrites:
+    """Reads the pending-write kinds stored against a session's current head."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self.session: Any = None
+
+    def kinds(self) -> list[str]:
+        sid = self.session.session_id.value
+        head = self.store.get_session_head(sid)
+        assert head is not None
+        return [write.kind for write in self.store.get_writes(sid, head.snapshot_id)]
+
+
+class _BeforeAct(EngineHook):
+    """Records the durable pending writes when a step's tools are about to run."""
+
+    def __init__(self, writes: _DurableWrites) -> None:
+        self.writes = writes
+        self.seen: list[list[str]] = []
+
+    def on_before_act(self, ctx: HookContext) -> None:
+        if ctx.decision is not None and ctx.decision.mode == "act":
+            self.seen.append(self.writes.kinds())
+
+
+@dataclass
+class _ProbeState(StateSchema):
+    calls: int = 0
+
+
+def test_a_scripted_decision_becomes_durable_in_the_transaction_that_starts_its_first_tool(db: str) -> None:
+    writes = _DurableWrites(SqliteCheckpointStore(db))
+    in_tool: list[list[str]] = []
+
+    @tool
+    def probe() -> str:
+        """Records which pending writes are durable while the tool runs."""
+        in_tool.append(writes.kinds())
+        return "ok"
+
+    class ProbeAgent(AgentModule[_ProbeState, Any, Any]):
+        def __init__(self) -> None:
+            super().__init__(tool_registry=ToolRegistry([probe]))
+
+        def init_state(self, task: str, **kwargs: Any) -> _ProbeState:
+            return _ProbeState(task=task, max_steps=5)
+
+        def decide(self, state: _ProbeState, observation: Any) -> Decision[Any]:
+            return Decision.final("done") if state.calls == 2 else Decision.act([Action("probe", {})])
+
+        def reduce(self, state: _ProbeState, observation: Any, decision: Decision[Any]) -> _ProbeState:
+            state.calls += decision.mode == "act"
+            return state
+
+    before_act = _BeforeAct(writes)
+    session = compose(agent=ProbeAgent, store=writes.store, hooks=[before_act]).session("probe twice")
+    writes.session = session
+
+    assert session.run().state.final_result == "done"
+
+    # Deciding again costs nothing without a model: no transaction of its own, and still durable
+    # (with the call's start) before the tool runs.
+    assert before_act.seen == [[], []]
+    assert in_tool == [["decision", "tool_started"], ["decision", "tool_started"]]
+
+
+def test_a_models_decision_is_durable_before_anything_else_runs(db: str, side: str) -> None:
+    writes = _DurableWrites(SqliteCheckpointStore(db))
+    before_act = _BeforeAct(writes)
+    composition = sa.make_composition(
+        db, side, agent="model", model=ScriptedModel(sa.model_script(2)), store=writes.store, hooks=[before_act]
+    )
+    session = composition.session("Index notes", target=2)
+    writes.session = session
+
+    assert session.run().state.stop_reason == "final"
+
+    assert before_act.seen == [["decision"], ["decision"]]
 
 
 @pytest.mark.parametrize(

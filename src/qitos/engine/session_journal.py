@@ -302,6 +302,7 @@ class SessionJournal(RunJournal):
         self._steering: list[SteeringItem] = []
         self._approvals: dict[str, Approval] = {}
         self._buffer: list[BoundaryCommit] = []
+        self._unwritten: list[StepWrite] = []  # a decision written with its first tool call's start
         self._buffer_since = time.monotonic()
         self._failure: CheckpointError | None = None
         self.commits = 0
@@ -346,17 +347,25 @@ class SessionJournal(RunJournal):
         self._flush()
         payload = pending.to_dict()
         payload["started"], payload["results"] = [], {}
-        self._write(pending.step_id, "decision", "decision", payload)
+        write = self._step_write(pending.step_id, "decision", "decision", payload)
+        if pending.model is None:
+            # Deciding again without a model costs nothing, so this decision becomes durable in the
+            # same transaction as its first tool call's start (still before any tool runs). A step
+            # that stops before a tool runs commits its boundary with the decision as pending.
+            self._unwritten = [write]
+        else:
+            self._put([write])  # a model's output is expensive to get again: durable at once
 
     def record_tool_started(self, step_id: int, action: Action) -> None:
-        self._write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})
+        self._put(
+            [self._step_write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})]
+        )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        self._write(step_id, "tool_result", result.call_id, result.to_dict())
+        self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict())])
 
-    def _write(self, step_id: int, kind: str, key: str, payload: Mapping[str, Any]) -> None:
-        self._raise_if_failed()
-        write = StepWrite(
+    def _step_write(self, step_id: int, kind: str, key: str, payload: Mapping[str, Any]) -> StepWrite:
+        return StepWrite(
             session_id=self.session_id,
             base_snapshot_id=self._head_id,
             step_id=step_id,
@@ -364,12 +373,21 @@ class SessionJournal(RunJournal):
             key=key,
             payload=payload,
         )
-        self.store.put_writes([write])
+
+    def _put(self, writes: list[StepWrite]) -> None:
+        """Persist ``writes`` in one transaction, after a decision still waiting for its first one."""
+        self._raise_if_failed()
+        if self._unwritten:
+            writes = [*self._unwritten, *writes]
+            self._unwritten = []
+        self.store.put_writes(writes)
 
     # ---- boundaries
 
     def commit(self, boundary: BoundaryCommit) -> None:
         self._raise_if_failed()
+        # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
+        self._unwritten = []
         self._consumed = max(self._consumed, boundary.control_position)
         if self.mode == "sync":
             self._commit_now([boundary])

@@ -9,9 +9,11 @@ and the rule are in ``qitos.engine.session_journal``). A fork's first snapshot p
 
 Crash safety: before any tool runs, the step's decision is written (with what DECIDE appended to
 the log and changed in the state); each call's intent is written before it starts and its result as
-it arrives (store "pending writes", keyed by the head the step started from). A restore continues
-the step: no second model call, no finished call re-run, an interrupted call re-run only if its tool
-is idempotent, otherwise reported to the agent as ``interrupted``.
+it arrives (store "pending writes", keyed by the head the step started from). A model's decision is
+written as soon as it is made; a decision made without a model, free to make again, goes in the
+same transaction as its first call's intent. A restore continues the step: no second model call, no
+finished call re-run, an interrupted call re-run only if its tool is idempotent, otherwise reported
+to the agent as ``interrupted``.
 
 Durability modes:
 
