@@ -47,8 +47,9 @@ from typing import Any
 
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Decision
+from qitos.core.decision import Action, Decision
 from qitos.core.state import StateSchema
+from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
 from qitos.engine.hooks import EngineHook, HookContext
@@ -80,8 +81,8 @@ class BenchState(StateSchema):
 class BenchAgent(AgentModule[BenchState, Any, Any]):
     """Appends one precomputed 1 KiB chunk per step in ``decide``; no tool; then answers."""
 
-    def __init__(self, data: list[str] | None = None) -> None:
-        super().__init__()
+    def __init__(self, data: list[str] | None = None, tool_registry: ToolRegistry | None = None) -> None:
+        super().__init__(tool_registry=tool_registry)
         self.data = data or []
 
     def init_state(self, task: str, **kwargs: Any) -> BenchState:
@@ -97,6 +98,23 @@ class BenchAgent(AgentModule[BenchState, Any, Any]):
 
     def reduce(self, state: BenchState, observation: Any, decision: Decision[Any]) -> BenchState:
         return state
+
+
+@tool
+def noop() -> str:
+    """Do nothing (the tool of the tool-step variant)."""
+    return "ok"
+
+
+class ToolBenchAgent(BenchAgent):
+    """The same appends, each step also calling one no-op tool (a decision made without a model)."""
+
+    def __init__(self, data: list[str] | None = None) -> None:
+        super().__init__(data, ToolRegistry([noop]))
+
+    def decide(self, state: BenchState, observation: Any) -> Decision[Any]:
+        decision = super().decide(state, observation)
+        return Decision.act([Action("noop", {})]) if decision.mode == "wait" else decision
 
 
 class StepClock(EngineHook):
@@ -153,6 +171,19 @@ def run_qitos(n: int, data: list[str], workdir: Path, durability: str) -> dict[s
         "runs": restores[0]["runs"],
         "commits": snapshots - 1,
     }
+
+
+def run_qitos_tool_steps(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
+    """A sync session of :class:`ToolBenchAgent`: what a durable step that calls a tool costs."""
+    store = SqliteCheckpointStore(workdir / "qitos-tool-steps.db")
+    session = compose(agent=lambda: ToolBenchAgent(data), store=store).session("bench", n=n)
+    start = time.perf_counter()
+    result = session.run()
+    total = time.perf_counter() - start
+    store.close()
+    if len(result.state.items) != n or result.state.final_result != "done":
+        raise SystemExit(f"qitos tool steps did not finish their {n} appends: {result.task_result}")
+    return {"mean_us": total / n * 1e6}
 
 
 def run_qitos_volatile(n: int, data: list[str]) -> dict[str, Any]:
@@ -435,12 +466,16 @@ def report(
     print(f"{'state runs read to restore the head':34}{sync['runs']:>16}{batched['runs']:>16}")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nmachine: raw SQLite WAL autocommit INSERT of 1 KiB {raw['mean_us']:.1f} µs; load average {load}")
+    print("\nwhere a qitos sync step's time goes")
+    print(f"  the same agent with no store (Engine.run, nothing durable)  {sync['no_store_us']:>8,.0f} µs")
+    durability_us = sync["mean_us"] - sync["no_store_us"]
+    print(f"  durability: the boundary's snapshot and its commit          {durability_us:>8,.0f} µs")
+    print(
+        f"  a sync step that also calls one no-op tool                  {sync['tool_step_us']:>8,.0f} µs"
+        "   (+ the call's start and result as durable pending writes)"
+    )
     state_mb = n * KIB / MB
     print("\nthis machine's floors (plain sqlite3, no framework; see run_floors)")
-    print(
-        f"  qitos step with no store (Engine.run, nothing durable)  {floors['volatile_us']:>8,.0f} µs"
-        f"   durability adds {sync['mean_us'] - floors['volatile_us']:,.0f} µs per sync step"
-    )
     print(
         f"  durable step commit in SQL (CAS head + 1 KiB row)   {floors['commit_us']:>8,.0f} µs"
         f"   qitos sync is {sync['mean_us'] / floors['commit_us']:.1f}x it"
@@ -492,8 +527,9 @@ def main() -> None:
         workdir = Path(tmp)
         raw = run_raw_sqlite(args.n, data, workdir)
         floors = run_floors(args.n, data, workdir)
-        floors["volatile_us"] = run_qitos_volatile(args.n, data)["mean_us"]
         sync = run_qitos(args.n, data, workdir, "sync")
+        sync["no_store_us"] = run_qitos_volatile(args.n, data)["mean_us"]
+        sync["tool_step_us"] = run_qitos_tool_steps(args.n, data, workdir)["mean_us"]
         batched = run_qitos(args.n, data, workdir, "batched")
         lg = None if args.no_langgraph else run_langgraph(args.n, workdir)
         report(args.n, sync, batched, raw, floors, lg)
