@@ -375,7 +375,7 @@ class SessionJournal(RunJournal):
         )
 
     def _put(self, writes: list[StepWrite]) -> None:
-        """Persist ``writes`` in one transaction, after a decision still waiting for its first one."""
+        """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
         self._raise_if_failed()
         if self._unwritten:
             writes = [*self._unwritten, *writes]
