@@ -209,8 +209,8 @@ def test_abandoned_timed_out_calls_do_not_make_later_calls_time_out() -> None:
         registry.close()
 
 
-def test_timed_calls_run_on_reused_daemon_threads() -> None:
-    seen: list[threading.Thread] = []
+def _thread_reporting_registry(seen: list[threading.Thread]) -> ToolRegistry:
+    """A registry with one timed tool, ``where``, that appends the thread it runs on to ``seen``."""
 
     @tool(timeout=1.0)
     def where() -> str:
@@ -218,7 +218,12 @@ def test_timed_calls_run_on_reused_daemon_threads() -> None:
         seen.append(threading.current_thread())
         return "here"
 
-    registry = ToolRegistry([where])
+    return ToolRegistry([where])
+
+
+def test_timed_calls_run_on_reused_daemon_threads() -> None:
+    seen: list[threading.Thread] = []
+    registry = _thread_reporting_registry(seen)
     try:
         assert all(registry.call("where", {}).output == "here" for _ in range(20))
     finally:
@@ -229,14 +234,7 @@ def test_timed_calls_run_on_reused_daemon_threads() -> None:
 
 def test_idle_worker_threads_exit_when_the_registry_is_dropped() -> None:
     seen: list[threading.Thread] = []
-
-    @tool(timeout=1.0)
-    def where() -> str:
-        """Reports its thread."""
-        seen.append(threading.current_thread())
-        return "here"
-
-    registry = ToolRegistry([where])
+    registry = _thread_reporting_registry(seen)
     assert registry.call("where", {}).ok
     del registry
     gc.collect()
