@@ -21,7 +21,7 @@ Per-step time: the time between consecutive step ends (a qitos ``on_step_end`` h
 ``act`` updates in ``stream_mode="updates"``); the mean is the whole run divided by N. Database size:
 the main file after a ``wal_checkpoint(TRUNCATE)``. Restore: a fresh process (subprocess) times,
 after its imports, opening the store and rebuilding the head's state (qitos: ``Composition.restore``
-plus the head chain's materialization, ``session_journal.restore`` + ``from_dict``; LangGraph:
+plus the head chain's materialization, ``step_journal.restore`` + ``from_dict``; LangGraph:
 compiling the graph and ``get_state``); median of three processes.
 """
 
@@ -208,7 +208,7 @@ def _restore_child(argv: list[str]) -> dict[str, Any]:
 def restore_child(db: str, session_id: str) -> None:
     """In a fresh process: time opening the store and rebuilding the head's state (after imports)."""
     import qitos.engine.session_runtime  # noqa: F401 - imported lazily by Composition.restore; not timed
-    from qitos.engine.session_journal import restore
+    from qitos.sessions.step_journal import restore
 
     start = time.perf_counter()
     store = SqliteCheckpointStore(db)

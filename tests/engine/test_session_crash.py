@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import session_agents as sa
 
+import session_agents as sa
 from qitos.models.scripted import ScriptedModel
 
 TARGET = 20

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import session_agents as sa
-
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.errors import ConfigurationError
 

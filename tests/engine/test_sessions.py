@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import session_agents as sa
 
+import session_agents as sa
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.packing import unpack, zstd
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
@@ -29,8 +29,8 @@ from qitos.core.state import StateSchema
 from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.composition import Composition, compose
 from qitos.engine.hooks import EngineHook, HookContext
-from qitos.engine.session_journal import materialize
 from qitos.models.scripted import ScriptedModel
+from qitos.sessions.step_journal import materialize
 
 
 @pytest.fixture

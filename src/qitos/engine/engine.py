@@ -29,9 +29,9 @@ from qitos.core.task import Env, Task, TaskResult
 from qitos.core.tool import ToolResult
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
-from qitos.engine.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
 
 __all__ = ["Engine", "status_for_stop_reason"]

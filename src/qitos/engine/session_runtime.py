@@ -5,7 +5,7 @@ committed boundary is an immutable snapshot whose id is the SHA-256 of its conte
 
 Storage grows with what is new: a snapshot holds its step's state changes and a reference to the
 new exchange entries; a full state is rewritten only when the deltas outgrow it (the payload format
-and the rule are in ``qitos.engine.session_journal``). A fork's first snapshot points at its parent's.
+and the rule are in ``qitos.sessions.step_journal``). A fork's first snapshot points at its parent's.
 
 Crash safety: before any tool runs, the step's decision is written (with what DECIDE appended to
 the log and changed in the state); each call's intent is written before it starts and its result as
@@ -64,12 +64,12 @@ from qitos.core.identity import (
 from qitos.core.request_view import RequestView
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
-from qitos.engine.journal import (
+from qitos.sessions.journal import (
     PendingStep,
     ResumePoint,
 )
-from qitos.engine.session_journal import APPROVAL_KINDS, FORMAT, RestoredSession, SessionJournal, materialize, restore
-from qitos.engine.stored_view import view_from_record
+from qitos.sessions.step_journal import APPROVAL_KINDS, FORMAT, RestoredSession, SessionJournal, materialize, restore
+from qitos.sessions.stored_view import view_from_record
 
 if TYPE_CHECKING:
     from qitos.engine.composition import Composition, ResolverReference

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import session_agents as sa
 
+import session_agents as sa
 from qitos.checkpoint.packing import unpack
 from qitos.core.codec import canonical_json
 from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.engine.composition import Composition
-from qitos.engine.stored_view import view_from_record, view_record
 from qitos.models.scripted import ScriptedModel
+from qitos.sessions.stored_view import view_from_record, view_record
 
 
 def _model_session(tmp_path: Path, target: int = 6) -> tuple[Composition, str, ScriptedModel]:

@@ -39,9 +39,9 @@ from qitos.core.errors import CheckpointError, SnapshotIntegrityError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
-from qitos.engine.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
-from qitos.engine.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
-from qitos.engine.stored_view import view_record
+from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
+from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
+from qitos.sessions.stored_view import view_record
 
 __all__ = ["FORMAT", "RestoredSession", "SessionJournal", "materialize", "restore"]
 

@@ -1,6 +1,6 @@
 """Test agents, states, tools and a subprocess entry point for the durable-session tests.
 
-Importable as ``session_agents`` (the tests put ``tests/engine`` on ``PYTHONPATH``), so a session
+Importable as ``session_agents`` (the tests put ``tests`` on ``PYTHONPATH``), so a session
 created in one process can be restored in another: the snapshot names its state type as
 ``session_agents:NotesState``.
 
