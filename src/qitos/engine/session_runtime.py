@@ -278,6 +278,7 @@ class Session:
             budget_used={
                 **(restored.snapshot.payload.get("budget_used") or {}),
                 "control_position": restored.control_position,
+                "pause_position": restored.pause_position,
             },
             pending=restored.pending,
             carry_changes=restored.carry_changes,

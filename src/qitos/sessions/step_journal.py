@@ -9,7 +9,8 @@ Snapshot payload (format 2), JSON::
                                                   since the parent
     log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
              chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
-    budget_used, control_position                 counters and consumed control items
+    budget_used, control_position                 counters and the control cursor (items delivered)
+    pause_position                                the last pause request honoured (when there is one)
     pending                                       a step that paused midway (decision, calls done)
     request_view                                  blob id of the last RequestView sent
     step                                          what this boundary's step did (for the work graph)
@@ -89,6 +90,11 @@ class RestoredSession:
         """Control items consumed so far (including by an unfinished step)."""
         position = int(self.snapshot.payload.get("control_position", 0))
         return max(position, self.pending.control_position) if self.pending else position
+
+    @property
+    def pause_position(self) -> int:
+        """The position of the last pause request a run stopped for (0: none)."""
+        return int(self.snapshot.payload.get("pause_position", 0))
 
 
 def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
@@ -297,6 +303,8 @@ class SessionJournal(RunJournal):
         self._request_view_id: str | None = restored.request_view
         self._request_view_obj: Any = None
         self._consumed = restored.control_position
+        self._pause_handled = restored.pause_position
+        self._committed: list[Any] = []  # step records of boundaries made durable, for the trace
         self._fetched = 0
         self._pause_positions: list[int] = []
         self._steering: list[SteeringItem] = []
@@ -315,14 +323,16 @@ class SessionJournal(RunJournal):
             self._poll()
             self._last_poll = now
         steering = tuple(s for s in self._steering if s.position > self._consumed)
-        pause = any(p > self._consumed for p in self._pause_positions)
-        if not steering and not pause and not self._approvals:
+        handled = max(self._consumed, self._pause_handled)
+        pauses = [p for p in self._pause_positions if p > handled]
+        if not steering and not pauses and not self._approvals:
             return ControlBatch(last_position=self._consumed)
         return ControlBatch(
-            pause_requested=pause,
+            pause_requested=bool(pauses),
             steering=steering,
             approvals=dict(self._approvals),
             last_position=self._fetched,
+            pause_position=max(pauses, default=0),
         )
 
     def _poll(self) -> None:
@@ -389,6 +399,7 @@ class SessionJournal(RunJournal):
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
         self._consumed = max(self._consumed, boundary.control_position)
+        self._pause_handled = max(self._pause_handled, boundary.pause_position)
         if self.mode == "sync":
             self._commit_now([boundary])
             return
@@ -404,6 +415,10 @@ class SessionJournal(RunJournal):
 
     def close(self) -> None:
         self._flush()
+
+    def drain_committed(self) -> list[Any]:
+        committed, self._committed = self._committed, []
+        return committed
 
     @property
     def unflushed(self) -> int:
@@ -437,6 +452,8 @@ class SessionJournal(RunJournal):
             "budget_used": {"tokens": used.get("tokens", 0), "elapsed_seconds": used.get("elapsed_seconds", 0.0)},
             "control_position": self._consumed,
         }
+        if self._pause_handled:
+            payload["pause_position"] = self._pause_handled
         if not self._run_recorded:
             payload["run_id"] = self.run_id
         if last.lifecycle != "running":
@@ -518,6 +535,7 @@ class SessionJournal(RunJournal):
         else:
             self._delta_bytes += written
             self._deltas += 1
+        self._committed.extend(b.record for b in boundaries if b.record is not None)
         if chunk:
             self._log_chunks.append(chunk)
         self._log_position = log.position if log is not None else self._log_position
