@@ -28,6 +28,7 @@ from qitos.core.task import Task
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy
+from qitos.engine.session_runtime import Session, new_session, restore_session
 from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -83,19 +84,15 @@ class Composition:
             **runtime.engine_kwargs,
         )
 
-    def session(self, task: str | Task, **state_kwargs: Any) -> Any:
+    def session(self, task: str | Task, **state_kwargs: Any) -> Session:
         """Create a new durable Session for ``task`` (its first snapshot is committed now)."""
-        from qitos.engine.session_runtime import new_session
-
         return new_session(self.engine(), task, composition=self, **state_kwargs)
 
-    def restore(self, session_id: str) -> Any:
+    def restore(self, session_id: str) -> Session:
         """The Session with this id, from the store's durable head (any process, with SQLite)."""
-        from qitos.engine.session_runtime import restore_session
-
         return restore_session(self.engine(), session_id, composition=self)
 
-    def fork(self, session_id: str, *, snapshot: Any = None, operation_id: str | None = None) -> Any:
+    def fork(self, session_id: str, *, snapshot: Any = None, operation_id: str | None = None) -> Session:
         """A new child Session from a verified snapshot of ``session_id`` (default: its head)."""
         return self.restore(session_id).fork(snapshot, operation_id=operation_id)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qitos.checkpoint.packing import pack_or_raw, unpack
-from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core.decision import Action
 from qitos.core.errors import CheckpointError, SnapshotIntegrityError
@@ -324,10 +324,23 @@ class SessionJournal(RunJournal):
     # ---- control items
 
     def control(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        if self._poll_due(fresh):
+            self._take_control(self.store.list_control(self.session_id, after=self._fetched))
+        return self._control_batch()
+
+    async def acontrol(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        if self._poll_due(fresh):
+            self._take_control(await self.store.alist_control(self.session_id, after=self._fetched))
+        return self._control_batch()
+
+    def _poll_due(self, fresh: bool) -> bool:
         now = time.monotonic()
         if fresh or now - self._last_poll >= self.poll_interval:
-            self._poll()
             self._last_poll = now
+            return True
+        return False
+
+    def _control_batch(self) -> ControlBatch:
         steering = tuple(s for s in self._steering if s.position > self._consumed)
         handled = max(self._consumed, self._pause_handled)
         pauses = [p for p in self._pause_positions if p > handled]
@@ -341,8 +354,8 @@ class SessionJournal(RunJournal):
             pause_position=max(pauses, default=0),
         )
 
-    def _poll(self) -> None:
-        for item in self.store.list_control(self.session_id, after=self._fetched):
+    def _take_control(self, items: list[ControlItem]) -> None:
+        for item in items:
             self._fetched = max(self._fetched, item.position)
             if item.kind in APPROVAL_KINDS:
                 call_id = str(item.payload.get("call_id"))
@@ -358,24 +371,47 @@ class SessionJournal(RunJournal):
     # ---- pending writes inside a step
 
     def record_decision(self, pending: PendingStep) -> None:
-        if not pending.decision.get("actions") and pending.model is None:
-            return  # nothing to protect: re-deciding without a model or tools is free and has no effects
+        if not _worth_writing(pending):
+            return
         self._flush()
+        write = self._decision_write(pending, self._token())
+        if write is not None:
+            self._put([write])
+
+    async def arecord_decision(self, pending: PendingStep) -> None:
+        if not _worth_writing(pending):
+            return
+        await self._aflush()
+        write = self._decision_write(pending, await self._atoken())
+        if write is not None:
+            await self._aput([write])
+
+    def _decision_write(self, pending: PendingStep, token: int | None) -> StepWrite | None:
+        """The decision's pending write to make now, or None when it waits for the first tool call."""
         payload = pending.to_dict()
         payload["started"], payload["results"] = [], {}
-        write = self._step_write(pending.step_id, "decision", "decision", payload)
+        write = self._step_write(pending.step_id, "decision", "decision", payload, token)
         if pending.model is None:
             # Deciding again without a model costs nothing, so this decision becomes durable in the
             # same transaction as its first tool call's start (still before any tool runs). A step
             # that stops before a tool runs commits its boundary with the decision as pending.
             self._unwritten = [write]
-        else:
-            self._put([write])  # a model's output is expensive to get again: durable at once
+            return None
+        return write  # a model's output is expensive to get again: durable at once
 
     def record_tool_started(self, step_id: int, action: Action) -> None:
-        stored = self._put(
-            [self._step_write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})]
-        )
+        stored = self._put([self._started_write(step_id, action, self._token())])
+        self._check_started(stored, step_id, action)
+
+    async def arecord_tool_started(self, step_id: int, action: Action) -> None:
+        stored = await self._aput([self._started_write(step_id, action, await self._atoken())])
+        self._check_started(stored, step_id, action)
+
+    def _started_write(self, step_id: int, action: Action, token: int | None) -> StepWrite:
+        payload = {"name": action.name, "args": dict(action.args)}
+        return self._step_write(step_id, "tool_started", action.id, payload, token)
+
+    def _check_started(self, stored: list[bool], step_id: int, action: Action) -> None:
         if not stored[-1] and action.id not in self._restored_started:
             # First write wins: this call's start is already recorded but not by an attempt this
             # run restored (which re-runs only idempotent calls), so another runner may be running
@@ -386,9 +422,15 @@ class SessionJournal(RunJournal):
             )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict())])
+        self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), self._token())])
 
-    def _step_write(self, step_id: int, kind: str, key: str, payload: Mapping[str, Any]) -> StepWrite:
+    async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
+        token = await self._atoken()
+        await self._aput([self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), token)])
+
+    def _step_write(
+        self, step_id: int, kind: str, key: str, payload: Mapping[str, Any], token: int | None
+    ) -> StepWrite:
         return StepWrite(
             session_id=self.session_id,
             base_snapshot_id=self._head_id,
@@ -396,7 +438,7 @@ class SessionJournal(RunJournal):
             kind=kind,
             key=key,
             payload=payload,
-            lease_token=self._token(),
+            lease_token=token,
         )
 
     def _token(self) -> int | None:
@@ -406,25 +448,49 @@ class SessionJournal(RunJournal):
         self.lease.check()
         return self.lease.token
 
+    async def _atoken(self) -> int | None:
+        """Async twin of :meth:`_token`."""
+        if self.lease is None:
+            return None
+        await self.lease.acheck()
+        return self.lease.token
+
     def _put(self, writes: list[StepWrite]) -> list[bool]:
         """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
+        return self.store.put_writes(self._with_unwritten(writes))
+
+    async def _aput(self, writes: list[StepWrite]) -> list[bool]:
+        """Async twin of :meth:`_put`."""
+        return await self.store.aput_writes(self._with_unwritten(writes))
+
+    def _with_unwritten(self, writes: list[StepWrite]) -> list[StepWrite]:
         self._raise_if_failed()
         if self._unwritten:
             writes = [*self._unwritten, *writes]
             self._unwritten = []
-        return self.store.put_writes(writes)
+        return writes
 
     # ---- boundaries
 
     def commit(self, boundary: BoundaryCommit) -> None:
+        ready = self._accept(boundary)
+        if ready:
+            self._commit_now(ready)
+
+    async def acommit(self, boundary: BoundaryCommit) -> None:
+        ready = self._accept(boundary)
+        if ready:
+            await self._acommit_now(ready)
+
+    def _accept(self, boundary: BoundaryCommit) -> list[BoundaryCommit]:
+        """Take a boundary in; the boundaries to commit now (empty while a batch fills)."""
         self._raise_if_failed()
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
         self._consumed = max(self._consumed, boundary.control_position)
         self._pause_handled = max(self._pause_handled, boundary.pause_position)
         if self.mode == "sync":
-            self._commit_now([boundary])
-            return
+            return [boundary]
         self._buffer.append(boundary)
         elapsed_ms = (time.monotonic() - self._buffer_since) * 1000.0
         if (
@@ -433,10 +499,14 @@ class SessionJournal(RunJournal):
             or len(self._buffer) >= self.batch_steps
             or elapsed_ms >= self.batch_ms
         ):
-            self._flush()
+            return self._take_buffer()
+        return []
 
     def close(self) -> None:
         self._flush()
+
+    async def aclose(self) -> None:
+        await self._aflush()
 
     def drain_committed(self) -> list[Any]:
         committed, self._committed = self._committed, []
@@ -448,16 +518,44 @@ class SessionJournal(RunJournal):
         return len(self._buffer)
 
     def _flush(self) -> None:
-        if self._buffer:
-            buffered, self._buffer = self._buffer, []
+        buffered = self._take_buffer()
+        if buffered:
             self._commit_now(buffered)
+
+    async def _aflush(self) -> None:
+        buffered = self._take_buffer()
+        if buffered:
+            await self._acommit_now(buffered)
+
+    def _take_buffer(self) -> list[BoundaryCommit]:
+        buffered, self._buffer = self._buffer, []
         self._buffer_since = time.monotonic()
+        return buffered
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
 
     def _commit_now(self, boundaries: list[BoundaryCommit]) -> None:
+        prepared = self._prepare_commit(boundaries, self._token())
+        try:
+            self.store.commit_session_snapshot(prepared.request)
+        except CheckpointError as exc:
+            self._failure = exc
+            raise
+        self._committed_now(prepared)
+
+    async def _acommit_now(self, boundaries: list[BoundaryCommit]) -> None:
+        prepared = self._prepare_commit(boundaries, await self._atoken())
+        try:
+            await self.store.acommit_session_snapshot(prepared.request)
+        except CheckpointError as exc:
+            self._failure = exc
+            raise
+        self._committed_now(prepared)
+
+    def _prepare_commit(self, boundaries: list[BoundaryCommit], token: int | None) -> _PreparedCommit:
+        """Build the snapshot commit for ``boundaries`` (no I/O; shared by the sync and async paths)."""
         last = boundaries[-1]
         delta: list[dict[str, Any]] = []
         for boundary in boundaries:
@@ -539,13 +637,20 @@ class SessionJournal(RunJournal):
             snapshot=snapshot,
             lifecycle=last.lifecycle,
             blobs=blobs,
-            lease_token=self._token(),
+            lease_token=token,
         )
-        try:
-            self.store.commit_session_snapshot(commit)
-        except CheckpointError as exc:
-            self._failure = exc
-            raise
+        return _PreparedCommit(commit, boundaries, full, chunks, chunk, log)
+
+    def _committed_now(self, prepared: _PreparedCommit) -> None:
+        """Move the journal past a commit the store accepted."""
+        snapshot, full, chunks, chunk, log = (
+            prepared.request.snapshot,
+            prepared.full,
+            prepared.chunks,
+            prepared.chunk,
+            prepared.log,
+        )
+        boundaries = prepared.boundaries
         self._head_id = snapshot.snapshot_id
         self._sequence = snapshot.sequence
         self._run_recorded = True
@@ -593,6 +698,23 @@ class SessionJournal(RunJournal):
         if chunks:
             part["chunks"] = {name: [ref.to_list() for ref in refs] for name, refs in chunks.items()}
         return part, chunks
+
+
+@dataclass(frozen=True)
+class _PreparedCommit:
+    """A snapshot commit built by ``_prepare_commit`` and what the journal needs once it is stored."""
+
+    request: SessionSnapshotCommit
+    boundaries: list[BoundaryCommit]
+    full: bool
+    chunks: dict[str, list[ChunkRef]]
+    chunk: str | None
+    log: ExchangeLog | None
+
+
+def _worth_writing(pending: PendingStep) -> bool:
+    """False for a decision with no model and no tool call: re-deciding it is free and has no effects."""
+    return bool(pending.decision.get("actions")) or pending.model is not None
 
 
 def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:
