@@ -84,9 +84,7 @@ class PauseWhile(LifecyclePolicy):
         return self.holding and context.phase == "boundary"
 
 
-def test_steering_seen_at_a_lifecycle_pause_is_delivered_when_the_policy_lets_the_run_go_on(
-    db: str, side: str
-) -> None:
+def test_steering_seen_at_a_lifecycle_pause_is_delivered_when_the_policy_lets_the_run_go_on(db: str, side: str) -> None:
     policy = PauseWhile()
     composition = _composition(db, side, extensions={"policy": policy}, lifecycle={"provider": "policy"})
     session = composition.session("Index notes", target=2)
