@@ -28,7 +28,7 @@ from qitos.core.task import Task
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy
-from qitos.engine.session_runtime import Session, new_session, restore_session
+from qitos.engine.session_runtime import Session, anew_session, new_session, restore_session
 from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -87,6 +87,10 @@ class Composition:
     def session(self, task: str | Task, **state_kwargs: Any) -> Session:
         """Create a new durable Session for ``task`` (its first snapshot is committed now)."""
         return new_session(self.engine(), task, composition=self, **state_kwargs)
+
+    async def asession(self, task: str | Task, **state_kwargs: Any) -> Session:
+        """Async twin of :meth:`session` (for many sessions created on one event loop)."""
+        return await anew_session(self.engine(), task, composition=self, **state_kwargs)
 
     def restore(self, session_id: str) -> Session:
         """The Session with this id, from the store's durable head (any process, with SQLite)."""

@@ -90,6 +90,7 @@ __all__ = [
     "SteeringReceipt",
     "ToolBatchSnapshot",
     "ToolCallStatus",
+    "anew_session",
     "new_session",
     "restore_session",
 ]
@@ -724,6 +725,27 @@ def new_session(
     engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
 ) -> Session:
     """Create a durable session: initialise the state and commit its first snapshot."""
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    store.commit_session_snapshot(commit)
+    return session
+
+
+async def anew_session(
+    engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
+) -> Session:
+    """Async twin of :func:`new_session` (the first snapshot is committed with the store's async method)."""
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    await store.acommit_session_snapshot(commit)
+    return session
+
+
+def _first_snapshot(
+    engine: EngineLoop[Any, Any, Any],
+    task: str | Task,
+    composition: SessionHost | None,
+    state_kwargs: Mapping[str, Any],
+) -> tuple[CheckpointStore, SessionSnapshotCommit, Session]:
+    """A new session's first snapshot commit and its Session facade (no I/O)."""
     store = engine.checkpoint_store
     if store is None:
         store = engine.checkpoint_store = InMemoryCheckpointStore()
@@ -766,16 +788,14 @@ def new_session(
         "fork_snapshot_id": None,
         "references": [{"name": r.name, "kind": r.kind, "provider": r.provider} for r in references],
     }
-    store.commit_session_snapshot(
-        SessionSnapshotCommit(
-            session_id=session_id.value,
-            expected_head=None,
-            snapshot=snapshot,
-            lifecycle=SessionLifecycle.CREATED.value,
-            session_metadata=metadata,
-        )
+    commit = SessionSnapshotCommit(
+        session_id=session_id.value,
+        expected_head=None,
+        snapshot=snapshot,
+        lifecycle=SessionLifecycle.CREATED.value,
+        session_metadata=metadata,
     )
-    return Session(
+    session = Session(
         engine=engine,
         session_id=session_id,
         run_id=RunIdentity.new(),
@@ -788,6 +808,7 @@ def new_session(
         composition=composition,
         task=the_task,
     )
+    return store, commit, session
 
 
 def restore_session(
