@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
+import session_agents as sa
 from qitos import Action, AgentModule, AsyncEngine, Decision, StateSchema, ToolRegistry, tool
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.core.errors import ConfigurationError
+from qitos.engine.composition import compose
 from qitos.engine.events import EngineEvent
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall
@@ -339,3 +343,44 @@ def test_a_cancelled_arun_abandons_the_model_call_and_raises_cancelled_error_to_
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(main())
     assert time.perf_counter() - started < 3  # the model call in flight was abandoned
+
+
+def test_many_sessions_are_created_and_run_on_one_loop_with_asession_and_arun(tmp_path: Path) -> None:
+    store = SqliteCheckpointStore(str(tmp_path / "sessions.db"))
+    composition = compose(
+        agent=lambda: ModelAgent(tool_registry=ToolRegistry([double]), llm=AwaitingModel(latency=0.01)), store=store
+    )
+
+    async def main() -> list[Any]:
+        sessions = await asyncio.gather(*(composition.asession(f"number {i}") for i in range(30)))
+        return await asyncio.gather(*(s.arun() for s in sessions))
+
+    results = asyncio.run(main())
+    assert [r.state.final_result for r in results] == [f"answer {2 * i}" for i in range(30)]
+    assert sorted(h.lifecycle for h in store.list_sessions()) == ["completed"] * 30
+
+
+def test_the_async_session_controls_steer_pause_approve_and_inspect(tmp_path: Path) -> None:
+    side = str(tmp_path / "side.log")
+    composition = sa.make_composition(str(tmp_path / "sessions.db"), side, approval_at=1)
+
+    async def main() -> tuple[Any, ...]:
+        session = await composition.asession("Index notes", target=3)
+        waiting = await session.arun()
+        inspection = await session.ainspect()
+        (call,) = inspection.tool_batch.pending_approval
+        await session.aapprove(call.call_id)
+        await session.asteer("mind the tags")
+        pause = await session.apause()
+        paused = await session.arun()
+        finished = await session.arun()
+        with pytest.raises(ConfigurationError, match="awaiting approval"):
+            await session.areject("no-such-call")
+        return waiting, inspection, pause, paused, finished, await session.ainspect()
+
+    waiting, inspection, pause, paused, finished, last = asyncio.run(main())
+    assert waiting.state.stop_reason == "awaiting_approval" and inspection.lifecycle.value == "awaiting_approval"
+    assert pause.position > 0 and paused.state.stop_reason == "paused"
+    assert finished.state.stop_reason == "final" and finished.state.steering_seen == ["mind the tags"]
+    assert last.lifecycle.value == "completed"
+    assert [e for e, tool, _ in sa.read_side_log(side) if tool == "publish"] == ["begin", "end"]

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qitos.core.decision import Action
+from qitos.core.state import StateSchema
 from qitos.core.tool import ToolResult
-
-if TYPE_CHECKING:
-    from qitos.core.state import StateSchema
 
 __all__ = ["Approval", "BoundaryCommit", "ControlBatch", "PendingStep", "ResumePoint", "RunJournal", "SteeringItem"]
 
