@@ -35,10 +35,17 @@ class HookContext:
     observation: Any = None
     record: Any = None
     result: Any = None
+    journal: Any = None  # on_run_start: the run's RunJournal (a SessionJournal for a durable session)
 
 
 class EngineHook:
-    """Base class of engine hooks; every method is optional."""
+    """Base class of engine hooks; every method is optional.
+
+    ``wants_model_content``: set True in a hook that needs the prompt and the reply in the
+    ``model_request``/``model_response`` events (they carry only ids, model and usage otherwise).
+    """
+
+    wants_model_content: bool = False
 
     def on_run_start(self, ctx: HookContext) -> None:
         """Before the first step."""
