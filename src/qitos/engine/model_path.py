@@ -159,9 +159,7 @@ class ModelPath:
 
     # ------------------------------------------------------------------ internals
 
-    def _call_model(
-        self, run: _Run, model: Any, view: RequestView, step_id: int, on_delta: Any
-    ) -> ModelResponse:
+    def _call_model(self, run: _Run, model: Any, view: RequestView, step_id: int, on_delta: Any) -> ModelResponse:
         # model_request / model_response bracket the call (telemetry times its span by them); the
         # prompt and the reply are in them only when a hook asked for content (``model_content_events``).
         content = self.engine.model_content_events
