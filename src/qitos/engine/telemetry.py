@@ -206,7 +206,8 @@ class OtelHook(EngineHook):
         if spans is None or not results:
             return
         parent = spans.step or spans.run
-        args = {a.id: a.args for a in getattr(ctx.decision, "actions", ())}
+        capture = self.settings.capture_content
+        args = {a.id: a.args for a in getattr(ctx.decision, "actions", ())} if capture else {}
         now = time.time_ns()
         cursor = spans.act_started_ns or now
         for result in results:
@@ -217,7 +218,7 @@ class OtelHook(EngineHook):
                 "gen_ai.tool.call.id": result.call_id,
                 "gen_ai.tool.type": "function",
             }
-            if self.settings.capture_content:
+            if capture:
                 attributes["gen_ai.tool.call.arguments"] = self._json(args.get(result.call_id, {}))
                 attributes["gen_ai.tool.call.result"] = self._redact(result.as_text())
             if not result.ok:
