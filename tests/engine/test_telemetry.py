@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode, format_span_id, format_trace_id
 
-from qitos import AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
+from qitos import AgentModule, AsyncEngine, Decision, Engine, StateSchema, ToolRegistry, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.errors import ConfigurationError, ModelError
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
@@ -165,6 +168,7 @@ def test_content_is_recorded_only_on_opt_in_and_then_redacted(traced: Traced) ->
     settings = OtelSettings(tracer_provider=traced.provider, capture_content=True, secrets=("hunter2-value",))
     Engine(ModelAgent(leak, llm=model), otel=settings).run("Find the key")
 
+    assert dict(traced.one("invoke_agent").attributes or {})["qitos.task"] == "Find the key"
     first, second = sorted(traced.named("chat"), key=lambda s: s.start_time or 0)
     prompt = str(dict(first.attributes or {})["gen_ai.input.messages"])
     assert '"role": "user"' in prompt and "Find the key" in prompt and '"parts"' in prompt
@@ -329,7 +333,11 @@ def test_the_link_is_to_the_latest_run_and_an_untraced_run_breaks_the_chain(tmp_
     with_spans[1].restore(sid).run(steering="and again")
     store.close()
     assert traced1.one("invoke_agent").links == ()
-    assert traced3.one("invoke_agent").links == ()  # the latest run before it had no span to link to
+    run3 = traced3.one("invoke_agent")
+    assert run3.links == ()  # the latest run before it had no span to link to
+    (steer,) = [e for e in run3.events if e.name == "qitos.steer"]
+    assert "qitos.steer.position" in (steer.attributes or {})
+    assert "qitos.steer.text" not in (steer.attributes or {})  # content only on opt-in
     run1 = traced1.one("invoke_agent")
     assert run1.context is not None
     head_payload_trace = {
@@ -375,3 +383,87 @@ def test_agent_run_takes_otel(traced: Traced) -> None:
     answer = ModelAgent(llm=ScriptedModel(["fine"])).run("t", trace=False, otel=traced.provider)
     assert answer == "fine"
     assert traced.one("invoke_agent").name == "invoke_agent ModelAgent"
+
+
+def test_concurrent_async_runs_keep_their_own_span_trees(traced: Traced) -> None:
+    async def both() -> list[Any]:
+        engines = [
+            AsyncEngine(ModelAgent(llm=ScriptedModel([ADD_CALL, FINAL])), otel=traced.provider) for _ in range(2)
+        ]
+        return list(await asyncio.gather(*(e.arun(f"task {i}") for i, e in enumerate(engines))))
+
+    results = asyncio.run(both())
+    runs = traced.named("invoke_agent")
+    assert len(runs) == 2 and {dict(r.attributes or {})["qitos.run.id"] for r in runs} == {r.run_id for r in results}
+    for run in runs:
+        assert run.context is not None
+        in_trace = [s for s in traced.spans() if s.context and s.context.trace_id == run.context.trace_id]
+        steps = [s for s in in_trace if s.name == "qitos.step"]
+        assert len(steps) == 2 and {_parent(s) for s in steps} == {_id(run)}
+        assert len([s for s in in_trace if s.name.startswith("chat")]) == 2
+        assert len([s for s in in_trace if s.name.startswith("execute_tool")]) == 1
+
+
+_SUBPROCESS_PRELUDE = """
+import sys
+sys.path.insert(0, {tests!r})
+from engine.test_telemetry import FINAL, ModelAgent
+from qitos import Engine
+from qitos.models.scripted import ScriptedModel
+"""
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    tests = str(Path(__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-c", _SUBPROCESS_PRELUDE.format(tests=tests) + code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_otel_true_uses_the_global_tracer_provider() -> None:
+    code = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+Engine(ModelAgent(llm=ScriptedModel([FINAL])), otel=True).run("t")
+print(sorted(s.name for s in exporter.get_finished_spans()))
+"""
+    proc = _run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['chat scripted', 'invoke_agent ModelAgent', 'qitos.step']"
+
+
+def test_without_the_otel_extra_asking_for_spans_names_the_extra() -> None:
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ImportError(f"blocked {name}")
+        return None
+sys.meta_path.insert(0, Block())
+from qitos import AgentModule, Decision, Engine, StateSchema
+class Done(AgentModule):
+    def init_state(self, task, **kwargs):
+        return StateSchema(task=task, max_steps=2)
+    def decide(self, state, observation):
+        return Decision.final("ok")
+    def reduce(self, state, observation, decision):
+        return state
+assert Engine(Done()).run("t").state.final_result == "ok"  # off: works without the extra
+try:
+    Engine(Done(), otel=True)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ConfigurationError") and "pip install 'qitos[otel]'" in proc.stdout

@@ -37,7 +37,9 @@ instrumented libraries (an HTTP client inside a model adapter or a tool) nest un
 Resumed sessions: a durable run writes its span's trace and span id with its first snapshot (payload
 key ``trace``, beside ``run_id``; see ``qitos.sessions.step_journal``). The session's next run, in
 any process, starts a new trace whose run span carries a Link to that span context
-(``qitos.link.kind=resumes``, ``qitos.run.id`` of the earlier run).
+(``qitos.link.kind=resumes``, ``qitos.run.id`` of the earlier run). A fork shares its parent's
+chain, so the child's first run links to the run that wrote the snapshot it forked from. A run
+without spans in between writes no ``trace``, and the run after it has no link.
 
 Content (the prompt as ``gen_ai.input.messages``, the reply as ``gen_ai.output.messages``, tool
 arguments and results, steering texts, the task) is recorded only with ``capture_content=True``,
@@ -125,6 +127,7 @@ class _RunSpans:
     run_id: str
     started_ns: int
     resumed: bool
+    task: str = ""
     run: Span | None = None
     step: Span | None = None
     chat: Span | None = None
@@ -145,7 +148,7 @@ class OtelHook(EngineHook):
         try:
             from opentelemetry import context as otel_context
             from opentelemetry import trace
-        except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
+        except ImportError as exc:
             raise ConfigurationError(_INSTALL_HINT) from exc
         self.settings = settings
         self.engine = engine
@@ -242,7 +245,13 @@ class OtelHook(EngineHook):
     def _run_start(self, event: EngineEvent) -> None:
         payload = event.payload
         run_id = str(payload.get("run_id") or "")
-        self._current.set(_RunSpans(run_id=run_id, started_ns=_ns(event), resumed=bool(payload.get("resumed"))))
+        spans = _RunSpans(
+            run_id=run_id,
+            started_ns=_ns(event),
+            resumed=bool(payload.get("resumed")),
+            task=str(payload.get("task", "")),
+        )
+        self._current.set(spans)
 
     def _open_run(self, spans: _RunSpans, journal: SessionJournal | None) -> Span:
         engine = self.engine
@@ -253,6 +262,8 @@ class OtelHook(EngineHook):
             "qitos.run.id": spans.run_id,
             "qitos.run.resumed": spans.resumed,
         }
+        if self.settings.capture_content and spans.task:
+            attributes["qitos.task"] = self._redact(spans.task)
         model = engine.model
         if model is not None:
             provider = getattr(model, "provider", None)
