@@ -48,7 +48,7 @@ class EngineHook:
     wants_model_content: bool = False
 
     def on_run_start(self, ctx: HookContext) -> None:
-        """Before the first step."""
+        """Before the first step (``ctx.journal`` is the run's journal)."""
 
     def on_before_decide(self, ctx: HookContext) -> None:
         """Before DECIDE."""

@@ -7,6 +7,11 @@ tool calls. The request sent is ``RequestView.from_exchange_log`` under the mode
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
 the input of the next exchange, so the model sees what went wrong on its next turn.
+
+Each call is bracketed by a ``model_request`` event (request id, provider, model) and a
+``model_response`` event (model, finish reason, usage, tool-call count; ``ok=False`` with the error
+when the call raised), which telemetry times its ``chat`` spans by. The prompt and the reply are
+added to them only when a hook asks for content (``EngineHook.wants_model_content``).
 """
 
 from __future__ import annotations
