@@ -467,3 +467,16 @@ except Exception as exc:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ConfigurationError") and "pip install 'qitos[otel]'" in proc.stdout
+
+
+def test_tracing_alone_does_not_make_the_engine_stream_model_replies(traced: Traced) -> None:
+    class Watcher(EngineHook):
+        def on_event(self, event: Any) -> None:
+            pass
+
+    def deltas(**kwargs: Any) -> int:
+        result = Engine(ModelAgent(llm=ScriptedModel(["a streamed answer"])), **kwargs).run("t")
+        return sum(e.event_type is EngineEventType.MODEL_DELTA for e in result.events)
+
+    assert deltas(otel=traced.provider) == 0
+    assert deltas(otel=traced.provider, hooks=[Watcher()]) > 0  # a listener that wants deltas still gets them

@@ -192,6 +192,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         self.model_content_events = any(getattr(h, "wants_model_content", False) for h in self.hooks)
         self._hook_table = self._build_hook_table()
         self._event_listeners = [h for h in self.hooks if _overrides(h, "on_event")]
+        # Streaming (model_delta events) only for listeners that want it: tracing must not change requests.
+        self._delta_listeners = [h for h in self._event_listeners if getattr(h, "wants_model_deltas", True)]
         self._model_path: Any = None
 
     # ------------------------------------------------------------------ public API
@@ -279,7 +281,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
-        run.live = on_event is not None or bool(self._event_listeners)
+        run.live = on_event is not None or bool(self._delta_listeners)
         stop: StopReason | None = None
         raised: BaseException | None = None
         try:

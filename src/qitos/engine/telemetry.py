@@ -153,6 +153,7 @@ class OtelHook(EngineHook):
         self.settings = settings
         self.engine = engine
         self.wants_model_content = settings.capture_content
+        self.wants_model_deltas = False  # spans do not need streamed text; tracing must not change requests
         self._trace = trace
         self._context = otel_context
         provider = settings.tracer_provider or trace.get_tracer_provider()
