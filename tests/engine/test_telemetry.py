@@ -480,3 +480,16 @@ def test_tracing_alone_does_not_make_the_engine_stream_model_replies(traced: Tra
 
     assert deltas(otel=traced.provider) == 0
     assert deltas(otel=traced.provider, hooks=[Watcher()]) > 0  # a listener that wants deltas still gets them
+
+
+def test_a_run_that_fails_to_start_is_one_failed_agent_span(traced: Traced) -> None:
+    class NoState(ModelAgent):
+        def init_state(self, task: str, **kwargs: Any) -> Any:
+            return {"task": task}
+
+    with pytest.raises(ConfigurationError, match="must return a StateSchema"):
+        Engine(NoState(), otel=traced.provider).run("t")
+    (run,) = traced.spans()
+    assert run.name == "invoke_agent NoState" and run.status.status_code is StatusCode.ERROR
+    (exception,) = [e for e in run.events if e.name == "exception"]
+    assert dict(exception.attributes or {})["exception.type"] == "ConfigurationError"

@@ -498,10 +498,9 @@ class OtelHook(EngineHook):
         span.add_event(name, attributes, timestamp=_ns(event))
 
     def _error(self, spans: _RunSpans, event: EngineEvent) -> None:
-        span = spans.chat or spans.step or spans.run
+        # Before on_run_start (the run failed to start) the error still lands on the run's span.
+        span = spans.chat or spans.step or spans.run or self._open_run(spans, None)
         error = event.error or "error"
-        if span is None:
-            return
         traceback = event.payload.get("traceback")
         stack = traceback if isinstance(traceback, str) else None
         if "hook" in event.payload:
