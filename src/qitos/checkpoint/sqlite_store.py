@@ -695,14 +695,16 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     # ---- leases
 
-    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
         """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
         ttl = check_lease_ttl(ttl_seconds)
 
         def acquire(cur: sqlite3.Cursor) -> SessionLease:
             if _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
                 raise SessionNotFoundError(session_id)
-            lease = next_lease(_lease(cur, session_id), session_id, owner, ttl, time.time())
+            lease = next_lease(_lease(cur, session_id), session_id, owner, ttl, time.time(), take_over_from)
             cur.execute(_SQL_LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
             return lease
 

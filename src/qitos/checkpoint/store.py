@@ -657,15 +657,22 @@ def check_lease_ttl(ttl_seconds: float) -> float:
 
 
 def next_lease(
-    current: SessionLease | None, session_id: str, owner: str, ttl_seconds: float, now: float
+    current: SessionLease | None,
+    session_id: str,
+    owner: str,
+    ttl_seconds: float,
+    now: float,
+    take_over_from: str | None = None,
 ) -> SessionLease:
     """The lease ``owner`` gets when asking for ``session_id`` at ``now`` (store clock).
 
     Free or lapsed: a new token. Held and live by the same owner: renewed with the same token.
-    Held and live by another owner: :class:`SessionBusyError` naming the holder.
+    Held and live by another owner: :class:`SessionBusyError` naming the holder, unless that holder
+    is ``take_over_from`` (a runner the caller knows is dead, e.g. a process of this host that no
+    longer exists): then it is taken over at once with a new token.
     """
     _require_str(owner, "lease owner")
-    if current is not None and current.expires_at > now:
+    if current is not None and current.expires_at > now and current.owner != take_over_from:
         if current.owner != owner:
             raise SessionBusyError(session_id, current.owner, current.expires_at)
         token = current.token
@@ -797,7 +804,9 @@ class CheckpointStore(abc.ABC):
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
 
     @abc.abstractmethod
-    async def aacquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
         """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
 
     @abc.abstractmethod
@@ -893,9 +902,17 @@ class CheckpointStore(abc.ABC):
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
         return _run_sync(self.alist_control(session_id, after=after, kinds=kinds), "list_control")
 
-    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
-        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
-        return _run_sync(self.aacquire_lease(session_id, owner, ttl_seconds=ttl_seconds), "acquire_lease")
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it.
+
+        ``take_over_from`` names a holder the caller knows is dead: its live lease is taken over.
+        """
+        return _run_sync(
+            self.aacquire_lease(session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from),
+            "acquire_lease",
+        )
 
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         """Extend a held lease; LeaseLostError if it expired or was taken over."""
@@ -1002,7 +1019,9 @@ class SyncCheckpointStore(CheckpointStore):
     ) -> list[ControlItem]: ...
 
     @abc.abstractmethod
-    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease: ...
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease: ...
 
     @abc.abstractmethod
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease: ...
@@ -1075,8 +1094,12 @@ class SyncCheckpointStore(CheckpointStore):
     ) -> list[ControlItem]:
         return await self._offload(self.list_control, session_id, after=after, kinds=kinds)
 
-    async def aacquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
-        return await self._offload(self.acquire_lease, session_id, owner, ttl_seconds=ttl_seconds)
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return await self._offload(
+            self.acquire_lease, session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from
+        )
 
     async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         return await self._offload(self.renew_lease, lease, ttl_seconds=ttl_seconds)
