@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SCHEMA_VERSION, SqliteCheckpointStore
+from qitos.checkpoint.sqlite_store import SCHEMA_VERSION
 
 GOLDEN = Path(__file__).with_name("golden")
 SESSIONS = json.loads((GOLDEN / "sessions.json").read_text(encoding="utf-8"))
@@ -34,11 +35,10 @@ def test_an_old_file_is_migrated_and_every_session_verifies(golden: tuple[str, s
     composition = sa.make_composition(db, side)
     for key in ("finished", "awaiting", "big"):
         assert composition.restore(ids[key]).inspect().snapshot_integrity == "verified", key
-    store = composition.runtime.checkpoint_store
-    assert isinstance(store, SqliteCheckpointStore)
-    assert store._run(
-        lambda cur: cur.execute("SELECT MAX(version) FROM schema_version").fetchone()[0], write=False
-    ) == (SCHEMA_VERSION)
+    composition.runtime.checkpoint_store.close()
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+    composition = sa.make_composition(db, side)
     finished = composition.restore(ids["finished"]).inspect()
     assert finished.lifecycle.value == "completed" and finished.task == "Index notes (finished)"
     assert finished.budget["used"]["steps"] == 4
