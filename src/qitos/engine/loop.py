@@ -48,6 +48,7 @@ from qitos.engine.model_path import ModelContext, ModelPath
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
 from qitos.engine.run_context import RunContext, StopRun
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+from qitos.engine.telemetry import OtelOption, otel_hook
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
 
@@ -114,6 +115,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         context: model-path settings (contributors, budget policy, compactor); see ``qitos.engine.model_path``.
         checkpoint_store: the store used by ``Engine.session``.
         max_critic_retries: how often one step may be retried on a critic's request.
+        otel: OpenTelemetry spans: ``True`` (the global tracer provider), a TracerProvider, or
+            ``OtelSettings``; off when None/False (see ``qitos.engine.telemetry``).
         tool_workers: size of this engine's own executor for sync tools and other blocking calls
             made by async runs (``arun``); None: ``tool_executor``, else a process-wide executor of
             ``DEFAULT_TOOL_WORKERS`` threads shared by all engines.
@@ -140,6 +143,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         trace_logdir: str | None = None,
         trace_prefix: str | None = None,
         max_critic_retries: int = 2,
+        otel: OtelOption = None,
         tool_workers: int | None = None,
         tool_executor: concurrent.futures.Executor | None = None,
     ) -> None:
@@ -172,8 +176,14 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         self._tool_executor = tool_executor
         # The runs in progress (several at once under arun); cancel() reaches each of them.
         self._active: set[RunContext] = set()
+        telemetry = otel_hook(otel, engine=self)
+        if telemetry is not None:
+            self.hooks.append(telemetry)
+        self.model_content_events = any(getattr(h, "wants_model_content", False) for h in self.hooks)
         self._hook_table = self._build_hook_table()
         self._event_listeners = [h for h in self.hooks if _overrides(h, "on_event")]
+        # Streaming (model_delta events) only for listeners that want it: tracing must not change requests.
+        self._delta_listeners = [h for h in self._event_listeners if getattr(h, "wants_model_deltas", True)]
         self._model_path: ModelPath | None = None
 
     # ------------------------------------------------------------------ public API
@@ -303,7 +313,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
-        run.live = on_event is not None or bool(self._event_listeners)
+        run.live = on_event is not None or bool(self._delta_listeners)
         stop: StopReason | None = None
         raised: BaseException | None = None
         self._active.add(run)
@@ -399,7 +409,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             step_changes=list(resume.carry_changes) if resume else [],
         )
         if self._hook_table["on_run_start"]:
-            ctx = HookContext(run_id, state.current_step, state)
+            ctx = HookContext(run_id, state.current_step, state, journal=journal)
             self._call_hooks("on_run_start", run, ctx)
         return run
 
@@ -470,18 +480,19 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if run.max_tokens is not None and run.tokens_used >= run.max_tokens:
             return StopReason.BUDGET_TOKENS
         if control is not None and control.steering:
-            run.inbox, run.inbox_position = control.steering, control.last_position
+            self._take_steering(run, control)
         return None
 
-    def _deliver_steering(self, run: RunContext, step_id: int) -> None:
-        """Hand the steering taken in at this boundary to DECIDE; only now does the cursor pass it."""
-        for item in run.inbox:
+    def _take_steering(self, run: RunContext, control: ControlBatch) -> None:
+        """Hand the steering to the DECIDE that follows this boundary (only a boundary that lets its
+        step go on takes it in, so only now does the cursor pass it)."""
+        step_id = run.state.current_step
+        for item in control.steering:
             run.steering.append(item.text)
             run.emit(
-                EngineEvent(E.STEER, step_id, phase=P.DECIDE, payload={"position": item.position, "text": item.text})
+                EngineEvent(E.STEER, step_id, phase=P.BOUNDARY, payload={"position": item.position, "text": item.text})
             )
-        run.control_position = max(run.control_position, run.inbox_position)
-        run.inbox = ()
+        run.control_position = max(run.control_position, control.last_position)
 
     def _step(self, run: RunContext) -> Loop[StopReason | None]:
         state = run.state
@@ -579,8 +590,6 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             run.emit(EngineEvent(E.DECIDE, step_id, phase=P.DECIDE, payload={"mode": resumed.mode, "resumed": True}))
             return resumed, pending.model, pending.request_view
         state = run.state
-        if run.inbox:
-            self._deliver_steering(run, step_id)
         if self._hook_table["on_before_decide"]:
             ctx = HookContext(run.run_id, step_id, state)
             self._call_hooks("on_before_decide", run, ctx)
@@ -640,7 +649,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         model_path = self._model_path
         if model_path is None or model_path.model is not self.model or model_path.parser is not self.parser:
             context = self.context if isinstance(self.context, ModelContext) else None
-            model_path = self._model_path = ModelPath(self.agent, self.model, self.parser, context)
+            model_path = self._model_path = ModelPath(
+                self.agent, self.model, self.parser, context, content_events=self.model_content_events
+            )
         try:
             outcome = yield from model_path.decide(run, step_id)
         except ContextError as exc:

@@ -7,6 +7,14 @@ tool calls. The request sent is ``RequestView.from_exchange_log`` under the mode
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
 the input of the next exchange, so the model sees what went wrong on its next turn.
+
+Each call is bracketed by a ``model_request`` event (request id, provider, model) and a
+``model_response`` event (model, finish reason, usage, tool-call count; ``ok=False`` with the error
+when the call raised), which telemetry times its ``chat`` spans by. The prompt and the reply are
+added to them only when a hook asks for content (``EngineHook.wants_model_content``).
+
+The model call itself is an effect (``ModelCall``) that the loop's driver performs: ``complete`` in
+the calling thread, or an awaited ``acomplete`` on the event loop.
 """
 
 from __future__ import annotations
@@ -69,16 +77,26 @@ class ModelPath:
         model: the model adapter.
         parser: a text protocol parser, or None for native tool calls.
         context: how requests are built (None: the defaults of ``ModelContext``).
+        content_events: put the prompt and the reply in the model_request/model_response events.
 
     It keeps no per-run state: everything a run needs is in its ``RunContext``, so one ModelPath
     serves any number of runs at once.
     """
 
-    def __init__(self, agent: Any, model: Any, parser: Any, context: ModelContext | None = None) -> None:
+    def __init__(
+        self,
+        agent: Any,
+        model: Any,
+        parser: Any,
+        context: ModelContext | None = None,
+        *,
+        content_events: bool = False,
+    ) -> None:
         self.agent = agent
         self.model = model
         self.parser = parser
         self.context: ModelContext = context if context is not None else ModelContext()
+        self.content_events = content_events
 
     def decide(self, run: RunContext, step_id: int) -> Loop[ModelOutcome]:
         """Build the request, ask for the model call (an effect), record the reply, parse it."""
@@ -137,7 +155,7 @@ class ModelPath:
                     )
                 )
 
-        response: ModelResponse = yield ModelCall(model, view, on_delta=on_delta, listener=on_adapter_event)
+        response = yield from self._call_model(run, model, view, step_id, on_delta, on_adapter_event)
         log.record_output(exchange_id, response.message())
         decision = self._parse(run, log, exchange_id, response, parser, registry.names())
         model_entry = {
@@ -175,6 +193,43 @@ class ModelPath:
         log.open([{"role": "user", "content": text}])
 
     # ------------------------------------------------------------------ internals
+
+    def _call_model(
+        self, run: RunContext, model: Any, view: RequestView, step_id: int, on_delta: Any, listener: Any
+    ) -> Loop[ModelResponse]:
+        # model_request / model_response bracket the call (telemetry times its span by them); the
+        # prompt and the reply are in them only when a hook asked for content (``content_events``).
+        content = self.content_events
+        target = view.target
+        request: dict[str, Any] = {"request_id": view.request_id, "provider": target.provider, "model": target.model}
+        if content:
+            request["messages"] = view.messages()
+        run.emit(EngineEvent(EngineEventType.MODEL_REQUEST, step_id, phase=RuntimePhase.DECIDE, payload=request))
+        try:
+            response: ModelResponse = yield ModelCall(model, view, on_delta=on_delta, listener=listener)
+        except BaseException as exc:
+            run.emit(
+                EngineEvent(
+                    EngineEventType.MODEL_RESPONSE,
+                    step_id,
+                    phase=RuntimePhase.DECIDE,
+                    ok=False,
+                    payload={"request_id": view.request_id},
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            raise
+        reply: dict[str, Any] = {
+            "request_id": view.request_id,
+            "model": response.model,
+            "finish_reason": response.finish_reason,
+            "usage": response.usage.to_dict(),
+            "tool_calls": len(response.tool_calls),
+        }
+        if content:
+            reply["message"] = response.message()
+        run.emit(EngineEvent(EngineEventType.MODEL_RESPONSE, step_id, phase=RuntimePhase.DECIDE, payload=reply))
+        return response
 
     def _open_exchange(self, run: RunContext, log: ExchangeLog) -> str:
         inputs: list[dict[str, Any]] = []

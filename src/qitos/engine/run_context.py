@@ -17,9 +17,9 @@ Fields that matter outside the loop:
 ``run_id``, ``task``, ``state``, ``journal``: what is being run and where it is recorded.
 ``emit``: sends one event to the result's event list, the trace, ``on_event`` and listeners.
 ``log``: the run's ExchangeLog (None until the first model step, or restored from a session).
-``steering`` / ``inbox`` / ``control_position``: steering texts being delivered to this step's
-decide, texts taken in at the boundary but not yet delivered, and the control cursor (the position
-of the last control item *delivered*; a durable boundary records it).
+``steering`` / ``control_position``: steering texts handed to this step's decide (taken in only by
+a boundary that lets its step go on) and the control cursor (the position of the last control item
+delivered; a durable boundary records it).
 ``pause_position``: the last pause request honoured (a pause request is consumed when the run stops
 for it, independently of the steering cursor).
 ``cancel`` / ``cancel_immediate``: cooperative cancellation, checked at every boundary and, when
@@ -35,7 +35,7 @@ from typing import Any
 from qitos.core.state import StopReason
 from qitos.core.task import Task
 from qitos.engine.events import EngineEvent, StepRecord
-from qitos.sessions.journal import PendingStep, RunJournal, SteeringItem
+from qitos.sessions.journal import PendingStep, RunJournal
 from qitos.trace.writer import TraceWriter
 
 __all__ = ["RunContext", "StopRun"]
@@ -75,8 +75,6 @@ class RunContext:
     pending: PendingStep | None = None
     step_changes: list[dict[str, Any]] = field(default_factory=list)
     steering: list[str] = field(default_factory=list)
-    inbox: tuple[SteeringItem, ...] = ()
-    inbox_position: int = 0
     last_request_view: Any = None
     error: str | None = None
     elapsed_before: float = 0.0

@@ -14,6 +14,9 @@ Snapshot payload (format 2), JSON::
     pending                                       a step that paused midway (decision, calls done)
     request_view                                  blob id of the last RequestView sent
     step                                          what this boundary's step did (for the work graph)
+    trace                                         {trace_id, span_id} of the run's OpenTelemetry span,
+                                                  written with run_id (only by a traced run; a later
+                                                  run of the session links to it)
 
 A snapshot holds the state *changes* of its step and a reference to a blob with the new exchange
 entries. A full state (a new base) is written once the deltas since the last one outgrow its
@@ -36,7 +39,7 @@ from qitos.checkpoint.packing import pack_or_raw, unpack
 from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core.decision import Action
-from qitos.core.errors import CheckpointError, SnapshotIntegrityError
+from qitos.core.errors import CheckpointError, IntegrityError, SnapshotIntegrityError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
@@ -82,6 +85,7 @@ class RestoredSession:
     reshaped: set[str] = field(default_factory=set)
     lifecycle: str = "created"
     run_id: str | None = None
+    trace: dict[str, str] | None = None  # the trace context written with run_id (see the module docstring)
     # True when the unfinished step was rebuilt from pending writes: what its DECIDE appended to the
     # log and changed in the state is not in any snapshot yet.
     pending_from_writes: bool = False
@@ -115,11 +119,13 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     log_chunks: list[str] = list(log_meta.get("chunks") or [])
     view_id = base.payload.get("request_view")
     run_id = base.payload.get("run_id")
+    trace = base.payload.get("trace")
     delta_bytes = 0
     for snap in chain[1:]:
         payload = snap.payload
         delta_bytes += snap.payload_size
-        run_id = payload.get("run_id", run_id)
+        if "run_id" in payload:
+            run_id, trace = payload["run_id"], payload.get("trace")
         part = payload.get("state") or {}
         if "full" in part:
             raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
@@ -175,6 +181,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
         reshaped=reshaped,
         lifecycle=str(head.payload.get("lifecycle", "running")),
         run_id=run_id,
+        trace=dict(trace) if isinstance(trace, Mapping) else None,
     )
 
 
@@ -236,9 +243,17 @@ def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSe
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
-            pending = PendingStep.from_dict(write.payload)
-            restored.log.extend_entries(pending.log_entries)
-            apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            try:
+                pending = PendingStep.from_dict(write.payload)
+                restored.log.extend_entries(pending.log_entries)
+                apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            except Exception as exc:
+                raise IntegrityError(
+                    "writes",
+                    f"decision/{write.key}",
+                    f"the unfinished step does not apply: {exc}",
+                    session_id=session_id,
+                ) from exc
             note_reshaped(restored.reshaped, pending.state_changes)
             restored.carry_changes.extend(pending.state_changes)
             restored.pending_from_writes = True
@@ -299,6 +314,11 @@ class SessionJournal(RunJournal):
         self._chunks = dict(restored.chunks)
         self._reshaped = set(restored.reshaped)
         self._run_recorded = False
+        # The trace context of the session's latest run before this one, and this run's (set by
+        # telemetry before the first commit; written beside run_id).
+        self.previous_trace: dict[str, str] | None = restored.trace
+        self.previous_run_id: str | None = restored.run_id
+        self.trace_context: dict[str, str] | None = None
         # The log position already in snapshots: entries an unfinished step re-applied from its
         # pending writes come after it and go into the next commit.
         self._log_position = restored.log.position
@@ -373,7 +393,7 @@ class SessionJournal(RunJournal):
     def record_decision(self, pending: PendingStep) -> None:
         if not _worth_writing(pending):
             return
-        self._flush()
+        self._flush_inside_step()
         write = self._decision_write(pending, self._token())
         if write is not None:
             self._put([write])
@@ -381,7 +401,7 @@ class SessionJournal(RunJournal):
     async def arecord_decision(self, pending: PendingStep) -> None:
         if not _worth_writing(pending):
             return
-        await self._aflush()
+        await self._aflush_inside_step()
         write = self._decision_write(pending, await self._atoken())
         if write is not None:
             await self._aput([write])
@@ -489,6 +509,9 @@ class SessionJournal(RunJournal):
         self._unwritten = []
         self._consumed = max(self._consumed, boundary.control_position)
         self._pause_handled = max(self._pause_handled, boundary.pause_position)
+        log = boundary.log
+        if log is not None and boundary.log_position is None:
+            boundary.log_position, boundary.log_digest = log.position, log.digest
         if self.mode == "sync":
             return [boundary]
         self._buffer.append(boundary)
@@ -511,6 +534,27 @@ class SessionJournal(RunJournal):
     def drain_committed(self) -> list[Any]:
         committed, self._committed = self._committed, []
         return committed
+
+    def _flush_inside_step(self) -> None:
+        """Write buffered boundaries from within a step (before its decision is recorded).
+
+        The step has already changed the live state, so the flush writes deltas only (each
+        boundary carries its own changes), never a base made from the state as it is now.
+        """
+        buffered = self._take_buffer()
+        if buffered:
+            self._commit_now(buffered, base_allowed=False)
+
+    async def _aflush_inside_step(self) -> None:
+        """Async twin of :meth:`_flush_inside_step`."""
+        buffered = self._take_buffer()
+        if buffered:
+            await self._acommit_now(buffered, base_allowed=False)
+
+    @property
+    def head_id(self) -> str:
+        """The session's latest committed snapshot (as this journal last moved it)."""
+        return self._head_id
 
     @property
     def unflushed(self) -> int:
@@ -536,8 +580,8 @@ class SessionJournal(RunJournal):
         if self._failure is not None:
             raise self._failure
 
-    def _commit_now(self, boundaries: list[BoundaryCommit]) -> None:
-        prepared = self._prepare_commit(boundaries, self._token())
+    def _commit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
+        prepared = self._prepare_commit(boundaries, self._token(), base_allowed=base_allowed)
         try:
             self.store.commit_session_snapshot(prepared.request)
         except CheckpointError as exc:
@@ -545,8 +589,8 @@ class SessionJournal(RunJournal):
             raise
         self._committed_now(prepared)
 
-    async def _acommit_now(self, boundaries: list[BoundaryCommit]) -> None:
-        prepared = self._prepare_commit(boundaries, await self._atoken())
+    async def _acommit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
+        prepared = self._prepare_commit(boundaries, await self._atoken(), base_allowed=base_allowed)
         try:
             await self.store.acommit_session_snapshot(prepared.request)
         except CheckpointError as exc:
@@ -554,7 +598,9 @@ class SessionJournal(RunJournal):
             raise
         self._committed_now(prepared)
 
-    def _prepare_commit(self, boundaries: list[BoundaryCommit], token: int | None) -> _PreparedCommit:
+    def _prepare_commit(
+        self, boundaries: list[BoundaryCommit], token: int | None, *, base_allowed: bool = True
+    ) -> _PreparedCommit:
         """Build the snapshot commit for ``boundaries`` (no I/O; shared by the sync and async paths)."""
         last = boundaries[-1]
         delta: list[dict[str, Any]] = []
@@ -576,6 +622,8 @@ class SessionJournal(RunJournal):
             payload["pause_position"] = self._pause_handled
         if not self._run_recorded:
             payload["run_id"] = self.run_id
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
         if last.lifecycle != "running":
             payload["lifecycle"] = last.lifecycle
         if last.stop_reason is not None:
@@ -586,15 +634,16 @@ class SessionJournal(RunJournal):
         if steps:
             payload["step"] = steps
         log: ExchangeLog | None = last.log
+        position = self._log_position if last.log_position is None else last.log_position
         chunk: str | None = None
-        if log is not None and log.position > self._log_position:
-            raw = pack_or_raw(log.entries_json(self._log_position).encode("utf-8"))
+        if log is not None and position > self._log_position:
+            raw = pack_or_raw(log.entries_json(self._log_position, position).encode("utf-8"))
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
         log_meta = {
             "log_id": log.log_id if log is not None else f"log-{self.session_id}",
-            "position": log.position if log is not None else self._log_position,
-            "digest": log.digest if log is not None else _EMPTY_LOG_DIGEST,
+            "position": position,
+            "digest": last.log_digest if last.log_digest is not None else _EMPTY_LOG_DIGEST,
         }
         if chunk is not None:
             payload["log"] = {**log_meta, "chunk": chunk}
@@ -605,8 +654,10 @@ class SessionJournal(RunJournal):
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
             payload["request_view"] = view_id
-        full = self._delta_bytes > _FULL_FACTOR * self._state_bytes and (
-            self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS
+        full = (
+            base_allowed
+            and self._delta_bytes > _FULL_FACTOR * self._state_bytes
+            and (self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS)
         )
         chunks: dict[str, list[ChunkRef]] = {}
         if full:
@@ -619,6 +670,8 @@ class SessionJournal(RunJournal):
                 log={**log_meta, "chunks": log_chunks},
                 request_view=self._request_view_id,
             )
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
             base_id = None
         else:
             payload["state"] = {"delta": delta}
@@ -639,16 +692,16 @@ class SessionJournal(RunJournal):
             blobs=blobs,
             lease_token=token,
         )
-        return _PreparedCommit(commit, boundaries, full, chunks, chunk, log)
+        return _PreparedCommit(commit, boundaries, full, chunks, chunk, position)
 
     def _committed_now(self, prepared: _PreparedCommit) -> None:
         """Move the journal past a commit the store accepted."""
-        snapshot, full, chunks, chunk, log = (
+        snapshot, full, chunks, chunk, position = (
             prepared.request.snapshot,
             prepared.full,
             prepared.chunks,
             prepared.chunk,
-            prepared.log,
+            prepared.log_position,
         )
         boundaries = prepared.boundaries
         self._head_id = snapshot.snapshot_id
@@ -666,7 +719,7 @@ class SessionJournal(RunJournal):
         self._committed.extend(b.record for b in boundaries if b.record is not None)
         if chunk:
             self._log_chunks.append(chunk)
-        self._log_position = log.position if log is not None else self._log_position
+        self._log_position = position
         self.commits += 1
 
     def _full_state(
@@ -709,7 +762,7 @@ class _PreparedCommit:
     full: bool
     chunks: dict[str, list[ChunkRef]]
     chunk: str | None
-    log: ExchangeLog | None
+    log_position: int
 
 
 def _worth_writing(pending: PendingStep) -> bool:
