@@ -384,3 +384,39 @@ def test_the_async_session_controls_steer_pause_approve_and_inspect(tmp_path: Pa
     assert finished.state.stop_reason == "final" and finished.state.steering_seen == ["mind the tags"]
     assert last.lifecycle.value == "completed"
     assert [e for e, tool, _ in sa.read_side_log(side) if tool == "publish"] == ["begin", "end"]
+
+
+def test_cancelling_a_run_cancels_the_async_tool_it_awaits(policy_agent: Any) -> None:
+    seen: list[str] = []
+
+    @tool
+    async def wait_long() -> str:
+        """Awaits for a long time."""
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        return "late"
+
+    agent = _threads_agent(policy_agent, [wait_long], [Action("wait_long", {})])
+    ended: list[Any] = []
+
+    class Capture(EngineHook):
+        def on_run_end(self, ctx: HookContext) -> None:
+            ended.append(ctx.result)
+
+    engine = AsyncEngine(agent, hooks=[Capture()])
+
+    async def main() -> None:
+        task = asyncio.create_task(engine.arun("t"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    started = time.perf_counter()
+    asyncio.run(main())
+    assert time.perf_counter() - started < 5
+    assert seen == ["cancelled"]
+    assert ended[0].state.stop_reason == "cancelled_immediate" and ended[0].step_count == 0
