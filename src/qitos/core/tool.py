@@ -507,20 +507,40 @@ class ToolRegistry:
         from a thread whose event loop is running, it is refused (a ``tool_error`` result telling to
         use ``acall`` / ``AsyncEngine``), because that loop cannot be re-entered.
         """
-        spec, prepared = self._prepare(name, args, call_id)
+        # The same checks as _prepare and _finish (acall's), kept inline: this is every sync step's path.
+        spec = self._tools.get(name)
         if spec is None:
-            return prepared  # type: ignore[no-any-return]
+            known = ", ".join(self._tools) or "none"
+            return _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
+        if not isinstance(args, _MAPPINGS):
+            return _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
+        problems: list[str] = []
+        self._validators[name](args, "arguments", problems)
+        if problems:
+            return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+        converters = self._converters.get(name)
+        if converters is not None:  # only tools with Enum-annotated parameters
+            try:
+                args = _convert_arguments(args, converters)
+            except ValueError as exc:
+                return _failure(call_id, name, "invalid_arguments", str(exc))
         started = time.perf_counter()
         try:
             if spec.timeout is None and not self._is_async[name]:
-                output = spec.func(**prepared)
+                output = spec.func(**args)
             else:
-                output = self._invoke(spec, prepared)
+                output = self._invoke(spec, args)
         except concurrent.futures.TimeoutError:
             return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
         except Exception as exc:
             return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
-        return self._finish(spec, call_id, output, started)
+        truncated = False
+        cap = spec.max_output_chars
+        if cap is not None and isinstance(output, str) and len(output) > cap:
+            output = f"{output[:cap]}\n...[truncated {len(output) - cap} of {len(output)} characters]"
+            truncated = True
+        duration = (time.perf_counter() - started) * 1000.0
+        return ToolResult(call_id=call_id, name=name, ok=True, output=output, duration_ms=duration, truncated=truncated)
 
     async def acall(
         self, name: str, args: Any, *, call_id: str = "", executor: concurrent.futures.Executor | None = None
@@ -548,7 +568,8 @@ class ToolRegistry:
         return self._finish(spec, call_id, output, started)
 
     def _prepare(self, name: str, args: Any, call_id: str) -> tuple[ToolSpec | None, Any]:
-        """``(spec, arguments to call it with)``, or ``(None, failure result)`` when it cannot run."""
+        """``(spec, arguments to call it with)``, or ``(None, failure result)`` when it cannot run
+        (``call`` makes the same checks inline)."""
         spec = self._tools.get(name)
         if spec is None:
             known = ", ".join(self._tools) or "none"
@@ -568,7 +589,8 @@ class ToolRegistry:
         return spec, args
 
     def _finish(self, spec: ToolSpec, call_id: str, output: Any, started: float) -> ToolResult:
-        """The successful result of a call: its output, capped at the tool's ``max_output_chars``."""
+        """The successful result of a call: its output, capped at the tool's ``max_output_chars``
+        (``call`` does the same inline)."""
         truncated = False
         cap = spec.max_output_chars
         if cap is not None and isinstance(output, str) and len(output) > cap:

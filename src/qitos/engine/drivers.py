@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from qitos.core.state import StopReason
-from qitos.engine.effects import BOUNDARY, Effect, Loop
+from qitos.engine.effects import BOUNDARY, Effect, Loop, ToolCall
 from qitos.engine.run_context import StopRun
 
 __all__ = ["AsyncDriver", "Backpressure", "drive"]
@@ -49,7 +49,10 @@ def drive(loop: Loop[_T]) -> _T:
                 effect = send(None)
                 continue
             try:
-                value = effect.perform()
+                if type(effect) is ToolCall:  # the common effect, without a method call
+                    value = effect.registry.call(effect.name, effect.args, call_id=effect.call_id)
+                else:
+                    value = effect.perform()
             except BaseException as exc:  # handed back to the loop at the point that asked for it
                 effect = throw(exc)
                 continue

@@ -19,6 +19,9 @@ The effects:
 ``BlockingCall``   any other blocking function (an Env's ``reset``/``step``): called directly, or
                    run in the bounded executor.
 
+A driver must not keep an effect after it has sent the effect's result back: the loop refills one
+``ToolCall`` per run for its plain tool calls, so a step allocates no effect object.
+
 Hooks, ``decide``, ``reduce`` and critics are the agent's own synchronous code and run inline in
 both drivers (keep them free of long blocking I/O when running many sessions at once).
 """

@@ -269,6 +269,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 run_id=run_id or RunIdentity.new().value,
                 on_event=on_event,
                 state_kwargs=state_kwargs,
+                boundary_yields=True,
             )
         )
 
@@ -285,7 +286,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         run_id: str,
         on_event: Callable[[EngineEvent], None] | None,
         state_kwargs: Mapping[str, Any],
+        boundary_yields: bool = False,
     ) -> Loop[EngineResult[StateT]]:
+        """The whole run as a generator of effects (see the module docstring); a driver runs it."""
         writer = self._trace_writer()
         events: list[EngineEvent] = []
         emit = self._event_sinks(events, writer, on_event)
@@ -319,15 +322,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         self._active.add(run)
         try:
             stop = yield from self._preflight(run)
-            journal = run.journal
-            while stop is None:
-                yield BOUNDARY
-                control = None
-                if journal.durable:
-                    control = yield JournalCall(journal, "control", (run.state.current_step,))
-                stop = self._boundary(run, control)
-                if stop is None:
-                    stop = yield from self._step(run)
+            if stop is None:
+                stop = yield from self._steps(run, boundary_yields)
         except StopRun as signal:
             stop = signal.reason
             if signal.detail:
@@ -494,81 +490,155 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             )
         run.control_position = max(run.control_position, control.last_position)
 
-    def _step(self, run: RunContext) -> Loop[StopReason | None]:
-        state = run.state
-        step_id = state.current_step
-        started = time.time()
-        t0 = time.perf_counter()
-        run.emit(_fast_event(EngineEvent, (E.STEP_START, step_id, None, P.DECIDE, True, {}, None, _now())))
-        snapshot = state.to_dict() if self.critics else None
-        retries = 0
+    def _steps(self, run: RunContext, boundary_yields: bool) -> Loop[StopReason]:
+        """Boundaries and steps until a stop (one generator for the whole run, not one per step).
+
+        ``boundary_yields``: yield ``BOUNDARY`` at each boundary (the async driver uses it; the sync
+        driver would only skip it).
+        """
+        journal = run.journal
+        plain_call = ToolCall(self.agent.tool_registry, "", None, "")
         while True:
-            decision, model_entry, view_summary = yield from self._decide(run, step_id)
-            observation = yield from self._act(run, step_id, decision)
-            if run.cancel_immediate:
-                self._immediate_cancel_point(run)
-            if self._hook_table["on_before_reduce"]:
-                self._call_hooks(
-                    "on_before_reduce", run, HookContext(run.run_id, step_id, state, decision, observation)
-                )
-            new_state = self.agent.reduce(state, observation, decision)  # type: ignore[arg-type]
-            if new_state is not None and new_state is not state:
-                state = run.state = self._adopt_new_state(run, state, new_state)
-            run.emit(_fast_event(EngineEvent, (E.REDUCE, step_id, None, P.REDUCE, True, {}, None, _now())))
-            if self._hook_table["on_after_reduce"]:
-                ctx = HookContext(run.run_id, step_id, state, decision, observation)
-                self._call_hooks("on_after_reduce", run, ctx)
-            verdicts, verdict = self._critics(run, step_id, decision, observation) if self.critics else _NO_VERDICT
-            if verdict is not None and verdict.action == "retry" and retries < self.max_critic_retries and snapshot:
-                retries += 1
-                state = run.state = type(state).from_dict(snapshot)
-                run.step_changes = [{"op": "set", "field": k, "value": v} for k, v in snapshot.items()]
-                run.observation = Observation(feedback=f"critic asked to retry: {verdict.reason or ''}".strip())
-                run.pending = None
-                continue
-            break
-        if decision.mode == "final" and state.final_result is None:
-            state.final_result = decision.final_answer
-        stop = self._check_stop(run, decision, verdict)
-        stop_value = stop.value if stop is not None else None
-        payload = {"stop_reason": stop_value}
-        run.emit(_fast_event(EngineEvent, (E.CHECK_STOP, step_id, None, P.CHECK_STOP, True, payload, None, _now())))
-        if stop is not None and state.stop_reason is None:
-            state.stop_reason = stop.value
-        state.current_step = step_id + 1
-        changes = run.step_changes
-        changes.extend(state.drain_changes())
-        run.step_changes = []
-        duration_ms = (time.perf_counter() - t0) * 1000.0
-        record = StepRecord(
-            step_id,
-            decision,
-            observation,
-            changes,
-            started,
-            duration_ms,
-            model_entry,
-            view_summary,
-            verdicts,
-            stop_value,
-        )
-        run.records.append(record)
-        run.pending = None
-        run.observation = observation
-        lifecycle = "running" if stop is None else _lifecycle_for(stop)
-        if run.journal.durable:
-            boundary = self._boundary_commit(run, changes, lifecycle, stop, record=record)
-            yield JournalCall(run.journal, "commit", (boundary,))
-            if run.writer is not None:
-                self._trace_committed(run)
-        elif run.writer is not None:
-            run.writer.step(record.to_dict())
-        payload = {"stop_reason": stop_value}
-        run.emit(_fast_event(EngineEvent, (E.STEP_END, step_id, None, P.COMMIT, True, payload, None, _now())))
-        if self._hook_table["on_step_end"]:
-            ctx = HookContext(run.run_id, step_id, state, decision, observation, record)
-            self._call_hooks("on_step_end", run, ctx)
-        return stop
+            if boundary_yields:
+                yield BOUNDARY
+            control = None
+            if journal.durable:
+                control = yield JournalCall(journal, "control", (run.state.current_step,))
+            boundary_stop = self._boundary(run, control)
+            if boundary_stop is not None:
+                return boundary_stop
+            state = run.state
+            step_id = state.current_step
+            started = time.time()
+            t0 = time.perf_counter()
+            run.emit(_fast_event(EngineEvent, (E.STEP_START, step_id, None, P.DECIDE, True, {}, None, _now())))
+            snapshot = state.to_dict() if self.critics else None
+            retries = 0
+            while True:
+                # DECIDE and ACT are spelled out here so a plain step (no journal, no model, tools that
+                # need nothing around their call) costs no generator beyond this one.
+                pending = run.pending
+                if pending is not None and pending.step_id == step_id:
+                    decision, model_entry, view_summary = self._resumed_decision(run, step_id, pending)
+                else:
+                    if self._hook_table["on_before_decide"]:
+                        self._call_hooks("on_before_decide", run, HookContext(run.run_id, step_id, state))
+                    seen: Any = _with_steering(run.observation, run.steering) if run.steering else run.observation
+                    decided: Decision[Any] | None = self.agent.decide(state, seen)
+                    model_entry = view_summary = None
+                    log_entries: list[dict[str, Any]] = _NO_ENTRIES
+                    if decided is None:
+                        decided, model_entry, view_summary, log_entries = yield from self._model_decide(run, step_id)
+                    elif not isinstance(decided, Decision):
+                        raise ConfigurationError(
+                            f"{type(self.agent).__name__}.decide must return a Decision or None, "
+                            f"got {type(decided).__name__}"
+                        )
+                    run.steering.clear()
+                    decision = self._resolve_branch(run, step_id, decided) if decided.mode == "branch" else decided
+                    changes = state.drain_changes() if state.__dict__.get("_q_changes") else _NO_ENTRIES
+                    if changes:
+                        run.step_changes.extend(changes)
+                    if run.journal.durable:
+                        yield from self._record_decision(
+                            run, step_id, decision, model_entry, view_summary, log_entries, changes
+                        )
+                    mode: dict[str, Any] = {"mode": decision.mode}
+                    run.emit(_fast_event(EngineEvent, (E.DECIDE, step_id, None, P.DECIDE, True, mode, None, _now())))
+                    if self._hook_table["on_after_decide"]:
+                        self._call_hooks("on_after_decide", run, HookContext(run.run_id, step_id, state, decision))
+                    if run.cancel_immediate:
+                        self._immediate_cancel_point(run)
+                observation = self._act_without_tools(run, step_id, decision)
+                if observation is None:
+                    if self.env is not None:
+                        observation = yield from self._act_env(run, step_id, decision, self.env)
+                    else:
+                        pending = run.pending
+                        registry = plain_call.registry
+                        plain = pending is None and self.lifecycle is None
+                        results: list[ToolResult] = []
+                        for action in decision.actions:
+                            spec = registry.get(action.name) if plain else None
+                            if spec is not None and not spec.needs_approval:
+                                # The common case: nothing to journal, check or approve around the call. The
+                                # run's one ToolCall is refilled (no allocation per call, see effects).
+                                plain_call.name, plain_call.args, plain_call.call_id = (
+                                    action.name,
+                                    action.args,
+                                    action.id,
+                                )
+                                results.append((yield plain_call))
+                            else:
+                                results.append((yield from self._call_tool(run, step_id, action, pending)))
+                            if run.cancel_immediate:
+                                self._immediate_cancel_point(run)
+                        observation = self._acted(run, step_id, decision, results)
+                if run.cancel_immediate:
+                    self._immediate_cancel_point(run)
+                if self._hook_table["on_before_reduce"]:
+                    self._call_hooks(
+                        "on_before_reduce", run, HookContext(run.run_id, step_id, state, decision, observation)
+                    )
+                new_state = self.agent.reduce(state, observation, decision)  # type: ignore[arg-type]
+                if new_state is not None and new_state is not state:
+                    state = run.state = self._adopt_new_state(run, state, new_state)
+                run.emit(_fast_event(EngineEvent, (E.REDUCE, step_id, None, P.REDUCE, True, {}, None, _now())))
+                if self._hook_table["on_after_reduce"]:
+                    ctx = HookContext(run.run_id, step_id, state, decision, observation)
+                    self._call_hooks("on_after_reduce", run, ctx)
+                verdicts, verdict = self._critics(run, step_id, decision, observation) if self.critics else _NO_VERDICT
+                if verdict is not None and verdict.action == "retry" and retries < self.max_critic_retries and snapshot:
+                    retries += 1
+                    state = run.state = type(state).from_dict(snapshot)
+                    run.step_changes = [{"op": "set", "field": k, "value": v} for k, v in snapshot.items()]
+                    run.observation = Observation(feedback=f"critic asked to retry: {verdict.reason or ''}".strip())
+                    run.pending = None
+                    continue
+                break
+            if decision.mode == "final" and state.final_result is None:
+                state.final_result = decision.final_answer
+            stop = self._check_stop(run, decision, verdict)
+            stop_value = stop.value if stop is not None else None
+            payload = {"stop_reason": stop_value}
+            run.emit(_fast_event(EngineEvent, (E.CHECK_STOP, step_id, None, P.CHECK_STOP, True, payload, None, _now())))
+            if stop is not None and state.stop_reason is None:
+                state.stop_reason = stop.value
+            state.current_step = step_id + 1
+            changes = run.step_changes
+            changes.extend(state.drain_changes())
+            run.step_changes = []
+            duration_ms = (time.perf_counter() - t0) * 1000.0
+            record = StepRecord(
+                step_id,
+                decision,
+                observation,
+                changes,
+                started,
+                duration_ms,
+                model_entry,
+                view_summary,
+                verdicts,
+                stop_value,
+            )
+            run.records.append(record)
+            run.pending = None
+            run.observation = observation
+            lifecycle = "running" if stop is None else _lifecycle_for(stop)
+            if run.journal.durable:
+                boundary = self._boundary_commit(run, changes, lifecycle, stop, record=record)
+                yield JournalCall(run.journal, "commit", (boundary,))
+                if run.writer is not None:
+                    self._trace_committed(run)
+            elif run.writer is not None:
+                run.writer.step(record.to_dict())
+            payload = {"stop_reason": stop_value}
+            run.emit(_fast_event(EngineEvent, (E.STEP_END, step_id, None, P.COMMIT, True, payload, None, _now())))
+            if self._hook_table["on_step_end"]:
+                ctx = HookContext(run.run_id, step_id, state, decision, observation, record)
+                self._call_hooks("on_step_end", run, ctx)
+            if stop is not None:
+                return stop
 
     def _adopt_new_state(self, run: RunContext, old: Any, new: Any) -> Any:
         # reduce returned a new object instead of mutating: record it whole (O(state), only in this case).
@@ -581,62 +651,44 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
 
     # ------------------------------------------------------------------ phases
 
-    def _decide(
-        self, run: RunContext, step_id: int
-    ) -> Loop[tuple[Decision[Any], dict[str, Any] | None, dict[str, Any] | None]]:
-        pending = run.pending
-        if pending is not None and pending.step_id == step_id:
-            resumed = Decision.from_dict(pending.decision)
-            run.emit(EngineEvent(E.DECIDE, step_id, phase=P.DECIDE, payload={"mode": resumed.mode, "resumed": True}))
-            return resumed, pending.model, pending.request_view
-        state = run.state
-        if self._hook_table["on_before_decide"]:
-            ctx = HookContext(run.run_id, step_id, state)
-            self._call_hooks("on_before_decide", run, ctx)
-        observation = run.observation
-        if run.steering:
-            observation = _with_steering(observation, run.steering)
-        decision: Decision[Any] | None = self.agent.decide(state, observation)
-        model_entry: dict[str, Any] | None = None
-        view_summary: dict[str, Any] | None = None
-        log_entries: list[dict[str, Any]] = []
-        if decision is None:
-            decision, model_entry, view_summary, log_entries = yield from self._model_decide(run, step_id)
-        elif not isinstance(decision, Decision):
-            raise ConfigurationError(
-                f"{type(self.agent).__name__}.decide must return a Decision or None, got {type(decision).__name__}"
-            )
-        run.steering.clear()
-        if decision.mode == "branch":
-            chosen = self.search.select(decision.candidates, state)
-            run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload={"candidates": len(decision.candidates)}))
-            decision = chosen
-        changes = state.drain_changes() if state.__dict__.get("_q_changes") else []
-        if changes:
-            run.step_changes.extend(changes)
-        if run.journal.durable:
-            # The decision (and what DECIDE did) is durable before any tool runs.
-            pending = PendingStep(
-                step_id=step_id,
-                decision=decision.to_dict(),
-                model=model_entry,
-                request_view=view_summary,
-                log_entries=log_entries,
-                state_changes=changes,
-                control_position=run.control_position,
-            )
-            run.pending = pending
-            yield JournalCall(run.journal, "record_decision", (pending,))
-            if run.writer is not None:
-                self._trace_committed(run)  # a batched journal flushes its buffer first
-        payload = {"mode": decision.mode}
-        run.emit(_fast_event(EngineEvent, (E.DECIDE, step_id, None, P.DECIDE, True, payload, None, _now())))
-        if self._hook_table["on_after_decide"]:
-            ctx = HookContext(run.run_id, step_id, state, decision)
-            self._call_hooks("on_after_decide", run, ctx)
-        if run.cancel_immediate:
-            self._immediate_cancel_point(run)
-        return decision, model_entry, view_summary
+    def _resumed_decision(
+        self, run: RunContext, step_id: int, pending: PendingStep
+    ) -> tuple[Decision[Any], dict[str, Any] | None, dict[str, Any] | None]:
+        """The decision of an interrupted step being finished (it is never decided again)."""
+        resumed = Decision.from_dict(pending.decision)
+        run.emit(EngineEvent(E.DECIDE, step_id, phase=P.DECIDE, payload={"mode": resumed.mode, "resumed": True}))
+        return resumed, pending.model, pending.request_view
+
+    def _resolve_branch(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Decision[Any]:
+        """The candidate the BranchSelector picks from a ``branch`` decision."""
+        chosen: Decision[Any] = self.search.select(decision.candidates, run.state)
+        run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload={"candidates": len(decision.candidates)}))
+        return chosen
+
+    def _record_decision(
+        self,
+        run: RunContext,
+        step_id: int,
+        decision: Decision[Any],
+        model_entry: dict[str, Any] | None,
+        view_summary: dict[str, Any] | None,
+        log_entries: list[dict[str, Any]],
+        changes: list[dict[str, Any]],
+    ) -> Loop[None]:
+        """The decision (and what DECIDE did) is made durable before any tool runs."""
+        pending = PendingStep(
+            step_id=step_id,
+            decision=decision.to_dict(),
+            model=model_entry,
+            request_view=view_summary,
+            log_entries=list(log_entries),
+            state_changes=list(changes),
+            control_position=run.control_position,
+        )
+        run.pending = pending
+        yield JournalCall(run.journal, "record_decision", (pending,))
+        if run.writer is not None:
+            self._trace_committed(run)  # a batched journal flushes its buffer first
 
     def _model_decide(
         self, run: RunContext, step_id: int
@@ -665,46 +717,40 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         run.last_request_view = outcome.view
         return outcome.decision, outcome.model_entry, outcome.view_summary, outcome.log_entries
 
-    def _act(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Loop[Observation]:
+    def _act_without_tools(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Observation | None:
+        """ACT's hook; the whole of ACT for a decision that calls nothing (else None: calls follow)."""
         state = run.state
         if self._hook_table["on_before_act"]:
             ctx = HookContext(run.run_id, step_id, state, decision)
             self._call_hooks("on_before_act", run, ctx)
         if run.cancel_immediate:
             self._immediate_cancel_point(run)
-        if decision.mode != "act":
-            observation = Observation()
-            run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": []}))
-            if self._hook_table["on_after_act"]:
-                self._call_hooks("on_after_act", run, HookContext(run.run_id, step_id, state, decision, observation))
-            return observation
-        if self.env is not None:
-            observation = Observation(env=(yield BlockingCall(self.env.step, decision.actions)))
-            run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": len(decision.actions), "env": True}))
-            if self._hook_table["on_after_act"]:
-                ctx = HookContext(run.run_id, step_id, state, decision, observation)
-                self._call_hooks("on_after_act", run, ctx)
-            return observation
-        pending = run.pending
-        registry = self.agent.tool_registry
-        plain = pending is None and self.lifecycle is None
-        results: list[ToolResult] = []
-        for action in decision.actions:
-            spec = registry.get(action.name) if plain else None
-            if spec is not None and not spec.needs_approval:
-                # The common case: nothing to journal, check or approve around the call.
-                results.append((yield ToolCall(registry, action.name, action.args, action.id)))
-            else:
-                results.append((yield from self._call_tool(run, step_id, action, pending)))
-            if run.cancel_immediate:
-                self._immediate_cancel_point(run)
+        if decision.mode == "act":
+            return None
+        observation = Observation()
+        run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": []}))
+        if self._hook_table["on_after_act"]:
+            self._call_hooks("on_after_act", run, HookContext(run.run_id, step_id, state, decision, observation))
+        return observation
+
+    def _act_env(self, run: RunContext, step_id: int, decision: Decision[Any], env: Env) -> Loop[Observation]:
+        """ACT through the Env instead of the tool registry."""
+        observation = Observation(env=(yield BlockingCall(env.step, decision.actions)))
+        run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": len(decision.actions), "env": True}))
+        if self._hook_table["on_after_act"]:
+            ctx = HookContext(run.run_id, step_id, run.state, decision, observation)
+            self._call_hooks("on_after_act", run, ctx)
+        return observation
+
+    def _acted(self, run: RunContext, step_id: int, decision: Decision[Any], results: list[ToolResult]) -> Observation:
+        """The observation of a step's tool calls, recorded in the exchange log and announced."""
         observation = Observation(results=tuple(results))
         if self._model_path is not None:
             self._model_path.record_results(run, results)
         payload = {"calls": [_call_summary(r) for r in results]}
         run.emit(_fast_event(EngineEvent, (E.ACT, step_id, None, P.ACT, True, payload, None, _now())))
         if self._hook_table["on_after_act"]:
-            ctx = HookContext(run.run_id, step_id, state, decision, observation)
+            ctx = HookContext(run.run_id, step_id, run.state, decision, observation)
             self._call_hooks("on_after_act", run, ctx)
         return observation
 
@@ -1022,6 +1068,7 @@ def _overrides(hook: Any, name: str) -> bool:
 
 
 _NO_VERDICT: tuple[list[dict[str, Any]], CriticVerdict | None] = ([], None)
+_NO_ENTRIES: list[dict[str, Any]] = []  # shared and never mutated (a list is copied before it is kept)
 
 
 def _call_summary(result: ToolResult) -> dict[str, Any]:
