@@ -420,3 +420,36 @@ def test_cancelling_a_run_cancels_the_async_tool_it_awaits(policy_agent: Any) ->
     assert time.perf_counter() - started < 5
     assert seen == ["cancelled"]
     assert ended[0].state.stop_reason == "cancelled_immediate" and ended[0].step_count == 0
+
+
+def test_a_compositions_sessions_share_one_bounded_executor_for_sync_tools(tmp_path: Path) -> None:
+    def factory() -> Any:
+        return sa.NotesAgent(str(tmp_path / "side.log"))
+
+    shared = compose(agent=factory, tool_workers=3)
+    first, second = shared.engine(), shared.engine()
+    assert first.tool_executor is second.tool_executor
+    with pytest.raises(ConfigurationError, match="tool_workers"):
+        compose(agent=factory, tool_workers=0)
+
+
+def test_a_cancelled_session_run_commits_its_boundary_and_the_next_run_finishes_it_once(tmp_path: Path) -> None:
+    side = str(tmp_path / "side.log")
+    composition = sa.make_composition(str(tmp_path / "sessions.db"), side, sleep=0.05)
+
+    async def main() -> tuple[Any, Any]:
+        session = await composition.asession("Index notes", target=6)
+        task = asyncio.create_task(session.arun())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stopped = await session.ainspect()
+        await asyncio.sleep(0.1)  # a sync tool cut off by the cancel finishes in its thread
+        return stopped, await composition.restore(session.session_id.value).arun()
+
+    stopped, finished = asyncio.run(main())
+    assert stopped.lifecycle.value == "stopped"  # cancelled_immediate: the last boundary was committed
+    assert finished.state.stop_reason == "final" and finished.state.steps_done == list(range(6))
+    begins = [call for event, tool, call in sa.read_side_log(side) if event == "begin" and tool == "append_note"]
+    assert len(begins) == len(set(begins))  # no non-idempotent call ran twice

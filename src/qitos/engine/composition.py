@@ -16,6 +16,7 @@ no extension provides fails here, when ``compose()`` is called.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +114,7 @@ def compose(
     batch_steps: int = 16,
     batch_ms: float = 50.0,
     lease_ttl: float = DEFAULT_LEASE_TTL,
+    tool_workers: int | None = None,
     **engine_kwargs: Any,
 ) -> Composition:
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
@@ -122,6 +124,8 @@ def compose(
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
     ``lease_ttl`` is how many seconds a run's hold on its session lasts without renewal: how long a
     session whose runner died waits before another runner may take it over (``qitos.sessions.lease``).
+    ``tool_workers``: size of one executor shared by every session of this composition for its sync
+    tools under ``Session.arun`` (default: the process-wide executor; see ``EngineLoop``).
     Other keyword arguments go to the Engine (``budget=``, ``hooks=``, ``critics=`` ...).
     """
     if durability not in ("sync", "batched"):
@@ -130,6 +134,13 @@ def compose(
         raise ConfigurationError("batch_steps must be >= 1 and batch_ms > 0")
     if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or lease_ttl <= 0:
         raise ConfigurationError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+    if tool_workers is not None:
+        if isinstance(tool_workers, bool) or not isinstance(tool_workers, int) or tool_workers < 1:
+            raise ConfigurationError(f"tool_workers must be a positive int, got {tool_workers!r}")
+        # One executor for all the composition's engines (an engine per session), so the bound holds.
+        engine_kwargs["tool_executor"] = concurrent.futures.ThreadPoolExecutor(
+            tool_workers, thread_name_prefix="qitos-tool"
+        )
     agent_factory = _agent_factory(agent)
     bound: dict[str, Any] = {}
     references: list[ResolverReference] = []
