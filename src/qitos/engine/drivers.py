@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import threading
 import time
@@ -109,12 +110,13 @@ class AsyncDriver:
     def threadsafe(self, callback: Callable[..., None]) -> Callable[..., None]:
         """``callback`` that, called from another thread, runs on the event loop instead (in order)."""
         loop, thread = self._running_loop(), self._thread
+        context = contextvars.copy_context()  # the run's context (hooks such as telemetry read it)
 
         def call(*args: Any) -> None:
             if threading.get_ident() == thread:
                 callback(*args)
             elif not loop.is_closed():
-                loop.call_soon_threadsafe(functools.partial(callback, *args))
+                loop.call_soon_threadsafe(functools.partial(callback, *args), context=context)
 
         return call
 
