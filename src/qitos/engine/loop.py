@@ -2,7 +2,7 @@
 
 Every entry point runs this loop: ``AgentModule.run``, ``Engine.run``, ``AsyncEngine.arun`` /
 ``arun_stream`` and ``Session.run`` / ``Session.arun`` (with a durable journal). The loop is written
-once, free of I/O: it is a generator (``Engine._execute``) that yields an effect whenever it needs the
+once, free of I/O: it is a generator (``EngineLoop._execute``) that yields an effect whenever it needs the
 model, a tool, the store or an environment (``qitos.engine.effects``), and one of two drivers
 (``qitos.engine.drivers``) performs them: :func:`~qitos.engine.drivers.drive` in the calling thread
 for ``run``, :class:`~qitos.engine.drivers.AsyncDriver` on an event loop for ``arun``. Per step:
