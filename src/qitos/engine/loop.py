@@ -555,7 +555,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                         observation = yield from self._act_env(run, step_id, decision, self.env)
                     else:
                         pending = run.pending
-                        registry = plain_call.registry
+                        registry = plain_call.registry = self.agent.tool_registry  # the agent may swap it
                         plain = pending is None and self.lifecycle is None
                         results: list[ToolResult] = []
                         for action in decision.actions:
