@@ -25,7 +25,7 @@ PAYLOADS = [
     "</script><script>alert(1)</script>",
     "<iframe srcdoc='<script>alert(1)</script>'>",
     "{{constructor.constructor('alert(1)')()}}",
-    "\u2028<a href=\"javascript:alert(1)\">x</a>",
+    '\u2028<a href="javascript:alert(1)">x</a>',
 ]
 
 TRAVERSALS = [
