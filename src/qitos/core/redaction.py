@@ -19,11 +19,13 @@ What is replaced by ``[REDACTED]``:
 
 What a redacted stored value means: redaction happens before the store sees the data, so the
 durable copy never holds the secret. A session restored from the store (in this process or any
-other) continues from what was stored: its state, its exchange log and the next request to the model
-contain the marker ``[REDACTED]`` where the secret was, never the secret. A run that does not
-restore keeps the real value in memory. Put credentials in configuration (the model adapter, the
-environment, a tool's closure), not in a task or in agent state, when a restored session must still
-be able to use them.
+other) continues from what was stored: its state, its pending decision's tool arguments and its
+exchange log contain the marker ``[REDACTED]`` where the secret was, never the secret. The exchange
+log redacts what it records as it records it (``ExchangeLog.redactor``), so what the model is sent
+is what is stored, in the live run too; only the live agent state and the live decision (the tool
+call arguments the engine executes) keep the real values, until a restore. Put credentials in
+configuration (the model adapter, the environment, a tool's closure), not in a task or in agent
+state, when a restored session must still be able to use them.
 
 Redaction cannot know every secret: a value that is neither configured nor shaped like a token
 passes unchanged. It only ever shortens or replaces text; JSON text stays valid JSON.
