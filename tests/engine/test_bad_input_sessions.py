@@ -115,3 +115,24 @@ def test_a_huge_list_output_is_capped_before_it_reaches_the_store(tmp_path: Path
     db = tmp_path / "s.db"
     total = sum(p.stat().st_size for p in tmp_path.iterdir() if p.name.startswith(db.name))
     assert total < 500_000  # the whole list is 2 MB of JSON (1 MB compressed); capped, the store stays small
+
+
+def test_a_model_reply_with_a_lone_surrogate_is_stored_traced_and_restored(tmp_path: Path) -> None:
+    from qitos.models.scripted import ScriptedModel
+    from qitos.trace import list_runs
+    from secret_agents import SecretAgent
+
+    db = str(tmp_path / "s.db")
+    composition = compose(
+        agent=SecretAgent,
+        store=SqliteCheckpointStore(db),
+        model=ScriptedModel(["half \ud800 a character"]),
+        trace_logdir=str(tmp_path / "runs"),
+    )
+    session = composition.session("answer")
+    result = session.run()
+    assert result.state.final_result == "half \ud800 a character"
+    (run,) = list_runs(str(tmp_path / "runs"))
+    assert any(step.get("decision", {}).get("final_answer") == "half \ud800 a character" for step in run.steps())
+    restored = compose(agent=SecretAgent, store=SqliteCheckpointStore(db)).restore(session.session_id.value)
+    assert restored.inspect().snapshot_integrity == "verified"

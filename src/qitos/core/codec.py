@@ -40,6 +40,7 @@ __all__ = [
     "digest",
     "encode_key",
     "encode_value",
+    "escape_surrogates",
     "field_hints",
     "recursion_error",
     "sha256_hex",
@@ -63,13 +64,19 @@ def canonical_json(value: Any) -> str:
         if "Circular reference" in str(exc):
             raise recursion_error(value, "value") from None
         raise
-    if text.isascii():  # O(1) for most texts: CPython flags pure-ASCII strings
-        return text
+    return escape_surrogates(text)
+
+
+def escape_surrogates(json_text: str) -> str:
+    """JSON text with every lone surrogate written as its ``\\uXXXX`` escape: the same JSON value,
+    now encodable as UTF-8 (the text itself when it has none, checked in O(1) for ASCII)."""
+    if json_text.isascii():  # O(1) for most texts: CPython flags pure-ASCII strings
+        return json_text
     try:
-        text.encode("utf-8")
+        json_text.encode("utf-8")
     except UnicodeEncodeError:
-        return _SURROGATE.sub(_escape_surrogate, text)
-    return text
+        return _SURROGATE.sub(_escape_surrogate, json_text)
+    return json_text
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
