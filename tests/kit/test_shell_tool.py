@@ -46,6 +46,25 @@ def test_shell_syntax_is_passed_literally_not_interpreted(tmp_path: Path) -> Non
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        "echo hi; touch pwned",
+        "echo hi && touch pwned",
+        "echo hi || touch pwned",
+        "echo $(touch pwned)",
+        "echo `touch pwned`",
+        "echo hi > pwned",
+        "echo hi | tee pwned",
+    ],
+)
+def test_injection_attempts_run_one_program_with_literal_arguments(tmp_path: Path, command: str) -> None:
+    """Regression (issue 16): none of these reaches a shell, so no file is ever created."""
+    registry = ToolRegistry([shell_tool(cwd=tmp_path, allow=True)])
+    output = run(registry, command)
+    assert output.startswith("exit code: 0\n") and not (tmp_path / "pwned").exists()
+
+
 def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     script = (
