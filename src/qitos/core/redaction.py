@@ -11,8 +11,8 @@ What is replaced by ``[REDACTED]``:
   session runtime add the bound model's ``api_key`` and everything its ``secrets()`` returns (see
   :func:`model_credentials`); values shorter than 4 characters are ignored (they would match
   everywhere);
-- **token shapes**: ``sk-…`` keys, ``Bearer …`` tokens, GitHub tokens (``ghp_…``, ``github_pat_…``),
-  AWS access key ids (``AKIA…``) and the password of a URL (``scheme://user:password@host``);
+- **token shapes**: ``sk-…`` keys, ``Bearer …`` tokens, GitHub tokens (``ghp_…``, ``github_pat_…``)
+  and the password of a URL (``scheme://user:password@host``);
 - **secret fields**: the string value of a field named like ``api_key``, ``authorization``,
   ``x-api-key``, ``access_token``, ``secret`` or ``password`` — as a key of a mapping (see
   :meth:`Redactor.redact_value`) or inside JSON text at any nesting depth.
@@ -47,7 +47,6 @@ _MIN_SECRET = 4
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
 _SK = re.compile(r"\bsk-[A-Za-z0-9_-]{8,}")
 _GITHUB = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")
-_AWS = re.compile(r"\bAKIA[0-9A-Z]{16}\b")
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@\"']+:)([^\s/@\"']+)(@)")
 
 # The start of a secret field's string value: "api_key": " as JSON text, or the same nested inside a
@@ -89,6 +88,8 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         """``text`` with every secret replaced (the same object when nothing matched)."""
+        if len(text) < _MIN_SECRET:
+            return text
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, REDACTED)
@@ -100,33 +101,64 @@ class Redactor:
 
         Containers are copied only where something changed; an untouched value is returned as is.
         """
-        if isinstance(value, str):
+        kind = type(value)
+        if kind is str:
             return self(value)
-        if isinstance(value, Mapping):
-            out: dict[Any, Any] | None = None
-            for key, item in value.items():
-                if isinstance(key, str) and isinstance(item, str) and item and _SECRET_KEY.fullmatch(key):
-                    new: Any = REDACTED
-                else:
-                    new = self.redact_value(item)
-                if new is not item:
-                    if out is None:
-                        out = dict(value)
-                    out[key] = new
-            return value if out is None else out
-        if isinstance(value, list | tuple):
-            items: list[Any] | None = None
-            for i, item in enumerate(value):
-                new = self.redact_value(item)
-                if new is not item:
-                    if items is None:
-                        items = list(value)
-                    items[i] = new
-            if items is None:
-                return value
-            return items if isinstance(value, list) else tuple(items)
+        if kind in _ATOMS:
+            return value
+        if kind is dict or (kind is not list and kind is not tuple and isinstance(value, Mapping)):
+            return self._redact_mapping(value)
+        if kind is list or kind is tuple or isinstance(value, list | tuple):
+            return self._redact_sequence(value)
         return value
 
+    def _redact_mapping(self, value: Mapping[Any, Any]) -> Any:
+        out: dict[Any, Any] | None = None
+        for key, item in value.items():
+            kind = type(item)
+            if kind is str:
+                new: Any = REDACTED if item and type(key) is str and _is_secret_key(key) else self(item)
+            elif kind in _ATOMS:
+                continue
+            else:
+                new = self.redact_value(item)
+            if new is not item:
+                if out is None:
+                    out = dict(value)
+                out[key] = new
+        return value if out is None else out
+
+    def _redact_sequence(self, value: list[Any] | tuple[Any, ...]) -> Any:
+        items: list[Any] | None = None
+        for i, item in enumerate(value):
+            kind = type(item)
+            if kind is str:
+                new: Any = self(item)
+            elif kind in _ATOMS:
+                continue
+            else:
+                new = self.redact_value(item)
+            if new is not item:
+                if items is None:
+                    items = list(value)
+                items[i] = new
+        if items is None:
+            return value
+        return items if isinstance(value, list) else tuple(items)
+
+
+_ATOMS = frozenset({int, float, bool, type(None)})
+_KEY_VERDICTS: dict[str, bool] = {}
+
+
+def _is_secret_key(key: str) -> bool:
+    """Whether a mapping key names a secret field (cached: payloads repeat a few keys)."""
+    verdict = _KEY_VERDICTS.get(key)
+    if verdict is None:
+        verdict = _SECRET_KEY.fullmatch(key) is not None
+        if len(_KEY_VERDICTS) < 4096:
+            _KEY_VERDICTS[key] = verdict
+    return verdict
 
 _PATTERN_ONLY = Redactor()
 
@@ -151,15 +183,17 @@ def model_credentials(model: object) -> tuple[str, ...]:
 
 
 def _redact_shapes(text: str) -> str:
+    # Every shape is at least 8 characters long, and all but bearer tokens hold a punctuation mark
+    # that a one-character scan (memchr speed) finds or rules out before any longer search.
+    if len(text) < 8:
+        return text
     if "earer" in text or "EARER" in text:
         text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
-    if "sk-" in text:
+    if "-" in text and "sk-" in text:
         text = _SK.sub(REDACTED, text)
     if "_" in text and ("gh" in text or "github_pat_" in text):
         text = _GITHUB.sub(REDACTED, text)
-    if "AKIA" in text:
-        text = _AWS.sub(REDACTED, text)
-    if "://" in text and "@" in text:
+    if "@" in text and "://" in text:
         text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", text)
     if '"' in text:
         text = _redact_secret_fields(text)

@@ -24,7 +24,9 @@ its runs and at most a few dozen deltas. Format 1 payloads (no ``chunks``) are r
 Redaction: every payload and blob the journal writes (pending writes, snapshot payloads, state runs,
 the stored request view) passes its ``redactor`` (``qitos.core.redaction``: token shapes plus the
 model's configured credentials) in :meth:`SessionJournal._clean`, so no secret reaches the store;
-the exchange-log entries were redacted when recorded. A restored session sees the marker.
+the exchange-log entries were redacted when recorded. A snapshot payload's other keys hold only
+counters, ids, digests and kinds, so only its ``state`` and ``pending`` parts are cleaned. A
+restored session sees the marker.
 Durability modes and crash safety are described in ``qitos.engine.session_runtime``.
 """
 
@@ -500,7 +502,7 @@ class SessionJournal(RunJournal):
         if last.stop_reason is not None:
             payload["stop_reason"] = last.stop_reason
         if last.pending is not None:
-            payload["pending"] = last.pending.to_dict()
+            payload["pending"] = self._clean(last.pending.to_dict())
         steps = _step_summary(boundaries)
         if steps:
             payload["step"] = steps
@@ -543,14 +545,14 @@ class SessionJournal(RunJournal):
             )
             base_id = None
         else:
-            payload["state"] = {"delta": delta}
+            payload["state"] = {"delta": self._clean(delta)}
             base_id = self._base_id
         snapshot = SessionSnapshot.create(
             session_id=self.session_id,
             parent_id=self._head_id,
             base_id=base_id,
             sequence=self._sequence + 1,
-            payload=self._clean(payload),
+            payload=payload,
             trusted=True,
         )
         commit = SessionSnapshotCommit(
