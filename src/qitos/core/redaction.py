@@ -160,6 +160,7 @@ def _is_secret_key(key: str) -> bool:
             _KEY_VERDICTS[key] = verdict
     return verdict
 
+
 _PATTERN_ONLY = Redactor()
 
 
