@@ -38,3 +38,29 @@ def test_an_error_line_does_not_repeat_a_token(cli: Any, workdir: Path) -> None:
     _session(workdir / "s.db")
     result = cli.run("sessions", "show", TASK_KEY, "--db", "s.db", code=3)
     assert f"session '{REDACTED}' not found" in result.stderr and TASK_KEY not in result.stderr
+
+
+LEAK_AGENT = '''
+from qitos import AgentModule, Decision, StateSchema
+
+
+class EchoTaskAgent(AgentModule):
+    """Answers with its task."""
+
+    def init_state(self, task, **kwargs):
+        return StateSchema(task=task, max_steps=2)
+
+    def decide(self, state, observation):
+        return Decision.final(f"the task was: {state.task}")
+
+    def reduce(self, state, observation, decision):
+        return state
+'''
+
+
+def test_qitos_run_output_never_prints_a_token(cli: Any, workdir: Path) -> None:
+    (workdir / "leak_agents.py").write_text(LEAK_AGENT, encoding="utf-8")
+    data = cli.json("run", "leak_agents:EchoTaskAgent", f"use {TASK_KEY}", "--json")
+    assert data["final_result"] == f"the task was: use {REDACTED}"
+    human = cli.run("run", "leak_agents:EchoTaskAgent", f"use {TASK_KEY}", code=0)
+    assert TASK_KEY not in human.stdout and TASK_KEY not in human.stderr
