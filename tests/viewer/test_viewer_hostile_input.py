@@ -9,24 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from viewer_support import HostileAgent, get
+from hostile_support import PAYLOADS, build_hostile_store
+from viewer_support import get
 
-from qitos import compose
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.redaction import REDACTED
 from qitos.viewer.server import ViewerServer
-from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY, KeyedModel, SecretAgent
-
-PAYLOADS = [
-    "<script>alert(1)</script>",
-    '"><img src=x onerror=alert(1)>',
-    "<svg/onload=alert(1)>",
-    "javascript:alert(1)",
-    "</script><script>alert(1)</script>",
-    "<iframe srcdoc='<script>alert(1)</script>'>",
-    "{{constructor.constructor('alert(1)')()}}",
-    '\u2028<a href="javascript:alert(1)">x</a>',
-]
+from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY
 
 TRAVERSALS = [
     "/../../../../etc/passwd",
@@ -49,14 +37,7 @@ TRAVERSALS = [
 @pytest.fixture(scope="module")
 def hostile_viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ViewerServer, dict[str, str]]]:
     base = tmp_path_factory.mktemp("hostile")
-    store = SqliteCheckpointStore(str(base / "s.db"))
-    ids: dict[str, str] = {}
-    secret = compose(agent=SecretAgent, store=store, model=KeyedModel()).session(f"deploy with {TASK_KEY}")
-    secret.run()
-    ids["secret"] = secret.session_id.value
-    for i, payload in enumerate(PAYLOADS):
-        ids[f"payload{i}"] = compose(agent=HostileAgent, store=store).session(payload).session_id.value
-    store.close()
+    ids = build_hostile_store(base / "s.db")
     (base / "runs").mkdir()
     with ViewerServer(str(base / "runs"), db=str(base / "s.db"), port=0) as srv:
         yield srv, ids
