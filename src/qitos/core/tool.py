@@ -12,6 +12,15 @@ A tool may be an ``async def`` function (its schema comes from hints and docstri
 ``ToolRegistry.call`` never raises for a tool's own failure: unknown tools, invalid arguments,
 exceptions and timeouts all become a ``ToolResult`` with ``ok=False`` and an ``error_kind`` that the
 agent can read and react to.
+
+Outputs: ``max_output_chars`` caps the output's *text form* (the string itself, or the JSON text
+of any other output): an output whose text form is longer becomes that text cut to the cap plus a
+``[truncated N of M characters]`` note, with ``truncated=True`` (so a 50 MB list never reaches the
+store or the model whole). An output that is not valid Unicode text (a lone surrogate such as
+``"\\ud800"``, in the string or anywhere in its JSON text) cannot be stored or sent to a model: the
+call becomes a ``tool_error`` result saying where, not an escaped or altered output. So does an
+output that is cyclic or nested too deeply to have a text form. Arguments holding a lone surrogate
+are ``invalid_arguments`` (the tool does not run).
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Union, overload
 
-from qitos.core.errors import ToolDefinitionError
+from qitos.core.codec import check_text
+from qitos.core.errors import CodecError, ToolDefinitionError
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
@@ -507,40 +517,20 @@ class ToolRegistry:
         from a thread whose event loop is running, it is refused (a ``tool_error`` result telling to
         use ``acall`` / ``AsyncEngine``), because that loop cannot be re-entered.
         """
-        # The same checks as _prepare and _finish (acall's), kept inline: this is every sync step's path.
-        spec = self._tools.get(name)
+        spec, prepared = self._prepare(name, args, call_id)
         if spec is None:
-            known = ", ".join(self._tools) or "none"
-            return _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
-        if not isinstance(args, _MAPPINGS):
-            return _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
-        problems: list[str] = []
-        self._validators[name](args, "arguments", problems)
-        if problems:
-            return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
-        converters = self._converters.get(name)
-        if converters is not None:  # only tools with Enum-annotated parameters
-            try:
-                args = _convert_arguments(args, converters)
-            except ValueError as exc:
-                return _failure(call_id, name, "invalid_arguments", str(exc))
+            return prepared  # type: ignore[no-any-return]
         started = time.perf_counter()
         try:
             if spec.timeout is None and not self._is_async[name]:
-                output = spec.func(**args)
+                output = spec.func(**prepared)
             else:
-                output = self._invoke(spec, args)
+                output = self._invoke(spec, prepared)
         except concurrent.futures.TimeoutError:
             return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
         except Exception as exc:
             return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
-        truncated = False
-        cap = spec.max_output_chars
-        if cap is not None and isinstance(output, str) and len(output) > cap:
-            output = f"{output[:cap]}\n...[truncated {len(output) - cap} of {len(output)} characters]"
-            truncated = True
-        duration = (time.perf_counter() - started) * 1000.0
-        return ToolResult(call_id=call_id, name=name, ok=True, output=output, duration_ms=duration, truncated=truncated)
+        return self._finish(spec, call_id, output, started)
 
     async def acall(
         self, name: str, args: Any, *, call_id: str = "", executor: concurrent.futures.Executor | None = None
@@ -569,7 +559,7 @@ class ToolRegistry:
 
     def _prepare(self, name: str, args: Any, call_id: str) -> tuple[ToolSpec | None, Any]:
         """``(spec, arguments to call it with)``, or ``(None, failure result)`` when it cannot run
-        (``call`` makes the same checks inline)."""
+        (shared by ``call`` and ``acall``)."""
         spec = self._tools.get(name)
         if spec is None:
             known = ", ".join(self._tools) or "none"
@@ -580,6 +570,11 @@ class ToolRegistry:
         self._validators[name](args, "arguments", problems)
         if problems:
             return None, _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+        if not _plain_text_values(args):
+            try:
+                check_text(args, "arguments")
+            except CodecError as exc:
+                return None, _failure(call_id, name, "invalid_arguments", str(exc))
         converters = self._converters.get(name)
         if converters is not None:  # only tools with Enum-annotated parameters
             try:
@@ -589,17 +584,31 @@ class ToolRegistry:
         return spec, args
 
     def _finish(self, spec: ToolSpec, call_id: str, output: Any, started: float) -> ToolResult:
-        """The successful result of a call: its output, capped at the tool's ``max_output_chars``
-        (``call`` does the same inline)."""
+        """The result of a call that returned ``output``: capped at the tool's ``max_output_chars``
+        (of its text form), refused when it has no valid text form (shared by ``call`` and ``acall``)."""
+        name = spec.name
         truncated = False
         cap = spec.max_output_chars
-        if cap is not None and isinstance(output, str) and len(output) > cap:
-            output = f"{output[:cap]}\n...[truncated {len(output) - cap} of {len(output)} characters]"
+        if type(output) is str:
+            text = output
+        elif output is None or type(output) in (int, bool, float):
+            text = ""
+        else:
+            try:
+                text = _to_text(output)
+            except RecursionError:
+                message = "the output is cyclic or nested too deeply to have a text form"
+                return _failure(call_id, name, "tool_error", message, started)
+        if not text.isascii():
+            try:
+                check_text(text, "output")
+            except CodecError as exc:
+                return _failure(call_id, name, "tool_error", f"{exc}; the tool must return valid text", started)
+        if cap is not None and len(text) > cap:
+            output = f"{text[:cap]}\n...[truncated {len(text) - cap} of {len(text)} characters]"
             truncated = True
         duration = (time.perf_counter() - started) * 1000.0
-        return ToolResult(
-            call_id=call_id, name=spec.name, ok=True, output=output, duration_ms=duration, truncated=truncated
-        )
+        return ToolResult(call_id=call_id, name=name, ok=True, output=output, duration_ms=duration, truncated=truncated)
 
     def _invoke(self, spec: ToolSpec, args: Mapping[str, Any]) -> Any:
         fn = spec.func
@@ -790,6 +799,19 @@ async def _with_timeout(coro: Any, timeout: float) -> Any:
 def _failure(call_id: str, name: str, kind: ToolErrorKind, message: str, started: float | None = None) -> ToolResult:
     duration = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
     return ToolResult(call_id=call_id, name=name, ok=False, error=message, error_kind=kind, duration_ms=duration)
+
+
+def _plain_text_values(args: Mapping[str, Any]) -> bool:
+    """Whether every argument is ASCII text, a number, a bool or None (the common case, and then no
+    argument can hold a lone surrogate; anything else is checked by ``check_text``)."""
+    for value in args.values():
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return False
+        elif kind is not int and kind is not bool and kind is not float and value is not None:
+            return False
+    return True
 
 
 def _jsonable(value: Any) -> Any:

@@ -63,6 +63,7 @@ from qitos.core.identity import (
     SnapshotIdentity,
     WorkItemIdentity,
 )
+from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import RequestView
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
@@ -362,6 +363,7 @@ class Session:
             batch_steps=runtime.batch_steps if runtime else 16,
             batch_ms=runtime.batch_ms if runtime else 50.0,
             lease=lease,
+            redactor=self._redactor(),
         )
         self._journal = journal
         resume = ResumePoint(
@@ -377,6 +379,10 @@ class Session:
         )
         return journal, resume
 
+    def _redactor(self) -> Redactor:
+        """The redaction policy for what this session writes: patterns plus the model's credentials."""
+        return Redactor(model_credentials(self.engine.model))
+
     def pause(self) -> PauseReceipt:
         """Request cooperative pause; durable status is returned at a boundary."""
         item = self.store.append_control(self.session_id.value, "pause", {"requested_at": utc_now()})
@@ -390,13 +396,14 @@ class Session:
     def steer(self, text: str) -> SteeringReceipt:
         """Durably submit one canonical steering item to this Session."""
         _check_steering(text)
-        item = self.store.append_control(self.session_id.value, "steer", {"text": text})
+        item = self.store.append_control(self.session_id.value, "steer", {"text": self._redactor().redact_value(text)})
         return _steering_receipt(item, text)
 
     async def asteer(self, text: str) -> SteeringReceipt:
         """Async twin of :meth:`steer`."""
         _check_steering(text)
-        item = await self.store.aappend_control(self.session_id.value, "steer", {"text": text})
+        payload = {"text": self._redactor().redact_value(text)}
+        item = await self.store.aappend_control(self.session_id.value, "steer", payload)
         return _steering_receipt(item, text)
 
     def approve(self, call_id: str) -> ApprovalReceipt:
@@ -430,14 +437,15 @@ class Session:
 
     def _answer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
         kind = "approve" if approved else "reject"
-        item = self.store.append_control(self.session_id.value, kind, {"call_id": call_id, "reason": reason})
+        payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
+        item = self.store.append_control(self.session_id.value, kind, payload)
         return ApprovalReceipt(
             session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
         )
 
     async def _aanswer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
         kind = "approve" if approved else "reject"
-        payload = {"call_id": call_id, "reason": reason}
+        payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
         item = await self.store.aappend_control(self.session_id.value, kind, payload)
         return ApprovalReceipt(
             session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
@@ -759,7 +767,8 @@ def _first_snapshot(
         state.task = the_task.objective
     state.drain_changes()
     session_id = SessionIdentity.new()
-    full = state.to_dict()
+    redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
+    full = redactor.redact_value(state.to_dict())
     log = ExchangeLog(f"log-{session_id.value}")
     payload: dict[str, Any] = {
         "format": FORMAT,
@@ -784,7 +793,7 @@ def _first_snapshot(
         "agent_id": agent_id.value,
         "agent": f"{type(engine.agent).__module__}:{type(engine.agent).__qualname__}",
         "state_type": _state_type_name(type(state)),
-        "task": the_task.to_dict(),
+        "task": redactor.redact_value(the_task.to_dict()),
         "created_at": created_at,
         "parent_session_id": None,
         "fork_snapshot_id": None,
