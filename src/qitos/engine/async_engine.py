@@ -57,13 +57,11 @@ class EventChannel:
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
-        self.high_water = 0
 
     def push(self, item: EngineEvent | None) -> None:
         """Add an event (``None`` marks the end); the producer checks ``full()`` at its boundaries."""
         items = self._items
         items.append(item)
-        self.high_water = max(self.high_water, len(items))
         self._readable.set()
         if len(items) >= self.max_queue:
             self._writable.clear()
