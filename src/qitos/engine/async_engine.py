@@ -3,7 +3,8 @@
 ``arun`` awaits the run on the caller's event loop: the model's ``acomplete`` is awaited, ``async
 def`` tools are awaited on the loop, sync tools run in a bounded executor of ``tool_workers``
 threads (``AsyncEngine(agent, tool_workers=8)``), store commits await the store's async methods. No
-thread per run: a thousand runs in flight share one loop and that executor.
+thread per run: a thousand runs in flight share one loop and that executor. Hooks, ``decide``,
+``reduce`` and the trace writer's small appends run inline on the loop.
 
 Cancellation: cancelling the task that awaits ``arun`` stops that run only, as
 ``Engine.cancel(immediate=True)`` would (``cancelled_immediate``, ``run_end`` last, trace status
