@@ -686,11 +686,17 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             log_entries=list(log_entries),
             state_changes=list(changes),
             control_position=run.control_position,
+            approval_calls=self._approval_calls(decision),
         )
         run.pending = pending
         yield JournalCall(run.journal, "record_decision", (pending,))
         if run.writer is not None:
             self._trace_committed(run)  # a batched journal flushes its buffer first
+
+    def _approval_calls(self, decision: Decision[Any]) -> list[str]:
+        """The ids of the decision's calls whose tools need a human's approval."""
+        registry = self.agent.tool_registry
+        return [a.id for a in decision.actions if (spec := registry.get(a.name)) is not None and spec.needs_approval]
 
     def _model_decide(
         self, run: RunContext, step_id: int
