@@ -99,7 +99,14 @@ from qitos.sessions.journal import (
     ResumePoint,
 )
 from qitos.sessions.lease import DEFAULT_LEASE_TTL, LeaseKeeper
-from qitos.sessions.step_journal import FORMAT, RestoredSession, SessionJournal, materialize, restore
+from qitos.sessions.step_journal import (
+    RestoredSession,
+    SessionJournal,
+    first_payload,
+    fork_payload,
+    materialize,
+    restore,
+)
 
 __all__ = [
     "PauseReceipt",
@@ -300,7 +307,7 @@ class Session:
             state=state,
             log=restored.log,
             budget_used={
-                **(restored.snapshot.payload.get("budget_used") or {}),
+                **restored.budget_used,
                 "control_position": restored.control_position,
                 "pause_position": restored.pause_position,
             },
@@ -394,15 +401,7 @@ class Session:
         source = store.get_snapshot(snapshot_id)
         source_state = materialize(store, snapshot_id)  # verifies the whole chain the child will share
         child_id = SessionIdentity.new().value
-        # The child's first snapshot adds nothing: state, log and request view come from the chain.
-        inherited = ("step_id", "budget_used", "stop_reason", "pending")
-        payload: dict[str, Any] = {k: source.payload[k] for k in inherited if k in source.payload}
-        payload.update(
-            state={"delta": []},
-            control_position=0,
-            lifecycle=source_state.lifecycle,
-            fork_of={"session_id": source.session_id, "snapshot_id": snapshot_id},
-        )
+        payload = fork_payload(source, source_state.lifecycle)
         child = SessionSnapshot.create(
             session_id=child_id,
             parent_id=snapshot_id,
@@ -546,20 +545,7 @@ def _first_snapshot(
     session_id = SessionIdentity.new()
     redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
     full = redactor.redact_value(state.to_dict())
-    log = ExchangeLog(f"log-{session_id.value}")
-    payload: dict[str, Any] = {
-        "format": FORMAT,
-        "step_id": 0,
-        "lifecycle": SessionLifecycle.CREATED.value,
-        "stop_reason": None,
-        "budget_used": {},
-        "control_position": 0,
-        "pending": None,
-        "step": [],
-        "request_view": None,
-        "state": {"full": full},
-        "log": {"log_id": log.log_id, "position": 0, "digest": log.digest, "chunks": []},
-    }
+    payload = first_payload(full, ExchangeLog(f"log-{session_id.value}"), SessionLifecycle.CREATED.value)
     snapshot = SessionSnapshot.create(
         session_id=session_id.value, parent_id=None, base_id=None, sequence=0, payload=payload
     )
