@@ -21,10 +21,15 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from qitos.core.errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType
 from qitos.engine.hooks import EngineHook, HookContext
 
-__all__ = ["LiveRenderer", "preview"]
+__all__ = ["THEMES", "LiveRenderer", "preview"]
+
+THEMES = ("research", "mono")
+"""The renderer's themes: ``research`` (the default: colours) and ``mono`` (bold/dim/italic only)."""
+_MONO_ATTRIBUTES = frozenset({"bold", "dim", "italic"})
 
 E = EngineEventType
 
@@ -69,6 +74,7 @@ class LiveRenderer(EngineHook):
         live: force live (styled, progress bar, streaming) or plain output.
         max_result_chars: how much of each tool result to show.
         max_tokens: the token budget, to show what is left (None: not shown).
+        theme: one of :data:`THEMES` (``AgentModule.run(render=..., theme=...)`` sets it).
     """
 
     def __init__(
@@ -78,7 +84,9 @@ class LiveRenderer(EngineHook):
         live: bool | None = None,
         max_result_chars: int = 240,
         max_tokens: int | None = None,
+        theme: str = "research",
     ) -> None:
+        self.theme = theme
         self.console = console
         self.live = console.is_terminal if live is None else live
         self.max_result_chars = max_result_chars
@@ -91,6 +99,17 @@ class LiveRenderer(EngineHook):
         self.final_status: str | None = None
         self._live: Live | None = None
 
+    @property
+    def theme(self) -> str:
+        """The theme in use; setting an unknown one raises ConfigurationError."""
+        return self._theme
+
+    @theme.setter
+    def theme(self, value: str) -> None:
+        if value not in THEMES:
+            raise ConfigurationError(f"unknown theme {value!r}; the renderer has {', '.join(THEMES)}")
+        self._theme = value
+
     # ---- printing
 
     def _print(self, renderable: RenderableType) -> None:
@@ -101,20 +120,24 @@ class LiveRenderer(EngineHook):
             self.console.print(renderable, soft_wrap=not self.live, highlight=False)
 
     def _style(self, style: str) -> str:
-        return style if self.live else ""
+        if not self.live:
+            return ""
+        if self._theme == "mono":
+            return " ".join(word for word in style.split() if word in _MONO_ATTRIBUTES)
+        return style
 
     def _live_view(self) -> RenderableType:
         parts: list[RenderableType] = []
         if self.streamed:
             tail = "\n".join(self.streamed.splitlines()[-6:])
-            parts.append(Text(tail[-600:], style="italic dim cyan"))
+            parts.append(Text(tail[-600:], style=self._style("italic dim cyan")))
         total = max(self.max_steps, 1)
         row = Table.grid(padding=(0, 1))
         row.add_row(
             ProgressBar(total=total, completed=min(self.steps_done, total), width=30),
             Text(f"step {self.steps_done}/{self.max_steps}", style="bold"),
             Text(self._token_text(), style="dim"),
-            Text(self.status, style="cyan"),
+            Text(self.status, style=self._style("cyan")),
         )
         parts.append(row)
         return Group(*parts)

@@ -379,6 +379,8 @@ class _UnitPrefix:
     counter: _Counter
     # sums[i] = units of the closed exchanges [0, i).
     sums: list[int] = field(default_factory=lambda: [0])
+    # units of the log's first item (the task), counted once when first asked for.
+    first_item: int | None = None
 
 
 @dataclass(slots=True)
@@ -418,6 +420,19 @@ class ExchangeProjection:
         for i in range(len(sums) - 1, len(self.exchange_ids)):
             sums.append(sums[-1] + sum(count(text) for text in texts[offsets[i] : offsets[i + 1]]))
         return sums
+
+    def first_item_units(self, counter: _Counter) -> int:
+        """Units of the first closed item (the run's task) under ``counter``; counted once.
+
+        Call :meth:`unit_sums` with the same counter first (it creates the cache entry).
+        """
+        key: Any = getattr(counter, "cache_key", None)
+        prefix = self.units.get(key if key is not None else ("id", id(counter)))
+        if prefix is None:
+            return counter.count(self.item_json[0])
+        if prefix.first_item is None:
+            prefix.first_item = counter.count(self.item_json[0])
+        return prefix.first_item
 
 
 def _category_mask(exchange: Exchange) -> int:
