@@ -192,3 +192,22 @@ def test_resume_with_an_agent_that_cannot_be_imported_is_a_usage_error(cli: Any,
 def test_steering_with_empty_text_is_a_usage_error(cli: Any, workdir: Path) -> None:
     sid = _session(cli)
     assert "non-empty" in cli.run("sessions", "steer", sid, "  ", "--db", "s.db", code=2).stderr
+
+
+def test_resume_of_a_model_agent_without_a_model_is_a_cli_message_and_the_session_stays_paused(
+    cli: Any, workdir: Path
+) -> None:
+    import json
+
+    script = [{"tool_calls": [{"id": "call-publish", "name": "publish", "arguments": {"text": "hi"}}]}, "published"]
+    (workdir / "script.json").write_text(json.dumps(script), encoding="utf-8")
+    data = cli.json(
+        "run", "cli_agents:ModelAgent", "publish", "--model", "scripted:script.json", "--session-db", "s.db", "--json"
+    )
+    sid = data["session_id"]
+    assert data["stop_reason"] == "awaiting_approval"
+    result = cli.run("sessions", "resume", sid, "--db", "s.db", code=2)
+    assert "ModelAgent decides through a model" in result.stderr and "--model" in result.stderr
+    assert "llm=" not in result.stderr and "compose(" not in result.stderr  # a CLI message, not a Python one
+    listed = cli.json("sessions", "list", "--db", "s.db", "--json")
+    assert listed["sessions"][0]["lifecycle"] == "awaiting_approval"  # not marked failed

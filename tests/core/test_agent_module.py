@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from qitos import AgentModule, Decision, StateSchema
+from qitos import Action, AgentModule, Decision, StateSchema, compose, tool
 from qitos.cli.render import LiveRenderer
 from qitos.core.errors import ConfigurationError, RunFailedError
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
@@ -72,3 +72,38 @@ def test_theme_is_applied_to_the_renderer_or_refused() -> None:
         ModelAgent(llm=ScriptedModel(["ok"])).run("t", trace=False, render=renderer, theme="neon")
     with pytest.raises(ConfigurationError, match="no render= hook"):
         ModelAgent(llm=ScriptedModel(["ok"])).run("t", trace=False, theme="mono")
+
+
+@tool
+def shout(text: str) -> str:
+    """Shout a text.
+
+    Args:
+        text: what to shout.
+    """
+    return text.upper()
+
+
+class ShoutAgent(AgentModule[NoteState, Any, Any]):
+    tools = (shout,)
+
+    def init_state(self, task: str, **kwargs: Any) -> NoteState:
+        return NoteState(task=task)
+
+    def decide(self, state: NoteState, observation: Any) -> Decision[Any]:
+        if state.notes:
+            return Decision.final(state.notes[-1])
+        return Decision.act([Action("shout", {"text": state.task})])
+
+    def reduce(self, state: NoteState, observation: Any, decision: Decision[Any]) -> NoteState:
+        state.notes.extend(r.as_text() for r in observation.results)
+        return state
+
+
+def test_a_class_declares_its_tools_so_compose_of_the_class_has_them() -> None:
+    assert ShoutAgent().tool_registry.names() == ["shout"]
+    session = compose(agent=ShoutAgent).session("hello")
+    assert session.run().state.final_result == "HELLO"
+    assert ShoutAgent(tool_registry=[]).tool_registry.names() == []  # an explicit registry wins
+    with pytest.raises(ConfigurationError, match="tool_registry"):
+        ShoutAgent(tool_registry="shout")

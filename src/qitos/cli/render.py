@@ -98,6 +98,7 @@ class LiveRenderer(EngineHook):
         self.streamed = ""
         self.final_status: str | None = None
         self._live: Live | None = None
+        self._errors_shown: set[str] = set()
 
     @property
     def theme(self) -> str:
@@ -207,6 +208,7 @@ class LiveRenderer(EngineHook):
                 )
             )
         elif kind is E.ERROR:
+            self._errors_shown.add(event.error or "")
             self._print(Text(f"  error: {preview(event.error or '', 400, max_lines=3)}", style=self._style("red")))
         elif kind is E.PAUSE:
             self._print(Text(f"  paused ({payload.get('by') or payload.get('before_call') or 'requested'})"))
@@ -298,7 +300,7 @@ class LiveRenderer(EngineHook):
             f" · {payload.get('stop_reason')} · {payload.get('steps', self.steps_done)} step(s) · {self._token_text()}",
         )
         self._print(summary)
-        if event.error:
+        if event.error and event.error not in self._errors_shown:  # each error is printed once
             self._print(Text(f"error: {event.error}", style=self._style("red")))
         final = payload.get("final_result")
         if final:

@@ -20,7 +20,7 @@ from rich.tree import Tree
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
 from qitos.cli.models import MODEL_FORMS, resolve_model
-from qitos.cli.running import compaction_extensions, finish, renderer_hooks
+from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
 from qitos.engine.composition import Composition, compose
 from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
 
@@ -47,15 +47,24 @@ def open_store(db: str) -> Iterator[SqliteCheckpointStore]:
         store.close()
 
 
-def composition_for(store: SqliteCheckpointStore, session_id: str, agent: str | None, **kwargs: Any) -> Composition:
-    """A composition able to restore ``session_id`` (its recorded agent, or ``agent``)."""
+def composition_for(
+    store: SqliteCheckpointStore, session_id: str, agent: str | None, *, needs_model: bool = False, **kwargs: Any
+) -> Composition:
+    """A composition able to restore ``session_id`` (its recorded agent, or ``agent``).
+
+    With ``needs_model=True`` (resuming) an agent that decides through a model but was given none
+    stops here with a usage error, before the session is touched.
+    """
     head = store.get_session_head(session_id)
     if head is None:
         fail(f"session {session_id!r} not found", EXIT_NOT_FOUND)
     spec = agent or (head.metadata or {}).get("agent")
     if not spec:
         fail(f"session {session_id} does not record its agent; pass --agent module:Class", 2)
-    return compose(agent=load_agent(str(spec)), store=store, **kwargs)
+    factory = load_agent(str(spec))
+    if needs_model:
+        require_model(factory, kwargs.get("model"), what=f"qitos sessions resume {session_id}")
+    return compose(agent=factory, checkpoint_store=store, **kwargs)
 
 
 def _lifecycle_style(lifecycle: str) -> str:
@@ -204,6 +213,7 @@ def resume(
             store,
             session_id,
             agent,
+            needs_model=True,
             model=adapter,
             hooks=hooks,
             trace_logdir=trace_dir,
@@ -211,7 +221,7 @@ def resume(
         )
         session = composition.restore(session_id)
         result = session.run(steering=steer)
-    finish(result, json_out, renderer, session_id=session_id)
+    finish(result, json_out, renderer, adapter=adapter, session_id=session_id)
 
 
 def _receipt(receipt: Any, json_out: bool, message: str) -> None:

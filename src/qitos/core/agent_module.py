@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from qitos.core.decision import Decision
 from qitos.core.errors import ConfigurationError, RunFailedError
@@ -31,9 +32,14 @@ ActionT = TypeVar("ActionT")
 class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
     """Base class of an agent: typed state plus hooks, run by the one canonical engine loop.
 
+    A subclass can declare its tools as a class attribute, ``tools = (word_count, ...)``; they form
+    the registry when none is passed, so ``MyAgent()`` and ``compose(agent=MyAgent)`` have them.
+
     Args:
-        tool_registry: the tools the agent may call (a ``ToolRegistry``; None means no tools).
-        llm: the model adapter used when ``decide`` returns None (the model path).
+        tool_registry: the tools the agent may call: a ``ToolRegistry`` or a sequence of tools
+            (None: the class's ``tools``, by default none).
+        llm: the model adapter used when ``decide`` returns None (the model path); seed 004's name,
+            an alias of ``model=``. Stored as ``self.llm``.
         model_parser: a text protocol parser turning model text into a ``Decision``.
         memory: an optional ``Memory`` (anything with ``retrieve()``). On every model request the
             engine recalls it fresh into the request context through
@@ -42,8 +48,13 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         history: must be None. qitos keeps the conversation in the run's exchange log, and what the
             model sees of it is shaped by ``Engine(history_policy=)`` (a compaction policy) and the
             context budget; any other value raises ConfigurationError rather than being ignored.
+        model: the agent's model adapter: the name used everywhere else (``Engine(model=)``,
+            ``compose(model=)``); give ``model=`` or ``llm=``, not two different ones.
         **config: extra settings, kept in ``self.config``.
     """
+
+    tools: ClassVar[Sequence[Any]] = ()
+    """Tools (``@tool`` functions or ToolSpecs) every instance gets when no ``tool_registry`` is passed."""
 
     def __init__(
         self,
@@ -52,10 +63,14 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         model_parser: Any = None,
         memory: Memory | None = None,
         history: Any = None,
+        *,
+        model: Any = None,
         **config: Any,
     ) -> None:
-        self.tool_registry: ToolRegistry = tool_registry if tool_registry is not None else ToolRegistry()
-        self.llm = llm
+        if model is not None and llm is not None and model is not llm:
+            raise ConfigurationError("pass the agent's model once: model= (llm= is seed 004's alias for it)")
+        self.tool_registry: ToolRegistry = _registry(tool_registry, type(self).tools)
+        self.llm = llm if llm is not None else model
         self.model_parser = model_parser
         if memory is not None and not callable(getattr(memory, "retrieve", None)):
             raise ConfigurationError(
@@ -177,3 +192,13 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
                 error=task_result.error,
             )
         return result.state.final_result
+
+
+def _registry(given: Any, declared: Sequence[Any]) -> ToolRegistry:
+    if isinstance(given, ToolRegistry):
+        return given
+    if given is None:
+        return ToolRegistry(declared)
+    if isinstance(given, list | tuple):
+        return ToolRegistry(given)
+    raise ConfigurationError(f"tool_registry= must be a ToolRegistry or a list of tools, got {type(given).__name__}")
