@@ -211,3 +211,16 @@ def test_resume_of_a_model_agent_without_a_model_is_a_cli_message_and_the_sessio
     assert "llm=" not in result.stderr and "compose(" not in result.stderr  # a CLI message, not a Python one
     listed = cli.json("sessions", "list", "--db", "s.db", "--json")
     assert listed["sessions"][0]["lifecycle"] == "awaiting_approval"  # not marked failed
+
+
+def test_the_sessions_table_never_cuts_an_id_at_120_columns(
+    cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = _session(cli, task="a long task " * 8)
+    monkeypatch.setenv("COLUMNS", "120")
+    out = cli.run("sessions", "list", "--db", "s.db", code=0).stdout
+    assert sid in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    runs = cli.run("trace", "list", code=0).stdout
+    run_ids = [r["run_id"] for r in cli.json("trace", "list", "--json")["runs"]]
+    assert run_ids and all(run_id in runs for run_id in run_ids)

@@ -93,6 +93,7 @@ class LiveRenderer(EngineHook):
         self.max_tokens = max_tokens
         self.max_steps = 0
         self.steps_done = 0
+        self.first_step = 0
         self.tokens = 0
         self.status = ""
         self.streamed = ""
@@ -154,6 +155,8 @@ class LiveRenderer(EngineHook):
         """Remember the step limit; start the live display."""
         self.max_steps = int(getattr(ctx.state, "max_steps", 0) or 0)
         self.steps_done = int(getattr(ctx.state, "current_step", 0) or 0)
+        self.first_step = self.steps_done  # a resumed session run starts past 0
+        self.tokens = 0
         if self.live and self._live is None:
             self._live = Live(
                 console=self.console,
@@ -295,9 +298,14 @@ class LiveRenderer(EngineHook):
         payload = event.payload
         status = str(payload.get("status") or "")
         self.final_status = status
+        # The run's own steps and tokens (a resumed session run also names the session's step count).
+        total = int(payload.get("steps", self.steps_done) or 0)
+        own = f"{max(0, total - self.first_step)} step(s)"
+        if self.first_step:
+            own += f" (step {total} of the session)"
         summary = Text.assemble(
             (f"{status or 'ended'}", self._style(_STATUS_STYLE.get(status, "bold"))),
-            f" · {payload.get('stop_reason')} · {payload.get('steps', self.steps_done)} step(s) · {self._token_text()}",
+            f" · {payload.get('stop_reason')} · {own} · {self._token_text()}",
         )
         self._print(summary)
         if event.error and event.error not in self._errors_shown:  # each error is printed once

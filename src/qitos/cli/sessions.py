@@ -95,18 +95,25 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
         out.print(f"no sessions in {db}", highlight=False)
         return
     table = Table(title=f"sessions in {db}", title_justify="left")
-    for column in ("session", "lifecycle", "sequence"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("task", overflow="ellipsis", no_wrap=True, max_width=48)
+
+    # Ids are never cut: the id column keeps its full width and the other columns give way (a
+    # narrow terminal folds them onto more lines instead of truncating anything you might copy).
+    def widest(key: str, header: str) -> int:
+        return max(len(header), *(len(str(row[key] or "")) for row in rows))
+
+    table.add_column("session", no_wrap=True, min_width=widest("session_id", "session"))
+    table.add_column("lifecycle", no_wrap=True, min_width=widest("lifecycle", "lifecycle"))
+    table.add_column("sequence", no_wrap=True, min_width=widest("sequence", "sequence"))
+    table.add_column("task", overflow="ellipsis", max_width=48)
     table.add_column("agent", overflow="fold")
-    table.add_column("forked from", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
+    table.add_column("forked from", overflow="fold")
+    table.add_column("updated", overflow="fold")
     for row in rows:
         table.add_row(
             row["session_id"],
             Text(row["lifecycle"], style=_lifecycle_style(row["lifecycle"])),
             str(row["sequence"]),
-            Text(str(row["task"] or "")),
+            Text(str(row["task"] or ""), no_wrap=True, overflow="ellipsis"),
             Text(str(row["agent"] or "")),
             row["parent_session_id"] or "",
             row["updated_at"] or "",
