@@ -150,7 +150,7 @@ def test_request_inspector_shows_selection_budget_and_every_receipt(
 
 def _run_label(run: Any) -> str:
     first, last = run if isinstance(run, list) else (run, run)
-    return first if first == last else f"{first} – {last}"
+    return first if first == last else f"{first} \u2013 {last}"  # an en dash
 
 
 def test_omitted_ranges_and_receipts_show_as_ranges_not_concatenated_ids(

@@ -40,6 +40,7 @@ from qitos.core.exchange import ExchangeLog
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
 from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
+from qitos.sessions.lease import LeaseKeeper
 from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 from qitos.sessions.stored_view import view_record
 
@@ -266,8 +267,12 @@ class SessionJournal(RunJournal):
         batch_steps: int = 16,
         batch_ms: float = 50.0,
         poll_interval: float = 0.005,
+        lease: LeaseKeeper | None = None,
     ) -> None:
         self.store = store
+        # The run's hold on the session: its token goes with every write, and a lost lease stops
+        # the journal before it writes anything (see qitos.sessions.lease).
+        self.lease = lease
         # Control items (pause, steer, approvals) are read from the store at a boundary at most every
         # poll_interval seconds (always at a run's first boundary and before an approval check), so a
         # run of sub-millisecond steps does not pay a query per step; a request lands within that time.
@@ -294,6 +299,7 @@ class SessionJournal(RunJournal):
         if restored.pending is not None and restored.pending_from_writes:
             self._log_position -= len(restored.pending.log_entries)
         self._log_chunks = list(restored.log_chunks)
+        self._restored_started = frozenset(restored.pending.started) if restored.pending else frozenset()
         self._request_view_id: str | None = restored.request_view
         self._request_view_obj: Any = None
         self._consumed = restored.control_position
@@ -357,9 +363,17 @@ class SessionJournal(RunJournal):
             self._put([write])  # a model's output is expensive to get again: durable at once
 
     def record_tool_started(self, step_id: int, action: Action) -> None:
-        self._put(
+        stored = self._put(
             [self._step_write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})]
         )
+        if not stored[-1] and action.id not in self._restored_started:
+            # First write wins: this call's start is already recorded but not by an attempt this
+            # run restored (which re-runs only idempotent calls), so another runner may be running
+            # it. Never start it a second time.
+            raise CheckpointError(
+                f"session {self.session_id!r}: tool call {action.id!r} of step {step_id} was already started "
+                "by another attempt; it is not started again"
+            )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
         self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict())])
@@ -372,15 +386,23 @@ class SessionJournal(RunJournal):
             kind=kind,
             key=key,
             payload=payload,
+            lease_token=self._token(),
         )
 
-    def _put(self, writes: list[StepWrite]) -> None:
+    def _token(self) -> int | None:
+        """The fencing token for the next write (renewing the lease when due), or None without a lease."""
+        if self.lease is None:
+            return None
+        self.lease.check()
+        return self.lease.token
+
+    def _put(self, writes: list[StepWrite]) -> list[bool]:
         """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
         self._raise_if_failed()
         if self._unwritten:
             writes = [*self._unwritten, *writes]
             self._unwritten = []
-        self.store.put_writes(writes)
+        return self.store.put_writes(writes)
 
     # ---- boundaries
 
@@ -500,6 +522,7 @@ class SessionJournal(RunJournal):
             snapshot=snapshot,
             lifecycle=last.lifecycle,
             blobs=blobs,
+            lease_token=self._token(),
         )
         try:
             self.store.commit_session_snapshot(commit)
