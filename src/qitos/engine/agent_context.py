@@ -24,11 +24,13 @@ __all__ = ["AGENT_MEMORY_NAMESPACE", "check_history_policy", "request_compaction
 AGENT_MEMORY_NAMESPACE = "agent"
 
 
-def check_history_policy(policy: Any) -> Any:
-    """``policy`` if it can serve as a history (compaction) policy or is None; else ConfigurationError."""
+def check_history_policy(policy: Any, context: Any = None) -> Any:
+    """``policy`` if it can serve as the history (compaction) policy next to ``context`` (the
+    engine's model context), or None; else ConfigurationError (at engine construction)."""
     if policy is None:
         return None
     if callable(getattr(policy, "compact", None)) or callable(getattr(policy, "compact_with_summary", None)):
+        request_compaction(getattr(context, "compaction_policy", None), policy)
         return policy
     raise ConfigurationError(
         f"history_policy= must be a compaction policy (with compact() or compact_with_summary(), e.g. "

@@ -20,6 +20,7 @@ from qitos.core.decision import Decision, Observation
 from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.core.tool import ToolResult
+from qitos.engine.agent_context import request_compaction, request_contributors
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
@@ -68,6 +69,9 @@ class ModelPath:
     def __init__(self, engine: Engine[Any, Any, Any]) -> None:
         self.engine = engine
         self.context: ModelContext = engine.context if isinstance(engine.context, ModelContext) else ModelContext()
+        # The composition's contributors plus the agent's memory; the context's compactor, else history_policy.
+        self.contributors = request_contributors(engine.agent, self.context.contributors)
+        self.compaction_policy = request_compaction(self.context.compaction_policy, engine.history_policy)
         self._subscribed: Any = None
 
     def decide(self, run: _Run, step_id: int) -> ModelOutcome:
@@ -90,7 +94,7 @@ class ModelPath:
         native_tools = parser is None
         contributions = []
         request = ContextRequest(step_id=step_id, task=state.task, log=log, state=state)
-        for contributor in self.context.contributors:
+        for contributor in self.contributors:
             contributions.extend(contributor.contribute(request))
         budget = self.context.budget_policy.budget_for(
             getattr(model, "max_input_units", None), getattr(model, "unit", None)
@@ -104,7 +108,7 @@ class ModelPath:
             context_contributions=contributions,
             context_selection_policy=self.context.selection_policy,
             context_unit_counter=self.context.unit_counter,
-            compaction_policy=self.context.compaction_policy,
+            compaction_policy=self.compaction_policy,
             protocol_id=NATIVE_PROTOCOL_ID if native_tools else getattr(parser, "protocol_id", type(parser).__name__),
         )
         for receipt in view.compaction_receipts:

@@ -291,6 +291,7 @@ class Session:
                 },
                 pending=restored.pending,
                 carry_changes=restored.carry_changes,
+                fresh=head.sequence == 0 and head.lifecycle == SessionLifecycle.CREATED.value,
             )
             lease.start_heartbeat()
             return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
