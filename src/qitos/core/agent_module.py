@@ -48,9 +48,9 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         history: must be None. qitos keeps the conversation in the run's exchange log, and what the
             model sees of it is shaped by ``Engine(history_policy=)`` (a compaction policy) and the
             context budget; any other value raises ConfigurationError rather than being ignored.
-        model: the agent's model adapter: the name used everywhere else (``Engine(model=)``,
-            ``compose(model=)``); give ``model=`` or ``llm=``, not two different ones.
-        **config: extra settings, kept in ``self.config``.
+        **config: extra settings, kept in ``self.config``; except ``model=``, the agent's model adapter
+            under the name used everywhere else (``Engine(model=)``, ``compose(model=)``), which is
+            taken out and stored as ``self.llm``. Give ``model=`` or ``llm=``, not two different ones.
     """
 
     tools: ClassVar[Sequence[Any]] = ()
@@ -63,10 +63,9 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         model_parser: Any = None,
         memory: Memory | None = None,
         history: Any = None,
-        *,
-        model: Any = None,
         **config: Any,
     ) -> None:
+        model = config.pop("model", None)  # the canonical name; the seed's signature keeps llm=
         if model is not None and llm is not None and model is not llm:
             raise ConfigurationError("pass the agent's model once: model= (llm= is seed 004's alias for it)")
         self.tool_registry: ToolRegistry = _registry(tool_registry, type(self).tools)
