@@ -135,6 +135,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         trace_logdir: str = "./runs",
         trace_prefix: str | None = None,
         theme: str = DEFAULT_THEME,
+        otel: Any = None,
         **state_kwargs: Any,
     ) -> Any:
         """Build an Engine, run ``task``, and return ``state.final_result``
@@ -149,6 +150,8 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         ``TraceWriter``. ``render`` is a render hook object (for example the CLI's ``LiveRenderer``)
         or None; ``theme`` is set on it (a renderer without a ``theme`` attribute, or no renderer,
         accepts only the default theme). ``history_policy`` goes to the Engine (a compaction policy).
+        ``otel`` turns on OpenTelemetry spans (``True``, a TracerProvider or ``OtelSettings``; see
+        ``qitos.engine.telemetry``).
         ``state_kwargs`` go to ``init_state``.
         """
         # The one place core reaches up to the engine: the convenience entry point of seed 004.
@@ -171,6 +174,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
             ("critics", critics),
             ("stop_criteria", stop_criteria),
             ("history_policy", history_policy),
+            ("otel", otel),
         ):
             if value is not None:
                 kwargs.setdefault(name, value)

@@ -7,6 +7,11 @@ tool calls. The request sent is ``RequestView.from_exchange_log`` under the mode
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
 the input of the next exchange, so the model sees what went wrong on its next turn.
+
+Each call is bracketed by a ``model_request`` event (request id, provider, model) and a
+``model_response`` event (model, finish reason, usage, tool-call count; ``ok=False`` with the error
+when the call raised), which telemetry times its ``chat`` spans by. The prompt and the reply are
+added to them only when a hook asks for content (``EngineHook.wants_model_content``).
 """
 
 from __future__ import annotations
@@ -124,7 +129,7 @@ class ModelPath:
                     EngineEvent(EngineEventType.MODEL_DELTA, step_id, phase=RuntimePhase.DECIDE, payload={"text": text})
                 )
 
-        response: ModelResponse = model.complete(view, on_delta=on_delta)
+        response = self._call_model(run, model, view, step_id, on_delta)
         log.record_output(exchange_id, response.message())
         decision = self._parse(run, log, exchange_id, response, parser, registry.names())
         model_entry = {
@@ -162,6 +167,41 @@ class ModelPath:
         log.open([{"role": "user", "content": text}])
 
     # ------------------------------------------------------------------ internals
+
+    def _call_model(self, run: _Run, model: Any, view: RequestView, step_id: int, on_delta: Any) -> ModelResponse:
+        # model_request / model_response bracket the call (telemetry times its span by them); the
+        # prompt and the reply are in them only when a hook asked for content (``model_content_events``).
+        content = self.engine.model_content_events
+        target = view.target
+        request: dict[str, Any] = {"request_id": view.request_id, "provider": target.provider, "model": target.model}
+        if content:
+            request["messages"] = view.messages()
+        run.emit(EngineEvent(EngineEventType.MODEL_REQUEST, step_id, phase=RuntimePhase.DECIDE, payload=request))
+        try:
+            response: ModelResponse = model.complete(view, on_delta=on_delta)
+        except BaseException as exc:
+            run.emit(
+                EngineEvent(
+                    EngineEventType.MODEL_RESPONSE,
+                    step_id,
+                    phase=RuntimePhase.DECIDE,
+                    ok=False,
+                    payload={"request_id": view.request_id},
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            raise
+        reply: dict[str, Any] = {
+            "request_id": view.request_id,
+            "model": response.model,
+            "finish_reason": response.finish_reason,
+            "usage": response.usage.to_dict(),
+            "tool_calls": len(response.tool_calls),
+        }
+        if content:
+            reply["message"] = response.message()
+        run.emit(EngineEvent(EngineEventType.MODEL_RESPONSE, step_id, phase=RuntimePhase.DECIDE, payload=reply))
+        return response
 
     def _open_exchange(self, run: _Run, log: ExchangeLog) -> str:
         inputs: list[dict[str, Any]] = []

@@ -13,6 +13,9 @@ Snapshot payload (format 2), JSON::
     pending                                       a step that paused midway (decision, calls done)
     request_view                                  blob id of the last RequestView sent
     step                                          what this boundary's step did (for the work graph)
+    trace                                         {trace_id, span_id} of the run's OpenTelemetry span,
+                                                  written with run_id (only by a traced run; a later
+                                                  run of the session links to it)
 
 A snapshot holds the state *changes* of its step and a reference to a blob with the new exchange
 entries. A full state (a new base) is written once the deltas since the last one outgrow its
@@ -35,7 +38,7 @@ from qitos.checkpoint.packing import pack_or_raw, unpack
 from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core.decision import Action
-from qitos.core.errors import CheckpointError, SnapshotIntegrityError
+from qitos.core.errors import CheckpointError, IntegrityError, SnapshotIntegrityError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
@@ -81,6 +84,7 @@ class RestoredSession:
     reshaped: set[str] = field(default_factory=set)
     lifecycle: str = "created"
     run_id: str | None = None
+    trace: dict[str, str] | None = None  # the trace context written with run_id (see the module docstring)
     # True when the unfinished step was rebuilt from pending writes: what its DECIDE appended to the
     # log and changed in the state is not in any snapshot yet.
     pending_from_writes: bool = False
@@ -109,11 +113,13 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     log_chunks: list[str] = list(log_meta.get("chunks") or [])
     view_id = base.payload.get("request_view")
     run_id = base.payload.get("run_id")
+    trace = base.payload.get("trace")
     delta_bytes = 0
     for snap in chain[1:]:
         payload = snap.payload
         delta_bytes += snap.payload_size
-        run_id = payload.get("run_id", run_id)
+        if "run_id" in payload:
+            run_id, trace = payload["run_id"], payload.get("trace")
         part = payload.get("state") or {}
         if "full" in part:
             raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
@@ -169,6 +175,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
         reshaped=reshaped,
         lifecycle=str(head.payload.get("lifecycle", "running")),
         run_id=run_id,
+        trace=dict(trace) if isinstance(trace, Mapping) else None,
     )
 
 
@@ -230,9 +237,17 @@ def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSe
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
-            pending = PendingStep.from_dict(write.payload)
-            restored.log.extend_entries(pending.log_entries)
-            apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            try:
+                pending = PendingStep.from_dict(write.payload)
+                restored.log.extend_entries(pending.log_entries)
+                apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            except Exception as exc:
+                raise IntegrityError(
+                    "writes",
+                    f"decision/{write.key}",
+                    f"the unfinished step does not apply: {exc}",
+                    session_id=session_id,
+                ) from exc
             note_reshaped(restored.reshaped, pending.state_changes)
             restored.carry_changes.extend(pending.state_changes)
             restored.pending_from_writes = True
@@ -293,6 +308,11 @@ class SessionJournal(RunJournal):
         self._chunks = dict(restored.chunks)
         self._reshaped = set(restored.reshaped)
         self._run_recorded = False
+        # The trace context of the session's latest run before this one, and this run's (set by
+        # telemetry before the first commit; written beside run_id).
+        self.previous_trace: dict[str, str] | None = restored.trace
+        self.previous_run_id: str | None = restored.run_id
+        self.trace_context: dict[str, str] | None = None
         # The log position already in snapshots: entries an unfinished step re-applied from its
         # pending writes come after it and go into the next commit.
         self._log_position = restored.log.position
@@ -350,7 +370,7 @@ class SessionJournal(RunJournal):
     def record_decision(self, pending: PendingStep) -> None:
         if not pending.decision.get("actions") and pending.model is None:
             return  # nothing to protect: re-deciding without a model or tools is free and has no effects
-        self._flush()
+        self._flush_inside_step()
         payload = pending.to_dict()
         payload["started"], payload["results"] = [], {}
         write = self._step_write(pending.step_id, "decision", "decision", payload)
@@ -411,6 +431,9 @@ class SessionJournal(RunJournal):
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
         self._consumed = max(self._consumed, boundary.control_position)
+        log = boundary.log
+        if log is not None and boundary.log_position is None:
+            boundary.log_position, boundary.log_digest = log.position, log.digest
         if self.mode == "sync":
             self._commit_now([boundary])
             return
@@ -427,6 +450,22 @@ class SessionJournal(RunJournal):
     def close(self) -> None:
         self._flush()
 
+    def _flush_inside_step(self) -> None:
+        """Write buffered boundaries from within a step (before its decision is recorded).
+
+        The step has already changed the live state, so the flush writes deltas only (each
+        boundary carries its own changes), never a base made from the state as it is now.
+        """
+        if self._buffer:
+            buffered, self._buffer = self._buffer, []
+            self._commit_now(buffered, base_allowed=False)
+        self._buffer_since = time.monotonic()
+
+    @property
+    def head_id(self) -> str:
+        """The session's latest committed snapshot (as this journal last moved it)."""
+        return self._head_id
+
     @property
     def unflushed(self) -> int:
         """Boundaries buffered in batched mode and not yet durable."""
@@ -442,7 +481,7 @@ class SessionJournal(RunJournal):
         if self._failure is not None:
             raise self._failure
 
-    def _commit_now(self, boundaries: list[BoundaryCommit]) -> None:
+    def _commit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
         last = boundaries[-1]
         delta: list[dict[str, Any]] = []
         for boundary in boundaries:
@@ -461,6 +500,8 @@ class SessionJournal(RunJournal):
         }
         if not self._run_recorded:
             payload["run_id"] = self.run_id
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
         if last.lifecycle != "running":
             payload["lifecycle"] = last.lifecycle
         if last.stop_reason is not None:
@@ -471,15 +512,16 @@ class SessionJournal(RunJournal):
         if steps:
             payload["step"] = steps
         log: ExchangeLog | None = last.log
+        position = self._log_position if last.log_position is None else last.log_position
         chunk: str | None = None
-        if log is not None and log.position > self._log_position:
-            raw = pack_or_raw(log.entries_json(self._log_position).encode("utf-8"))
+        if log is not None and position > self._log_position:
+            raw = pack_or_raw(log.entries_json(self._log_position, position).encode("utf-8"))
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
         log_meta = {
             "log_id": log.log_id if log is not None else f"log-{self.session_id}",
-            "position": log.position if log is not None else self._log_position,
-            "digest": log.digest if log is not None else _EMPTY_LOG_DIGEST,
+            "position": position,
+            "digest": last.log_digest if last.log_digest is not None else _EMPTY_LOG_DIGEST,
         }
         if chunk is not None:
             payload["log"] = {**log_meta, "chunk": chunk}
@@ -490,8 +532,10 @@ class SessionJournal(RunJournal):
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
             payload["request_view"] = view_id
-        full = self._delta_bytes > _FULL_FACTOR * self._state_bytes and (
-            self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS
+        full = (
+            base_allowed
+            and self._delta_bytes > _FULL_FACTOR * self._state_bytes
+            and (self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS)
         )
         chunks: dict[str, list[ChunkRef]] = {}
         if full:
@@ -504,6 +548,8 @@ class SessionJournal(RunJournal):
                 log={**log_meta, "chunks": log_chunks},
                 request_view=self._request_view_id,
             )
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
             base_id = None
         else:
             payload["state"] = {"delta": delta}
@@ -543,7 +589,7 @@ class SessionJournal(RunJournal):
             self._deltas += 1
         if chunk:
             self._log_chunks.append(chunk)
-        self._log_position = log.position if log is not None else self._log_position
+        self._log_position = position
         self.commits += 1
 
     def _full_state(
