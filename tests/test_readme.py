@@ -5,7 +5,9 @@ python blocks as files run with ``python`` (``file=NAME`` in a ``<!-- readme-tes
 comment right above a block names its file, so later blocks can import it), bash blocks line by
 line (each a ``qitos`` command). ``expect="TEXT"`` must appear in the block's output.
 ``server=openai`` starts a real OpenAI-compatible chat server on 127.0.0.1 for the block and points
-``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` at it. ``text`` blocks are not code. The first block is the
+``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` at it; ``server=otlp`` starts an OTLP/HTTP receiver on
+127.0.0.1, sets ``OTEL_EXPORTER_OTLP_ENDPOINT`` and checks that spans arrived. ``text`` blocks are
+not code. The first block is the
 set-up pair of commands: it is checked verbatim, not run (it installs packages, and
 ``scripts/test.sh`` is what runs this suite).
 """
@@ -27,6 +29,7 @@ import qitos
 # The adapter tests' real chat server (tests/models/loopback_chat_server.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 from loopback_chat_server import LoopbackChatServer, completion, json_reply
+from otlp_receiver import otlp_receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -60,6 +63,9 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "QITOS_API_KEY", "QITOS_MODEL"):
         env.pop(name, None)
+    for name in [n for n in env if n.startswith("OTEL_")]:
+        env.pop(name)
+    env["NO_PROXY"] = "127.0.0.1"
     env.update(extra)
     return env
 
@@ -101,10 +107,16 @@ def test_every_readme_block_runs_as_written(tmp_path: Path) -> None:
             else:
                 out = _run([sys.executable, name], tmp_path, _env({}))
         else:
-            out = ""
-            for line in block.body.splitlines():
+            lines = block.body.splitlines()
+            for line in lines:
                 assert line.startswith("qitos "), f"README bash block {block.index}: not a qitos command: {line!r}"
-                out += _run(["bash", "-c", line], tmp_path, _env({}))
+            if block.options.get("server") == "otlp":
+                with otlp_receiver() as receiver:
+                    env = _env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
+                    out = "".join(_run(["bash", "-c", line], tmp_path, env) for line in lines)
+                assert receiver.named("invoke_agent"), "the block sent no spans"
+            else:
+                out = "".join(_run(["bash", "-c", line], tmp_path, _env({})) for line in lines)
         if expect is not None:
             assert expect in out, f"README block {block.index}: {expect!r} not in its output:\n{out}"
         ran += 1
