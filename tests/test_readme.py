@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 import qitos
+from otlp_receiver import otlp_receiver
 
 # The adapter tests' real chat server (tests/models/loopback_chat_server.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 from loopback_chat_server import LoopbackChatServer, completion, json_reply
-from otlp_receiver import otlp_receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
