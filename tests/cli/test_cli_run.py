@@ -13,7 +13,18 @@ import pytest
 
 from qitos.trace import open_run
 
-RUN_KEYS = {"run_id", "session_id", "status", "stop_reason", "steps", "final_result", "tokens", "run_dir", "error"}
+RUN_KEYS = {
+    "run_id",
+    "session_id",
+    "status",
+    "stop_reason",
+    "steps",
+    "session_steps",
+    "final_result",
+    "tokens",
+    "run_dir",
+    "error",
+}
 SECRET = "sk-test-0123456789abcdef"
 
 

@@ -224,3 +224,21 @@ def test_the_sessions_table_never_cuts_an_id_at_120_columns(
     runs = cli.run("trace", "list", code=0).stdout
     run_ids = [r["run_id"] for r in cli.json("trace", "list", "--json")["runs"]]
     assert run_ids and all(run_id in runs for run_id in run_ids)
+
+
+def test_a_resumed_runs_json_counts_its_own_steps(cli: Any, workdir: Path) -> None:
+    import json
+
+    first = [
+        {"tool_calls": [{"id": "call-echo", "name": "echo", "arguments": {"text": "one"}}]},
+        {"tool_calls": [{"id": "call-publish", "name": "publish", "arguments": {"text": "two"}}]},
+    ]
+    (workdir / "first.json").write_text(json.dumps(first), encoding="utf-8")
+    (workdir / "then.json").write_text(json.dumps(["done"]), encoding="utf-8")
+    args = ["--session-db", "s.db", "--json"]
+    data = cli.json("run", "cli_agents:ModelAgent", "t", "--model", "scripted:first.json", *args)
+    assert (data["stop_reason"], data["steps"], data["session_steps"]) == ("awaiting_approval", 1, 1)
+    sid = data["session_id"]
+    cli.run("sessions", "approve", sid, "call-publish", "--db", "s.db", code=0)
+    done = cli.json("sessions", "resume", sid, "--db", "s.db", "--model", "scripted:then.json", "--json")
+    assert (done["final_result"], done["steps"], done["session_steps"]) == ("done", 2, 3)

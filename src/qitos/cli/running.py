@@ -64,21 +64,31 @@ _COMPACTION = {"closed_window": ClosedExchangeWindowCompactor}
 
 
 def outcome(result: EngineResult[Any], **extra: Any) -> dict[str, Any]:
-    """The JSON shape of a finished run (``--json`` of demo, run and sessions resume)."""
+    """The JSON shape of a finished run (``--json`` of demo, run and sessions resume).
+
+    ``steps`` and ``tokens`` are this run's own (its committed step records); ``session_steps`` is
+    where the state is now, which for a resumed session run also counts the earlier runs' steps.
+    """
     task_result = result.task_result
     data: dict[str, Any] = {
         "run_id": result.run_id,
         "session_id": None,
         "status": task_result.status if task_result else None,
         "stop_reason": result.state.stop_reason,
-        "steps": result.step_count,
+        "steps": len(result.records),
+        "session_steps": result.step_count,
         "final_result": result.state.final_result,
-        "tokens": int((task_result.token_usage or {}).get("total_tokens", 0)) if task_result else 0,
+        "tokens": sum(_record_tokens(record) for record in result.records),
         "run_dir": result.run_dir,
         "error": task_result.error if task_result else None,
     }
     data.update(extra)
     return data
+
+
+def _record_tokens(record: Any) -> int:
+    usage = ((record.model or {}).get("response") or {}).get("usage") or {}
+    return int(usage.get("input_tokens", 0) or 0) + int(usage.get("output_tokens", 0) or 0)
 
 
 def exit_code_for_result(result: EngineResult[Any]) -> int:
