@@ -218,7 +218,7 @@ def demo(
     with otlp_export(otel) as provider:
         composition = compose(
             agent=lambda: NotesAgent(root, policy=chosen),  # type: ignore[arg-type]
-            store=SqliteCheckpointStore(db),
+            checkpoint_store=SqliteCheckpointStore(db),
             model=adapter,
             hooks=hooks,
             trace_logdir=trace_dir,

@@ -2,7 +2,7 @@
 
 ::
 
-    composition = compose(agent=NotesAgent, store=SqliteCheckpointStore("sessions.db"))
+    composition = compose(agent=NotesAgent, checkpoint_store=SqliteCheckpointStore("sessions.db"))
     session = composition.session("Index notes")
     result = session.run()
     same = composition.restore(session.session_id.value)   # in any process, with SQLite
