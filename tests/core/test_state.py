@@ -354,3 +354,23 @@ def test_str_of_a_state_is_a_readable_rendering_task_first() -> None:
     state.final_result = "sorted"
     assert str(state).endswith("\nFinal result: sorted")
     assert "Shelf(schema_version=1" in repr(state)  # repr stays the dataclass repr
+
+
+def test_assigning_a_cyclic_or_too_deep_container_is_a_codec_error_naming_the_field() -> None:
+    @dataclass
+    class Holder(StateSchema):
+        data: Any = None
+        items: list[Any] = field(default_factory=list)
+
+    state = Holder()
+    loop: dict[str, Any] = {}
+    loop["again"] = loop
+    with pytest.raises(CodecError, match="cyclic") as caught:
+        state.data = loop
+    assert caught.value.path == "state.data['again']"
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(CodecError, match="levels deep") as caught:
+        state.items.append(deep)
+    assert caught.value.path.startswith("state.items")
