@@ -834,7 +834,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 return result
         if pending is not None:
             pending.started.add(action.id)
-            yield JournalCall(run.journal, "record_tool_started", (step_id, action))
+            idempotent = {"idempotent": spec is not None and spec.idempotent}
+            yield JournalCall(run.journal, "record_tool_started", (step_id, action), idempotent)
             called: ToolResult = yield ToolCall(registry, action.name, action.args, action.id)
             yield from self._record_result(run, step_id, pending, called)
             return called

@@ -7,13 +7,26 @@ Storage grows with what is new: a snapshot holds its step's state changes and a 
 new exchange entries; a full state is rewritten only when the deltas outgrow it (the payload format
 and the rule are in ``qitos.sessions.step_journal``). A fork's first snapshot points at its parent's.
 
-Crash safety: before any tool runs, the step's decision is written (with what DECIDE appended to
-the log and changed in the state); each call's intent is written before it starts and its result as
-it arrives (store "pending writes", keyed by the head the step started from). A model's decision is
-written as soon as it is made; a decision made without a model, free to make again, goes in the
-same transaction as its first call's intent. A restore continues the step: no second model call, no
-finished call re-run, an interrupted call re-run only if its tool is idempotent, otherwise reported
-to the agent as ``interrupted``.
+One owner at a time: ``run()`` holds the session's lease (``qitos.sessions.lease``) from before it
+reads the head until the run ends; every write carries the lease's fencing token, so a second
+runner gets ``SessionBusyError`` and a runner that lost its lease can write nothing.
+
+Crash safety, at the fewest write transactions that keep it (store "pending writes", keyed by the
+head the step started from):
+
+- a model's decision is written as soon as it is made (its output is never requested twice);
+- a non-idempotent call's intent is written before it runs, together with a decision made without
+  a model (free to make again) and any results still waiting;
+- an idempotent call needs no intent: a restore runs it again;
+- a non-idempotent call's result is written before the step's next call starts; the result of the
+  step's last call rides with the step's boundary, which holds the whole outcome.
+
+So a tool-free step, or one whose calls are all idempotent, is one transaction (its boundary), and
+a step with one non-idempotent call two. A restore continues the step: no second model call, no
+call with a recorded result re-run, an interrupted call re-run only if its tool is idempotent,
+otherwise reported to the agent as ``interrupted``. That includes a last call that finished just
+before a crash in the rest of its step (REDUCE, critics): its effect stands and the agent is told
+to check it, since its result was not yet durable.
 
 Durability modes:
 

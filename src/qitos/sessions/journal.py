@@ -148,11 +148,12 @@ class RunJournal:
     def record_decision(self, pending: PendingStep) -> None:
         """Persist a step's decision (and what decide appended) before any tool runs."""
 
-    def record_tool_started(self, step_id: int, action: Action) -> None:
-        """Persist the intent to run ``action`` before it runs."""
+    def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        """Persist the intent to run ``action`` before it runs (a durable journal may skip the start
+        of an ``idempotent`` call: a restore runs such a call again anyway)."""
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        """Persist a tool result as soon as it arrives."""
+        """Hand over a tool result; a durable journal writes it with the step's next durable write."""
 
     def commit(self, boundary: BoundaryCommit) -> None:
         """Make a boundary durable (a step's end, a pause, or the run's end)."""
@@ -174,9 +175,9 @@ class RunJournal:
         """Async twin of :meth:`record_decision`."""
         self.record_decision(pending)
 
-    async def arecord_tool_started(self, step_id: int, action: Action) -> None:
+    async def arecord_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
         """Async twin of :meth:`record_tool_started`."""
-        self.record_tool_started(step_id, action)
+        self.record_tool_started(step_id, action, idempotent=idempotent)
 
     async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
         """Async twin of :meth:`record_tool_result`."""

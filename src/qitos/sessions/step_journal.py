@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qitos.checkpoint.packing import pack_or_raw, unpack
@@ -346,7 +346,10 @@ class SessionJournal(RunJournal):
         self._steering: list[SteeringItem] = []
         self._approvals: dict[str, Approval] = {}
         self._buffer: list[BoundaryCommit] = []
-        self._unwritten: list[StepWrite] = []  # a decision written with its first tool call's start
+        # Writes that ride with the step's next durable write: a decision made without a model, and
+        # the results of finished calls.
+        self._unwritten: list[StepWrite] = []
+        self._started_ids: set[str] = set()  # this step's calls whose start was written
         self._buffer_since = time.monotonic()
         self._failure: CheckpointError | None = None
         self.commits = 0
@@ -425,17 +428,34 @@ class SessionJournal(RunJournal):
             # Deciding again without a model costs nothing, so this decision becomes durable in the
             # same transaction as its first tool call's start (still before any tool runs). A step
             # that stops before a tool runs commits its boundary with the decision as pending.
-            self._unwritten = [write]
+            self._unwritten.append(write)
             return None
         return write  # a model's output is expensive to get again: durable at once
 
-    def record_tool_started(self, step_id: int, action: Action) -> None:
+    def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            # No start to record (a restore runs an interrupted idempotent call again), but earlier
+            # calls' results are made durable before another call runs.
+            if self._waiting_results():
+                self._put([], token=self._token())
+            return
         stored = self._put([self._started_write(step_id, action, self._token())])
         self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
 
-    async def arecord_tool_started(self, step_id: int, action: Action) -> None:
+    async def arecord_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            if self._waiting_results():
+                await self._aput([], token=await self._atoken())
+            return
         stored = await self._aput([self._started_write(step_id, action, await self._atoken())])
         self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
+
+    def _waiting_results(self) -> bool:
+        """Whether a finished non-idempotent call's result still waits (an idempotent one's need
+        not: a restore runs that call again)."""
+        return any(w.kind == "tool_result" and w.key in self._started_ids for w in self._unwritten)
 
     def _started_write(self, step_id: int, action: Action, token: int | None) -> StepWrite:
         payload = {"name": action.name, "args": dict(action.args)}
@@ -452,11 +472,13 @@ class SessionJournal(RunJournal):
             )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), self._token())])
+        # The result rides with the step's next write: before the next call starts, or, for the
+        # step's last call, the boundary (which holds the whole outcome). See "Crash safety" in
+        # qitos.engine.session_runtime.
+        self._unwritten.append(self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), None))
 
     async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
-        token = await self._atoken()
-        await self._aput([self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), token)])
+        self.record_tool_result(step_id, result)
 
     def _clean(self, value: Any) -> Any:
         """``value`` as it may be stored: redacted (see the module docstring)."""
@@ -489,18 +511,22 @@ class SessionJournal(RunJournal):
         await self.lease.acheck()
         return self.lease.token
 
-    def _put(self, writes: list[StepWrite]) -> list[bool]:
-        """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
-        return self.store.put_writes(self._with_unwritten(writes))
+    def _put(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
+        """Persist ``writes`` in one transaction, after the step's writes still waiting."""
+        return self.store.put_writes(self._with_unwritten(writes, token))
 
-    async def _aput(self, writes: list[StepWrite]) -> list[bool]:
+    async def _aput(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
         """Async twin of :meth:`_put`."""
-        return await self.store.aput_writes(self._with_unwritten(writes))
+        return await self.store.aput_writes(self._with_unwritten(writes, token))
 
-    def _with_unwritten(self, writes: list[StepWrite]) -> list[StepWrite]:
+    def _with_unwritten(self, writes: list[StepWrite], token: int | None) -> list[StepWrite]:
+        """``writes`` after the step's writes still waiting (its decision, finished calls' results),
+        all under the fencing token of ``writes`` (or ``token`` when there are none)."""
         self._raise_if_failed()
         if self._unwritten:
-            writes = [*self._unwritten, *writes]
+            fence = writes[-1].lease_token if writes else token
+            waiting = [w if w.lease_token == fence else replace(w, lease_token=fence) for w in self._unwritten]
+            writes = [*waiting, *writes]
             self._unwritten = []
         return writes
 
@@ -521,6 +547,7 @@ class SessionJournal(RunJournal):
         self._raise_if_failed()
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
+        self._started_ids = set()
         self._consumed = max(self._consumed, boundary.control_position)
         self._pause_handled = max(self._pause_handled, boundary.pause_position)
         log = boundary.log
