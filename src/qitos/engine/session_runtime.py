@@ -313,6 +313,7 @@ class Session:
             },
             pending=restored.pending,
             carry_changes=restored.carry_changes,
+            fresh=restored.snapshot.sequence == 0 and restored.lifecycle == SessionLifecycle.CREATED.value,
         )
         return journal, resume
 

@@ -117,6 +117,8 @@ class ResumePoint:
     budget_used: Mapping[str, Any] = field(default_factory=dict)
     pending: PendingStep | None = None
     carry_changes: list[dict[str, Any]] = field(default_factory=list)
+    fresh: bool = False
+    """True for a session's first run (its created snapshot): the run is not reported as resumed."""
 
 
 @dataclass
