@@ -34,23 +34,29 @@ class Migration:
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
         1,
-        "initial schema",
+        "initial schema: snapshots, heads with their lease, session metadata, verified rows",
         (
             "CREATE TABLE {s}.snapshots (snapshot_id text PRIMARY KEY, session_id text NOT NULL, "
             "parent_id text, base_id text, sequence bigint NOT NULL, created_at text NOT NULL, "
             "encoding text NOT NULL, payload bytea NOT NULL)",
-            # created_seq: creation order for list_sessions; control_seq: the last control position.
+            # The row every commit rewrites stays small: the metadata (with the task) lives in
+            # sessions, written once. created_seq orders list_sessions; control_seq is the last control
+            # position; the lease lives in the head row, so a commit's UPDATE checks the fencing token
+            # on the very row it moves (READ COMMITTED re-checks it after waiting on a concurrent lease
+            # change). lease_expires is seconds since the epoch by the database clock.
             "CREATE TABLE {s}.heads (session_id text PRIMARY KEY, "
             "created_seq bigint GENERATED ALWAYS AS IDENTITY, snapshot_id text NOT NULL, "
-            "sequence bigint NOT NULL, lifecycle text NOT NULL, updated_at text NOT NULL, "
-            "metadata bytea NOT NULL, control_seq bigint NOT NULL DEFAULT 0)",
+            "sequence bigint NOT NULL, lifecycle text NOT NULL, updated_at text NOT NULL, digest text NOT NULL, "
+            "control_seq bigint NOT NULL DEFAULT 0, lease_owner text, lease_token bigint NOT NULL DEFAULT 0, "
+            "lease_expires double precision NOT NULL DEFAULT 0)",
+            "CREATE TABLE {s}.sessions (session_id text PRIMARY KEY, metadata bytea NOT NULL, digest text NOT NULL)",
             "CREATE TABLE {s}.writes (session_id text NOT NULL, base_snapshot_id text NOT NULL, "
             "kind text NOT NULL, key text NOT NULL, step_id bigint NOT NULL, payload bytea NOT NULL, "
-            "write_seq bigint GENERATED ALWAYS AS IDENTITY, "
+            "digest text NOT NULL, write_seq bigint GENERATED ALWAYS AS IDENTITY, "
             "PRIMARY KEY (session_id, base_snapshot_id, kind, key))",
             "CREATE INDEX writes_base ON {s}.writes (base_snapshot_id)",
             "CREATE TABLE {s}.control (session_id text NOT NULL, position bigint NOT NULL, "
-            "kind text NOT NULL, payload bytea NOT NULL, created_at text NOT NULL, "
+            "kind text NOT NULL, payload bytea NOT NULL, created_at text NOT NULL, digest text NOT NULL, "
             "PRIMARY KEY (session_id, position))",
             "CREATE TABLE {s}.blobs (digest text PRIMARY KEY, data bytea NOT NULL)",
             "CREATE TABLE {s}.operations (operation_id text PRIMARY KEY, session_id text NOT NULL, "
@@ -80,8 +86,7 @@ class StoreSql:
         self.channel = channel_name(schema)
         s = f'"{schema}"'
         self.migrations = tuple(
-            Migration(m.version, m.name, tuple(statement.format(s=s) for statement in m.statements))
-            for m in MIGRATIONS
+            Migration(m.version, m.name, tuple(statement.format(s=s) for statement in m.statements)) for m in MIGRATIONS
         )
         self.create_schema = f"CREATE SCHEMA IF NOT EXISTS {s}"
         self.migration_lock = "SELECT pg_advisory_xact_lock(hashtext(%s))"
@@ -93,11 +98,18 @@ class StoreSql:
         self.schema_record = f"INSERT INTO {s}.schema_version (version, name, applied_at) VALUES (%s, %s, %s)"
 
         # ---- heads and commits (one statement each; see PostgresCheckpointStore.commit_session_snapshot)
+        now = "extract(epoch FROM clock_timestamp())::float8"
+        self.now = now
         allowed = (
             "(%(parent)s::text IS NULL OR %(parent)s::text = %(expected)s::text"
             f" OR EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = %(parent)s::text))"
             " AND (%(op)s::text IS NULL"
             f" OR NOT EXISTS (SELECT 1 FROM {s}.operations WHERE operation_id = %(op)s::text))"
+        )
+        # The fence: a token must be the live lease's; no token is refused while a live lease is held.
+        fence = (
+            f"CASE WHEN %(token)s::bigint IS NULL THEN NOT (lease_owner IS NOT NULL AND lease_expires > {now})"
+            f" ELSE lease_token = %(token)s::bigint AND lease_owner IS NOT NULL AND lease_expires > {now} END"
         )
         inserts = (
             f", snap AS (INSERT INTO {s}.snapshots"
@@ -111,33 +123,54 @@ class StoreSql:
             f", op AS (INSERT INTO {s}.operations (operation_id, session_id, snapshot_id, created_at)"
             " SELECT %(op)s::text, %(sid)s::text, %(id)s::text, %(now)s::text FROM head"
             " WHERE %(op)s::text IS NOT NULL)"
-            " SELECT count(*) FROM head"
         )
         self.commit_create = (
-            f"WITH head AS (INSERT INTO {s}.heads (session_id, snapshot_id, sequence, lifecycle, updated_at, metadata)"
+            f"WITH head AS (INSERT INTO {s}.heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest)"
             " SELECT %(sid)s::text, %(id)s::text, %(seq)s::bigint, %(lifecycle)s::text, %(now)s::text,"
-            " COALESCE(%(metadata)s::bytea, '\\x7b7d'::bytea)"  # b"{}"
-            f" WHERE {allowed}"
-            " ON CONFLICT (session_id) DO NOTHING RETURNING 1)" + inserts
+            f" %(digest)s::text WHERE {allowed}"
+            " ON CONFLICT (session_id) DO NOTHING RETURNING 1)"
+            + inserts
+            + f", meta AS (INSERT INTO {s}.sessions (session_id, metadata, digest)"
+            " SELECT %(sid)s::text, %(metadata)s::bytea, %(metadata_digest)s::text FROM head)"
+            " SELECT count(*) FROM head"
         )
         self.commit_advance = (
             f"WITH head AS (UPDATE {s}.heads SET snapshot_id = %(id)s::text, sequence = %(seq)s::bigint,"
-            " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text,"
-            " metadata = COALESCE(%(metadata)s::bytea, metadata)"
-            f" WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text AND {allowed}"
-            " RETURNING 1)" + inserts
+            " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text"
+            f" WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text AND {allowed} AND ({fence})"
+            " RETURNING 1)" + inserts + f", meta AS (UPDATE {s}.sessions SET metadata = %(metadata)s::bytea,"
+            " digest = %(metadata_digest)s::text FROM head"
+            " WHERE session_id = %(sid)s::text AND %(metadata)s::bytea IS NOT NULL)"
+            " SELECT count(*) FROM head"
         )
-        # Why a commit changed nothing: the head, the operation's owner, whether the parent exists.
+        # Why a commit changed nothing: the head and its lease, the operation's owner, the parent.
         self.commit_refused = (
-            f"SELECT (SELECT snapshot_id FROM {s}.heads WHERE session_id = %(sid)s::text),"
+            f"SELECT h.snapshot_id, h.lease_owner, h.lease_token, h.lease_expires, {now},"
             f" (SELECT session_id FROM {s}.operations WHERE operation_id = %(op)s::text),"
             " (%(parent)s::text IS NULL OR %(parent)s::text = %(expected)s::text"
             f" OR EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = %(parent)s::text))"
+            f" FROM (SELECT 1) AS one LEFT JOIN {s}.heads h ON h.session_id = %(sid)s::text"
         )
-        head_columns = "session_id, snapshot_id, sequence, lifecycle, updated_at, metadata"
-        self.head_get = f"SELECT {head_columns} FROM {s}.heads WHERE session_id = %s"
-        self.head_list = f"SELECT {head_columns} FROM {s}.heads ORDER BY created_seq"
+        head_columns = (
+            "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata, m.digest"
+            f" FROM {s}.heads h LEFT JOIN {s}.sessions m ON m.session_id = h.session_id"
+        )
+        self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
+        self.head_list = f"SELECT {head_columns} ORDER BY h.created_seq"
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
+
+        # ---- leases: read with the database clock, then a compare-and-swap on the lease columns
+        self.lease_get = f"SELECT lease_owner, lease_token, lease_expires, {now} FROM {s}.heads WHERE session_id = %s"
+        self.lease_swap = (
+            f"UPDATE {s}.heads SET lease_owner = %(owner)s::text, lease_token = %(token)s::bigint,"
+            f" lease_expires = {now} + %(ttl)s::float8"
+            " WHERE session_id = %(sid)s::text AND lease_owner IS NOT DISTINCT FROM %(old_owner)s::text"
+            " AND lease_token = %(old_token)s::bigint AND lease_expires = %(old_expires)s::float8"
+            " RETURNING lease_expires"
+        )
+        self.lease_release = (
+            f"UPDATE {s}.heads SET lease_expires = 0 WHERE session_id = %s AND lease_token = %s AND lease_owner = %s"
+        )
 
         # ---- snapshots and chains
         columns = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload"
@@ -165,40 +198,61 @@ class StoreSql:
             " ORDER BY 2"
         )
 
-        # ---- pending writes: the base check and the inserts in one statement
+        # ---- pending writes: the base check, the fence and the inserts in one statement. The head rows
+        # are locked FOR SHARE, so a lease cannot change hands while the write is being made.
         self.writes_put = (
-            "WITH input AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[],"
-            " %s::bytea[]) WITH ORDINALITY AS t(session_id, base_snapshot_id, kind, key, step_id, payload, ord)),"
+            "WITH input AS MATERIALIZED (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
+            " %s::bigint[], %s::bytea[], %s::text[], %s::bigint[]) WITH ORDINALITY"
+            " AS t(session_id, base_snapshot_id, kind, key, step_id, payload, digest, token, ord)),"
+            f" fence AS MATERIALIZED (SELECT h.session_id, h.lease_owner, h.lease_token, h.lease_expires, {now} AS now"
+            f" FROM {s}.heads h WHERE h.session_id IN (SELECT session_id FROM input) FOR SHARE OF h),"
+            " tokens AS (SELECT DISTINCT ON (session_id) session_id, token FROM input ORDER BY session_id, ord),"
             " bad AS (SELECT i.base_snapshot_id, i.session_id, s.session_id AS owner FROM input i"
             f" LEFT JOIN {s}.snapshots s ON s.snapshot_id = i.base_snapshot_id"
             " WHERE s.session_id IS DISTINCT FROM i.session_id ORDER BY i.ord LIMIT 1),"
-            f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload)"
-            " SELECT session_id, base_snapshot_id, kind, key, step_id, payload FROM input"
-            " WHERE NOT EXISTS (SELECT 1 FROM bad) ORDER BY ord"
+            " fenced AS (SELECT t.session_id, t.token, f.lease_owner, f.lease_token, f.lease_expires, f.now"
+            " FROM tokens t JOIN fence f ON f.session_id = t.session_id WHERE CASE WHEN t.token IS NULL"
+            " THEN f.lease_owner IS NOT NULL AND f.lease_expires > f.now"
+            " ELSE NOT (f.lease_token = t.token AND f.lease_owner IS NOT NULL AND f.lease_expires > f.now) END),"
+            f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
+            " SELECT session_id, base_snapshot_id, kind, key, step_id, payload, digest FROM input"
+            " WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord"
             " ON CONFLICT (session_id, base_snapshot_id, kind, key) DO NOTHING"
             " RETURNING session_id, base_snapshot_id, kind, key)"
-            " SELECT 'bad', base_snapshot_id, session_id, owner, NULL FROM bad"
-            " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key FROM ins"
+            " SELECT 'bad', base_snapshot_id, session_id, owner, NULL, NULL, NULL FROM bad"
+            " UNION ALL SELECT 'fence', session_id, lease_owner, token::text, lease_token::text,"
+            " lease_expires::text, now::text FROM fenced"
+            " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key, NULL, NULL FROM ins"
         )
         self.writes_list = (
-            f"SELECT step_id, kind, key, payload FROM {s}.writes"
+            f"SELECT step_id, kind, key, payload, digest FROM {s}.writes"
             " WHERE session_id = %s AND base_snapshot_id = %s ORDER BY write_seq"
         )
 
-        # ---- control items: the position from the head row's counter, the notify in the same statement
+        # ---- control items: the position from the head row's counter, the row digest computed here (it
+        # covers the position) and the notify, all in the same statement
+        sep = "convert_to(chr(31), 'UTF8')"
         self.control_append = (
             f"WITH pos AS (UPDATE {s}.heads SET control_seq = control_seq + 1 WHERE session_id = %(sid)s::text"
             " RETURNING control_seq),"
-            f" ins AS (INSERT INTO {s}.control (session_id, position, kind, payload, created_at)"
-            " SELECT %(sid)s::text, control_seq, %(kind)s::text, %(payload)s::bytea, %(now)s::text FROM pos"
-            " RETURNING position)"
+            f" ins AS (INSERT INTO {s}.control (session_id, position, kind, payload, created_at, digest)"
+            " SELECT %(sid)s::text, control_seq, %(kind)s::text, %(payload)s::bytea, %(now)s::text,"
+            " encode(sha256(convert_to('control', 'UTF8') || "
+            + sep
+            + " || convert_to(%(sid)s::text, 'UTF8') || "
+            + sep
+            + " || convert_to(control_seq::text, 'UTF8') || "
+            + sep
+            + " || convert_to(%(kind)s::text, 'UTF8')"
+            " || " + sep + " || %(payload)s::bytea || " + sep + " || convert_to(%(now)s::text, 'UTF8')), 'hex')"
+            " FROM pos RETURNING position)"
             " SELECT position, pg_notify(%(channel)s::text, %(sid)s::text)::text FROM ins"
         )
+        # The head row's counter first (position -1; no row: no such session), then the items.
         self.control_list = (
-            f"SELECT position, kind, payload, created_at FROM {s}.control"
-            " WHERE session_id = %(sid)s::text AND position > %(after)s::bigint"
-            f" UNION ALL SELECT -1, NULL, NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM {s}.heads"
-            " WHERE session_id = %(sid)s::text) ORDER BY 1"
+            f"SELECT -1, NULL, NULL, NULL, NULL, control_seq FROM {s}.heads WHERE session_id = %(sid)s::text"
+            f" UNION ALL SELECT position, kind, payload, created_at, digest, NULL FROM {s}.control"
+            " WHERE session_id = %(sid)s::text AND position > %(after)s::bigint ORDER BY 1"
         )
         self.listen = f'LISTEN "{self.channel}"'
 
@@ -234,7 +288,7 @@ class StoreSql:
         self.all_writes = f"SELECT payload FROM {s}.writes"
         self.blobs_present = f"SELECT digest FROM {s}.blobs WHERE digest = ANY(%s::text[])"
         self.blobs_delete = f"DELETE FROM {s}.blobs WHERE digest = ANY(%s::text[])"
-        tables = ("snapshots", "heads", "writes", "control", "blobs", "operations")
+        tables = ("snapshots", "heads", "sessions", "writes", "control", "blobs", "operations")
         self.vacuum = tuple(f"VACUUM (ANALYZE) {s}.{table}" for table in tables)
         # Sizes of the store's tables with their indexes and TOAST (benchmarks, `qitos sessions` stats).
         self.table_sizes = (

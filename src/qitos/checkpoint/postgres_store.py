@@ -37,7 +37,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from qitos.checkpoint.packing import PackingError, pack, unpack
@@ -49,6 +49,7 @@ from qitos.checkpoint.store import (
     PruneReport,
     SessionCommitReceipt,
     SessionHeadRecord,
+    SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
     SnapshotNotFoundError,
@@ -57,15 +58,24 @@ from qitos.checkpoint.store import (
     check_after,
     check_blobs,
     check_control,
+    check_fence,
+    check_lease_ttl,
+    control_digest,
+    head_digest,
     json_text,
     mentioned_digests,
+    metadata_digest,
     name_set,
+    next_lease,
+    renewed_lease,
     utc_now,
+    write_digest,
 )
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,
     HeadConflictError,
+    IntegrityError,
     SessionNotFoundError,
     SnapshotIntegrityError,
 )
@@ -376,7 +386,10 @@ class PostgresCheckpointStore(CheckpointStore):
         session_id = request.session_id
         expected = request.expected_head
         operation_id = request.operation_id
+        token = request.lease_token
         sql = self.sql
+        if expected is None and metadata_json is None:
+            metadata_json = "{}"
         params: dict[str, Any] = {
             "sid": session_id,
             "expected": expected,
@@ -384,6 +397,7 @@ class PostgresCheckpointStore(CheckpointStore):
             "seq": snapshot.sequence,
             "lifecycle": request.lifecycle,
             "metadata": None if metadata_json is None else metadata_json.encode("utf-8"),
+            "metadata_digest": None if metadata_json is None else metadata_digest(session_id, metadata_json),
             "parent": snapshot.parent_id,
             "base": snapshot.base_id,
             "created": snapshot.created_at,
@@ -392,10 +406,12 @@ class PostgresCheckpointStore(CheckpointStore):
             "digests": [digest for digest, _ in blobs],
             "datas": [data for _, data in blobs],
             "op": operation_id,
+            "token": token,
         }
         statement = sql.commit_create if expected is None else sql.commit_advance
         for _ in range(_COMMIT_ATTEMPTS):
             now = params["now"] = utc_now()
+            params["digest"] = head_digest(session_id, snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
             try:
                 rows = yield statement, params
             except Exception as exc:  # a concurrent commit took the operation id first
@@ -410,20 +426,28 @@ class PostgresCheckpointStore(CheckpointStore):
                     sequence=snapshot.sequence,
                     committed_at=now,
                 )
-            actual, owner, parent_found = (yield sql.commit_refused, params)[0]
-            if expected is None and actual is not None:
-                raise HeadConflictError(session_id, None, actual)
-            if expected is not None and actual is None:
-                raise SessionNotFoundError(session_id)
-            if expected is not None and actual != expected:
-                raise HeadConflictError(session_id, expected, actual)
-            if owner is not None:
-                raise DuplicateOperationError(operation_id or "", owner)
+            actual, owner, lease_token, lease_expires, clock, op_owner, parent_found = (
+                yield (
+                    sql.commit_refused,
+                    params,
+                )
+            )[0]
+            if expected is None:
+                if actual is not None:
+                    raise HeadConflictError(session_id, None, actual)
+            else:
+                if actual is None:
+                    raise SessionNotFoundError(session_id)
+                check_fence(session_id, _lease_of(session_id, owner, lease_token, lease_expires), token, clock)
+                if actual != expected:
+                    raise HeadConflictError(session_id, expected, actual)
+            if op_owner is not None:
+                raise DuplicateOperationError(operation_id or "", op_owner)
             if not parent_found:
                 raise SnapshotNotFoundError(snapshot.parent_id or "")
         raise CheckpointError(
             f"commit of {snapshot.snapshot_id} to session {session_id!r} was refused {_COMMIT_ATTEMPTS} times "
-            "while the head, operation and parent all checked out (concurrent changes?)"
+            "while its head, lease, operation and parent all checked out (concurrent changes?)"
         )
 
     def _plan_find_operation(self, operation_id: str) -> Plan[str | None]:
@@ -466,7 +490,7 @@ class PostgresCheckpointStore(CheckpointStore):
     # ---- plans: pending writes, control, blobs
 
     def _plan_put_writes(self, writes: Sequence[StepWrite]) -> Plan[list[bool]]:
-        payloads = [w.payload_json().encode("utf-8") for w in writes]
+        texts = [w.payload_json() for w in writes]
         if not writes:
             return []
         columns = (
@@ -475,18 +499,35 @@ class PostgresCheckpointStore(CheckpointStore):
             [w.kind for w in writes],
             [w.key for w in writes],
             [w.step_id for w in writes],
-            payloads,
+            [text.encode("utf-8") for text in texts],
+            [write_digest(w, text) for w, text in zip(writes, texts, strict=True)],
+            [w.lease_token for w in writes],
         )
         rows = yield self.sql.writes_put, columns
         new: set[tuple[str, str, str, str]] = set()
-        for tag, a, b, c, d in rows:
+        fences: list[tuple[Any, ...]] = []
+        for tag, *fields in rows:
             if tag == "bad":
-                if c is None:
-                    raise SnapshotNotFoundError(a)
+                base, session_id, owner = fields[:3]
+                if owner is None:
+                    raise SnapshotNotFoundError(base)
                 raise CheckpointError(
-                    f"write to session {b!r}: base snapshot {a} belongs to session {c!r}, not to {b!r}"
+                    f"write to session {session_id!r}: base snapshot {base} belongs to session {owner!r}, "
+                    f"not to {session_id!r}"
                 )
-            new.add((a, b, c, d))
+            if tag == "fence":
+                fences.append(tuple(fields))
+            else:
+                new.add((fields[0], fields[1], fields[2], fields[3]))
+        for session_id, owner, token, lease_token, lease_expires, clock in sorted(fences):
+            check_fence(
+                session_id,
+                _lease_of(session_id, owner, int(lease_token), float(lease_expires)),
+                None if token is None else int(token),
+                float(clock),
+            )
+        if fences:  # the statement refused the batch, so the fence must have failed above
+            raise CheckpointError(f"write batch fenced off for sessions {sorted(f[0] for f in fences)}")
         out: list[bool] = []
         for write in writes:
             key = (write.session_id, write.base_snapshot_id, write.kind, write.key)
@@ -496,17 +537,22 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def _plan_get_writes(self, session_id: str, base_snapshot_id: str) -> Plan[list[StepWrite]]:
         rows = yield self.sql.writes_list, (session_id, base_snapshot_id)
-        return [
-            StepWrite(
+        out: list[StepWrite] = []
+        for step_id, kind, key, payload, digest in rows:
+            where = f"{kind}/{key}"
+            payload_json = _text(payload, "writes", where, session_id)
+            write = StepWrite(
                 session_id=session_id,
                 base_snapshot_id=base_snapshot_id,
                 step_id=int(step_id),
                 kind=kind,
                 key=key,
-                payload=_loads(payload, f"write {kind}/{key} of session {session_id!r}"),
+                payload={},
             )
-            for step_id, kind, key, payload in rows
-        ]
+            if digest != write_digest(write, payload_json):
+                raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
+            out.append(replace(write, payload=_loads(payload_json, "writes", where, session_id)))
+        return out
 
     def _plan_append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> Plan[ControlItem]:
         payload_json = check_control(session_id, kind, payload)
@@ -525,7 +571,7 @@ class PostgresCheckpointStore(CheckpointStore):
             session_id=session_id,
             position=int(rows[0][0]),
             kind=kind,
-            payload=_loads(payload_json.encode("utf-8"), f"control {kind}"),
+            payload=_loads(payload_json, "control", str(rows[0][0]), session_id),
             created_at=now,
         )
 
@@ -535,19 +581,90 @@ class PostgresCheckpointStore(CheckpointStore):
         wanted = name_set(kinds, "kinds")
         start = check_after(after)
         rows = yield self.sql.control_list, {"sid": session_id, "after": start}
-        if rows and rows[0][0] == -1:
+        if not rows or rows[0][0] != -1:
             raise SessionNotFoundError(session_id)
-        return [
-            ControlItem(
-                session_id=session_id,
-                position=int(position),
-                kind=kind,
-                payload=_loads(payload, f"control item {position} of session {session_id!r}"),
-                created_at=created_at,
+        count = int(rows[0][5])
+        items: list[ControlItem] = []
+        expected = start
+        for position, kind, payload, created_at, digest, _ in rows[1:]:
+            where = str(position)
+            payload_json = _text(payload, "control", where, session_id)
+            if digest != control_digest(session_id, int(position), kind, payload_json, created_at):
+                raise IntegrityError("control", where, "content does not match its digest", session_id=session_id)
+            expected += 1
+            if position != expected:
+                raise IntegrityError("control", str(expected), "the item is missing", session_id=session_id)
+            if wanted is None or kind in wanted:
+                items.append(
+                    ControlItem(
+                        session_id=session_id,
+                        position=int(position),
+                        kind=kind,
+                        payload=_loads(payload_json, "control", where, session_id),
+                        created_at=created_at,
+                    )
+                )
+        if expected < count:
+            raise IntegrityError(
+                "control", str(expected + 1), f"the item is missing ({count} were appended)", session_id=session_id
             )
-            for position, kind, payload, created_at in rows
-            if wanted is None or kind in wanted
-        ]
+        return items
+
+    # ---- plans: leases (the rules are store.py's; the clock is the database's)
+
+    def _plan_read_lease(self, session_id: str) -> Plan[tuple[SessionLease | None, float] | None]:
+        rows = yield self.sql.lease_get, (session_id,)
+        if not rows:
+            return None
+        owner, token, expires, clock = rows[0]
+        return _lease_of(session_id, owner, token, expires), float(clock)
+
+    def _plan_swap_lease(
+        self, session_id: str, current: SessionLease | None, new: SessionLease, ttl: float
+    ) -> Plan[float | None]:
+        """Set the lease to ``new`` (its expiry: the database clock + ``ttl``) if it is still ``current``."""
+        rows = yield (
+            self.sql.lease_swap,
+            {
+                "sid": session_id,
+                "owner": new.owner,
+                "token": new.token,
+                "ttl": ttl,
+                "old_owner": None if current is None else current.owner,
+                "old_token": 0 if current is None else current.token,
+                "old_expires": 0.0 if current is None else current.expires_at,
+            },
+        )
+        return float(rows[0][0]) if rows else None
+
+    def _plan_acquire_lease(self, session_id: str, owner: str, ttl_seconds: float) -> Plan[SessionLease]:
+        ttl = check_lease_ttl(ttl_seconds)
+        while True:
+            found = yield from self._plan_read_lease(session_id)
+            if found is None:
+                raise SessionNotFoundError(session_id)
+            current, clock = found
+            lease = next_lease(current, session_id, owner, ttl, clock)
+            expires = yield from self._plan_swap_lease(session_id, current, lease, ttl)
+            if expires is not None:
+                return replace(lease, expires_at=expires)
+
+    def _plan_renew_lease(self, lease: SessionLease, ttl_seconds: float) -> Plan[SessionLease]:
+        ttl = check_lease_ttl(ttl_seconds)
+        while True:
+            found = yield from self._plan_read_lease(lease.session_id)
+            current, clock = (None, time.time()) if found is None else found
+            renewed = renewed_lease(current, lease, ttl, clock)
+            expires = yield from self._plan_swap_lease(lease.session_id, current, renewed, ttl)
+            if expires is not None:
+                return replace(renewed, expires_at=expires)
+
+    def _plan_release_lease(self, lease: SessionLease) -> Plan[None]:
+        yield self.sql.lease_release, (lease.session_id, lease.token, lease.owner)
+
+    def _plan_get_lease(self, session_id: str) -> Plan[SessionLease | None]:
+        found = yield from self._plan_read_lease(session_id)
+        return None if found is None else found[0]
 
     def _plan_put_blobs(self, blobs: Mapping[str, bytes]) -> Plan[None]:
         checked = check_blobs(blobs)
@@ -654,6 +771,22 @@ class PostgresCheckpointStore(CheckpointStore):
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
         return self._run(self._plan_list_control(session_id, after=after, kinds=kinds))
 
+    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
+        return self._run(self._plan_acquire_lease(session_id, owner, ttl_seconds))
+
+    def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        """Extend a held lease; LeaseLostError if it expired or was taken over."""
+        return self._run(self._plan_renew_lease(lease, ttl_seconds))
+
+    def release_lease(self, lease: SessionLease) -> None:
+        """Give the lease up now (a no-op if it is no longer current); its token stays used."""
+        self._run(self._plan_release_lease(lease))
+
+    def get_lease(self, session_id: str) -> SessionLease | None:
+        """The session's current lease (possibly lapsed), or None if it never had one."""
+        return self._run(self._plan_get_lease(session_id))
+
     def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
         self._run(self._plan_put_blobs(blobs))
@@ -676,7 +809,7 @@ class PostgresCheckpointStore(CheckpointStore):
         return self._run(self._plan_table_sizes())
 
     def wait_for_control(
-        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, timeout: float
+        self, session_id: str, *, after: int = 0, timeout: float = 1.0, kinds: Iterable[str] | None = None
     ) -> list[ControlItem]:
         """Wait up to ``timeout`` seconds for control items after ``after``; [] when none came.
 
@@ -772,6 +905,18 @@ class PostgresCheckpointStore(CheckpointStore):
     ) -> list[ControlItem]:
         return await self._arun(self._plan_list_control(session_id, after=after, kinds=kinds))
 
+    async def aacquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
+        return await self._arun(self._plan_acquire_lease(session_id, owner, ttl_seconds))
+
+    async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        return await self._arun(self._plan_renew_lease(lease, ttl_seconds))
+
+    async def arelease_lease(self, lease: SessionLease) -> None:
+        await self._arun(self._plan_release_lease(lease))
+
+    async def aget_lease(self, session_id: str) -> SessionLease | None:
+        return await self._arun(self._plan_get_lease(session_id))
+
     async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
         await self._arun(self._plan_put_blobs(blobs))
 
@@ -788,8 +933,8 @@ class PostgresCheckpointStore(CheckpointStore):
         """Async twin of :meth:`table_sizes`."""
         return await self._arun(self._plan_table_sizes())
 
-    async def await_for_control(
-        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, timeout: float
+    async def await_control(
+        self, session_id: str, *, after: int = 0, timeout: float = 1.0, kinds: Iterable[str] | None = None
     ) -> list[ControlItem]:
         """Async twin of :meth:`wait_for_control` (an async LISTEN connection of its own)."""
         deadline = time.monotonic() + _check_timeout(timeout)
@@ -922,22 +1067,46 @@ def _stored_row(row: Any) -> StoredSnapshotRow:
 
 
 def _head_record(row: Any) -> SessionHeadRecord:
-    session_id, snapshot_id, sequence, lifecycle, updated_at, metadata = row
+    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest = row
+    if digest != head_digest(session_id, snapshot_id, int(sequence), lifecycle, updated_at):
+        raise IntegrityError("heads", str(session_id), "content does not match its digest", session_id=session_id)
+    if metadata_raw is None:
+        raise IntegrityError(
+            "sessions", str(session_id), "the session's metadata row is missing", session_id=session_id
+        )
+    metadata_json = _text(metadata_raw, "sessions", session_id, session_id)
+    if meta_digest != metadata_digest(session_id, metadata_json):
+        raise IntegrityError("sessions", session_id, "content does not match its digest", session_id=session_id)
     return SessionHeadRecord(
         session_id=session_id,
         snapshot_id=snapshot_id,
         sequence=int(sequence),
         lifecycle=lifecycle,
         updated_at=updated_at,
-        metadata=_loads(metadata, f"session {session_id} metadata"),
+        metadata=_loads(metadata_json, "sessions", session_id, session_id),
     )
 
 
-def _loads(data: bytes, what: str) -> dict[str, Any]:
+def _lease_of(session_id: str, owner: str | None, token: int, expires: float) -> SessionLease | None:
+    """The lease columns of a head row as a SessionLease (None: the session never had one)."""
+    if owner is None:
+        return None
+    return SessionLease(session_id=session_id, owner=owner, token=int(token), expires_at=float(expires))
+
+
+def _text(raw: bytes, table: str, row: str, session_id: str) -> str:
+    """A stored bytea column decoded as UTF-8; a damaged one raises IntegrityError naming it."""
     try:
-        value = json.loads(bytes(data))
+        return bytes(raw).decode("utf-8")
+    except (UnicodeDecodeError, TypeError) as exc:
+        raise IntegrityError(table, row, f"stored text is not valid UTF-8: {exc}", session_id=session_id) from exc
+
+
+def _loads(text: str, table: str, row: str, session_id: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{what}: stored JSON is unreadable: {exc}") from exc
+        raise IntegrityError(table, row, f"stored JSON is unreadable: {exc}", session_id=session_id) from exc
     if not isinstance(value, dict):
-        raise CheckpointError(f"{what}: stored JSON is not an object")
+        raise IntegrityError(table, row, "stored JSON is not an object", session_id=session_id)
     return value
