@@ -83,7 +83,10 @@ from qitos.core.errors import (
 if TYPE_CHECKING:
     import psycopg_pool
 
-__all__ = ["SCHEMA_VERSION", "PostgresCheckpointStore", "TableSize"]
+__all__ = ["APPLICATION_NAME", "SCHEMA_VERSION", "PostgresCheckpointStore", "TableSize"]
+
+APPLICATION_NAME: Final = "qitos"
+"""The ``application_name`` of the store's connections (unless the DSN names one)."""
 
 _T = TypeVar("_T")
 
@@ -178,6 +181,7 @@ class PostgresCheckpointStore(CheckpointStore):
         self._compress_min = compress_min_bytes
         self._poll_interval = float(poll_interval)
         self._where = _describe(self._psycopg, dsn, schema)
+        self._application_name = {} if "application_name" in dsn else {"application_name": APPLICATION_NAME}
         self._lock = threading.Lock()  # guards opening and closing the pools, never a call
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._apools: dict[asyncio.AbstractEventLoop, psycopg_pool.AsyncConnectionPool[Any]] = {}
@@ -198,7 +202,8 @@ class PostgresCheckpointStore(CheckpointStore):
         self._apools = {}
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        return {"autocommit": True, "prepare_threshold": self._prepare_threshold}
+        # application_name unless the DSN sets its own: operators can tell qitos' connections apart.
+        return {"autocommit": True, "prepare_threshold": self._prepare_threshold, **self._application_name}
 
     def _stamp(self, conn: Any) -> None:
         """Pool ``reset`` callback: remember when a connection went back idle."""
@@ -846,7 +851,7 @@ class PostgresCheckpointStore(CheckpointStore):
         self._ensure_open()
         psycopg = self._psycopg
         try:
-            conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+            conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None, **self._application_name)
         except psycopg.Error:
             return None
         try:
@@ -965,7 +970,9 @@ class PostgresCheckpointStore(CheckpointStore):
         self._ensure_open()
         psycopg = self._psycopg
         try:
-            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, prepare_threshold=None)
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, prepare_threshold=None, **self._application_name
+            )
         except psycopg.Error:
             return None
         try:

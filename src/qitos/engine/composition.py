@@ -22,6 +22,7 @@ from typing import Any
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
+from qitos.checkpoint.targets import open_store
 from qitos.core.agent_module import AgentModule
 from qitos.core.errors import ConfigurationError
 from qitos.core.task import Task
@@ -100,7 +101,7 @@ class Composition:
 
 def compose(
     agent: type[AgentModule[Any, Any, Any]] | Callable[[], AgentModule[Any, Any, Any]] | AgentModule[Any, Any, Any],
-    store: CheckpointStore | None = None,
+    store: CheckpointStore | str | None = None,
     extensions: Mapping[str, Any] | None = None,
     compaction: Mapping[str, str] | None = None,
     lifecycle: Mapping[str, str] | None = None,
@@ -113,7 +114,8 @@ def compose(
 ) -> Composition:
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
 
-    ``store`` defaults to an in-process ``InMemoryCheckpointStore``. ``durability`` is ``"sync"``
+    ``store`` defaults to an in-process ``InMemoryCheckpointStore``; text names one (a SQLite file
+    path, ``sqlite:///path`` or a ``postgresql://`` DSN; see ``qitos.checkpoint.targets``). ``durability`` is ``"sync"``
     (commit every boundary) or ``"batched"`` (group commit every ``batch_steps`` boundaries or
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
     Other keyword arguments go to the Engine (``budget=``, ``hooks=``, ``critics=`` ...).
@@ -122,6 +124,8 @@ def compose(
         raise ConfigurationError(f"durability must be 'sync' or 'batched', got {durability!r}")
     if batch_steps < 1 or batch_ms <= 0:
         raise ConfigurationError("batch_steps must be >= 1 and batch_ms > 0")
+    if isinstance(store, str):
+        store = open_store(store)
     agent_factory = _agent_factory(agent)
     bound: dict[str, Any] = {}
     references: list[ResolverReference] = []
