@@ -2,6 +2,7 @@
 # A private PostgreSQL cluster for the tests and benchmarks: unix socket only, in a temporary directory.
 #
 #   scripts/postgres.sh start [--fast]   prints shell lines to eval: QITOS_TEST_PG_DSN and QITOS_TEST_PG_DIR
+#                                        ($QITOS_PG_SERVER_OPTIONS: more "-c name=value" server settings)
 #   scripts/postgres.sh stop DIR         stops the cluster started in DIR and deletes DIR
 #
 # Debian's `postgresql` package is installed with apt when no server binaries are found (root only).
@@ -51,6 +52,7 @@ start() {
     [ "$(id -u)" = 0 ] && chown postgres "$dir"
     local options="-c listen_addresses= -c unix_socket_directories=$dir -c max_connections=200"
     options="$options -c shared_buffers=32MB -c max_wal_size=256MB"
+    options="$options ${QITOS_PG_SERVER_OPTIONS:-}"
     if [ "$fast" = 1 ]; then
         options="$options -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     fi

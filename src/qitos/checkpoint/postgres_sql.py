@@ -115,10 +115,10 @@ class StoreSql:
             f", snap AS (INSERT INTO {s}.snapshots"
             " (snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload)"
             " SELECT %(id)s::text, %(sid)s::text, %(parent)s::text, %(base)s::text, %(seq)s::bigint,"
-            " %(created)s::text, %(encoding)s::text, %(payload)s::bytea FROM head"
+            " %(created)s::text, %(encoding)s::text, %(payload)b::bytea FROM head"
             " ON CONFLICT (snapshot_id) DO NOTHING)"
             f", blob AS (INSERT INTO {s}.blobs (digest, data)"
-            " SELECT t.digest, t.data FROM head, unnest(%(digests)s::text[], %(datas)s::bytea[]) AS t(digest, data)"
+            " SELECT t.digest, t.data FROM head, unnest(%(digests)s::text[], %(datas)b::bytea[]) AS t(digest, data)"
             " ON CONFLICT (digest) DO NOTHING)"
             f", op AS (INSERT INTO {s}.operations (operation_id, session_id, snapshot_id, created_at)"
             " SELECT %(op)s::text, %(sid)s::text, %(id)s::text, %(now)s::text FROM head"
@@ -131,16 +131,16 @@ class StoreSql:
             " ON CONFLICT (session_id) DO NOTHING RETURNING 1)"
             + inserts
             + f", meta AS (INSERT INTO {s}.sessions (session_id, metadata, digest)"
-            " SELECT %(sid)s::text, %(metadata)s::bytea, %(metadata_digest)s::text FROM head)"
+            " SELECT %(sid)s::text, %(metadata)b::bytea, %(metadata_digest)s::text FROM head)"
             " SELECT count(*) FROM head"
         )
         self.commit_advance = (
             f"WITH head AS (UPDATE {s}.heads SET snapshot_id = %(id)s::text, sequence = %(seq)s::bigint,"
             " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text"
             f" WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text AND {allowed} AND ({fence})"
-            " RETURNING 1)" + inserts + f", meta AS (UPDATE {s}.sessions SET metadata = %(metadata)s::bytea,"
+            " RETURNING 1)" + inserts + f", meta AS (UPDATE {s}.sessions SET metadata = %(metadata)b::bytea,"
             " digest = %(metadata_digest)s::text FROM head"
-            " WHERE session_id = %(sid)s::text AND %(metadata)s::bytea IS NOT NULL)"
+            " WHERE session_id = %(sid)s::text AND %(metadata)b::bytea IS NOT NULL)"
             " SELECT count(*) FROM head"
         )
         # Why a commit changed nothing: the head and its lease, the operation's owner, the parent.
@@ -202,7 +202,7 @@ class StoreSql:
         # are locked FOR SHARE, so a lease cannot change hands while the write is being made.
         self.writes_put = (
             "WITH input AS MATERIALIZED (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
-            " %s::bigint[], %s::bytea[], %s::text[], %s::bigint[]) WITH ORDINALITY"
+            " %s::bigint[], %b::bytea[], %s::text[], %s::bigint[]) WITH ORDINALITY"
             " AS t(session_id, base_snapshot_id, kind, key, step_id, payload, digest, token, ord)),"
             f" fence AS MATERIALIZED (SELECT h.session_id, h.lease_owner, h.lease_token, h.lease_expires, {now} AS now"
             f" FROM {s}.heads h WHERE h.session_id IN (SELECT session_id FROM input) FOR SHARE OF h),"
@@ -236,7 +236,7 @@ class StoreSql:
             f"WITH pos AS (UPDATE {s}.heads SET control_seq = control_seq + 1 WHERE session_id = %(sid)s::text"
             " RETURNING control_seq),"
             f" ins AS (INSERT INTO {s}.control (session_id, position, kind, payload, created_at, digest)"
-            " SELECT %(sid)s::text, control_seq, %(kind)s::text, %(payload)s::bytea, %(now)s::text,"
+            " SELECT %(sid)s::text, control_seq, %(kind)s::text, %(payload)b::bytea, %(now)s::text,"
             " encode(sha256(convert_to('control', 'UTF8') || "
             + sep
             + " || convert_to(%(sid)s::text, 'UTF8') || "
@@ -244,7 +244,7 @@ class StoreSql:
             + " || convert_to(control_seq::text, 'UTF8') || "
             + sep
             + " || convert_to(%(kind)s::text, 'UTF8')"
-            " || " + sep + " || %(payload)s::bytea || " + sep + " || convert_to(%(now)s::text, 'UTF8')), 'hex')"
+            " || " + sep + " || %(payload)b::bytea || " + sep + " || convert_to(%(now)s::text, 'UTF8')), 'hex')"
             " FROM pos RETURNING position)"
             " SELECT position, pg_notify(%(channel)s::text, %(sid)s::text)::text FROM ins"
         )
@@ -258,7 +258,7 @@ class StoreSql:
 
         # ---- blobs
         self.blobs_put = (
-            f"INSERT INTO {s}.blobs (digest, data) SELECT * FROM unnest(%s::text[], %s::bytea[])"
+            f"INSERT INTO {s}.blobs (digest, data) SELECT * FROM unnest(%s::text[], %b::bytea[])"
             " ON CONFLICT (digest) DO NOTHING"
         )
         self.blobs_get = f"SELECT digest, data FROM {s}.blobs WHERE digest = ANY(%s::text[])"
