@@ -405,11 +405,16 @@ def test_stores_opening_one_new_schema_at_once_migrate_it_once(pg_dsn: str) -> N
         drop_schema(pg_dsn, schema)
 
 
-def test_the_async_twins_work_from_one_event_loop_after_another(store: PostgresCheckpointStore) -> None:
+@pytest.mark.timeout(120)
+def test_the_async_twins_work_from_one_event_loop_after_another_and_each_run_ends(
+    store: PostgresCheckpointStore,
+) -> None:
     first = _create(store, "s")
-    for _ in range(3):  # each asyncio.run is a new loop: the store opens a pool for it
+    for _ in range(4):  # each asyncio.run is a new loop: the store opens a pool for it, closed as it ends
+        started = time.monotonic()
         head = asyncio.run(store.aget_session_head("s"))
         assert head is not None and head.snapshot_id == first.snapshot_id
+        assert time.monotonic() - started < 30  # the loop's end did not wait on the pool's workers
 
 
 def test_without_prepared_statements_for_pgbouncer_everything_works(pg_dsn: str) -> None:

@@ -100,49 +100,7 @@ class StoreSql:
         # ---- heads and commits (one statement each; see PostgresCheckpointStore.commit_session_snapshot)
         now = "extract(epoch FROM clock_timestamp())::float8"
         self.now = now
-        allowed = (
-            "(%(parent)s::text IS NULL OR %(parent)s::text = %(expected)s::text"
-            f" OR EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = %(parent)s::text))"
-            " AND (%(op)s::text IS NULL"
-            f" OR NOT EXISTS (SELECT 1 FROM {s}.operations WHERE operation_id = %(op)s::text))"
-        )
-        # The fence: a token must be the live lease's; no token is refused while a live lease is held.
-        fence = (
-            f"CASE WHEN %(token)s::bigint IS NULL THEN NOT (lease_owner IS NOT NULL AND lease_expires > {now})"
-            f" ELSE lease_token = %(token)s::bigint AND lease_owner IS NOT NULL AND lease_expires > {now} END"
-        )
-        inserts = (
-            f", snap AS (INSERT INTO {s}.snapshots"
-            " (snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload)"
-            " SELECT %(id)s::text, %(sid)s::text, %(parent)s::text, %(base)s::text, %(seq)s::bigint,"
-            " %(created)s::text, %(encoding)s::text, %(payload)b::bytea FROM head"
-            " ON CONFLICT (snapshot_id) DO NOTHING)"
-            f", blob AS (INSERT INTO {s}.blobs (digest, data)"
-            " SELECT t.digest, t.data FROM head, unnest(%(digests)s::text[], %(datas)b::bytea[]) AS t(digest, data)"
-            " ON CONFLICT (digest) DO NOTHING)"
-            f", op AS (INSERT INTO {s}.operations (operation_id, session_id, snapshot_id, created_at)"
-            " SELECT %(op)s::text, %(sid)s::text, %(id)s::text, %(now)s::text FROM head"
-            " WHERE %(op)s::text IS NOT NULL)"
-        )
-        self.commit_create = (
-            f"WITH head AS (INSERT INTO {s}.heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest)"
-            " SELECT %(sid)s::text, %(id)s::text, %(seq)s::bigint, %(lifecycle)s::text, %(now)s::text,"
-            f" %(digest)s::text WHERE {allowed}"
-            " ON CONFLICT (session_id) DO NOTHING RETURNING 1)"
-            + inserts
-            + f", meta AS (INSERT INTO {s}.sessions (session_id, metadata, digest)"
-            " SELECT %(sid)s::text, %(metadata)b::bytea, %(metadata_digest)s::text FROM head)"
-            " SELECT count(*) FROM head"
-        )
-        self.commit_advance = (
-            f"WITH head AS (UPDATE {s}.heads SET snapshot_id = %(id)s::text, sequence = %(seq)s::bigint,"
-            " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text"
-            f" WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text AND {allowed} AND ({fence})"
-            " RETURNING 1)" + inserts + f", meta AS (UPDATE {s}.sessions SET metadata = %(metadata)b::bytea,"
-            " digest = %(metadata_digest)s::text FROM head"
-            " WHERE session_id = %(sid)s::text AND %(metadata)b::bytea IS NOT NULL)"
-            " SELECT count(*) FROM head"
-        )
+        self._commits: dict[tuple[bool, ...], str] = {}
         # Why a commit changed nothing: the head and its lease, the operation's owner, the parent.
         self.commit_refused = (
             f"SELECT h.snapshot_id, h.lease_owner, h.lease_token, h.lease_expires, {now},"
@@ -296,3 +254,77 @@ class StoreSql:
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY c.relname"
         )
+
+    def commit(self, *, create: bool, parent: bool, op: bool, blobs: bool, meta: bool, token: bool) -> str:
+        """The one statement of a head commit, with only the parts this commit needs.
+
+        ``create``: insert the head (``ON CONFLICT DO NOTHING``) instead of the conditional
+        ``UPDATE ... WHERE snapshot_id = expected``; ``parent``: check that a parent other than the
+        expected head is stored; ``op``: check and record the operation id; ``blobs``: insert blobs;
+        ``meta``: replace the session metadata (a new session always writes it); ``token``: the fence
+        wants this lease token (otherwise: no live lease may be held). Everything after the head
+        runs only when the head moved; the statement returns how many heads moved (0 or 1).
+        """
+        key = (create, parent, op, blobs, meta, token)
+        cached = self._commits.get(key)
+        if cached is not None:
+            return cached
+        s, now = f'"{self.schema}"', self.now
+        conditions = []
+        if parent:
+            conditions.append(f"EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = %(parent)s::text)")
+        if op:
+            conditions.append(f"NOT EXISTS (SELECT 1 FROM {s}.operations WHERE operation_id = %(op)s::text)")
+        if create:
+            head = (
+                f"INSERT INTO {s}.heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest)"
+                " SELECT %(sid)s::text, %(id)s::text, %(seq)s::bigint, %(lifecycle)s::text, %(now)s::text,"
+                f" %(digest)s::text WHERE {' AND '.join(conditions) or 'true'}"
+                " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
+            )
+        else:
+            # The fence, on the very row the UPDATE moves: a token must be the live lease's; without one,
+            # no live lease may be held.
+            if token:
+                conditions.append(
+                    f"lease_token = %(token)s::bigint AND lease_owner IS NOT NULL AND lease_expires > {now}"
+                )
+            else:
+                conditions.append(f"NOT (lease_owner IS NOT NULL AND lease_expires > {now})")
+            head = (
+                f"UPDATE {s}.heads SET snapshot_id = %(id)s::text, sequence = %(seq)s::bigint,"
+                " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text"
+                " WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text"
+                f" AND {' AND '.join(conditions)} RETURNING 1"
+            )
+        parts = [
+            f"WITH head AS ({head})",
+            f"snap AS (INSERT INTO {s}.snapshots"
+            " (snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload)"
+            " SELECT %(id)s::text, %(sid)s::text, %(parent)s::text, %(base)s::text, %(seq)s::bigint,"
+            " %(created)s::text, %(encoding)s::text, %(payload)b::bytea FROM head"
+            " ON CONFLICT (snapshot_id) DO NOTHING)",
+        ]
+        if blobs:
+            parts.append(
+                f"blob AS (INSERT INTO {s}.blobs (digest, data) SELECT t.digest, t.data FROM head,"
+                " unnest(%(digests)s::text[], %(datas)b::bytea[]) AS t(digest, data) ON CONFLICT (digest) DO NOTHING)"
+            )
+        if op:
+            parts.append(
+                f"op AS (INSERT INTO {s}.operations (operation_id, session_id, snapshot_id, created_at)"
+                " SELECT %(op)s::text, %(sid)s::text, %(id)s::text, %(now)s::text FROM head)"
+            )
+        if create:
+            parts.append(
+                f"meta AS (INSERT INTO {s}.sessions (session_id, metadata, digest)"
+                " SELECT %(sid)s::text, %(metadata)b::bytea, %(metadata_digest)s::text FROM head)"
+            )
+        elif meta:
+            parts.append(
+                f"meta AS (UPDATE {s}.sessions SET metadata = %(metadata)b::bytea, digest = %(metadata_digest)s::text"
+                " FROM head WHERE session_id = %(sid)s::text)"
+            )
+        statement = ", ".join(parts) + " SELECT count(*) FROM head"
+        self._commits[key] = statement
+        return statement

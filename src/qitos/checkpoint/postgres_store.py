@@ -184,7 +184,9 @@ class PostgresCheckpointStore(CheckpointStore):
         self._application_name = {} if "application_name" in dsn else {"application_name": APPLICATION_NAME}
         self._lock = threading.Lock()  # guards opening and closing the pools, never a call
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
-        self._apools: dict[asyncio.AbstractEventLoop, psycopg_pool.AsyncConnectionPool[Any]] = {}
+        # One AsyncConnectionPool per event loop, with the task that closes it when its loop ends.
+        self._apools: dict[asyncio.AbstractEventLoop, tuple[psycopg_pool.AsyncConnectionPool[Any], asyncio.Task[None]]]
+        self._apools = {}
         self._migrated = False
         self._closed = False
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
@@ -254,12 +256,12 @@ class PostgresCheckpointStore(CheckpointStore):
         loop = asyncio.get_running_loop()
         known = self._apools.get(loop)
         if known is not None:
-            return known
+            return known[0]
         self._ensure_open()
         if not self._migrated:
             await asyncio.to_thread(self._migrate_once)
         for stale in [other for other in self._apools if other.is_closed()]:
-            del self._apools[stale]  # their loop is gone: so are its tasks; the sockets close with it
+            del self._apools[stale]  # closed by its guard before its loop ended
         pool: psycopg_pool.AsyncConnectionPool[Any] = self._pool_module.AsyncConnectionPool(
             self.dsn,
             min_size=self._min_size,
@@ -271,8 +273,13 @@ class PostgresCheckpointStore(CheckpointStore):
             name=f"qitos-{self.schema}-async",
             open=False,
         )
-        await pool.open()
-        self._apools[loop] = pool
+        try:  # with its minimum of connections made, no connection attempt is left running when the loop ends
+            await pool.open(wait=True, timeout=self._pool_timeout)
+        except self._pool_module.PoolTimeout as exc:
+            await pool.close()
+            raise CheckpointError(f"cannot connect to PostgreSQL ({self._where}): {exc}") from exc
+        guard = loop.create_task(_close_with_loop(pool), name=f"qitos-{self.schema}-pool-guard")
+        self._apools[loop] = (pool, guard)
         return pool
 
     def _migrate_once(self) -> None:
@@ -413,7 +420,14 @@ class PostgresCheckpointStore(CheckpointStore):
             "op": operation_id,
             "token": token,
         }
-        statement = sql.commit_create if expected is None else sql.commit_advance
+        statement = sql.commit(
+            create=expected is None,
+            parent=snapshot.parent_id is not None and snapshot.parent_id != expected,
+            op=operation_id is not None,
+            blobs=bool(blobs),
+            meta=metadata_json is not None,
+            token=token is not None,
+        )
         for _ in range(_COMMIT_ATTEMPTS):
             now = params["now"] = utc_now()
             params["digest"] = head_digest(session_id, snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
@@ -869,8 +883,9 @@ class PostgresCheckpointStore(CheckpointStore):
             apools, self._apools = self._apools, {}
         if pool is not None:
             pool.close()
-        for loop, apool in apools.items():
+        for loop, (apool, guard) in apools.items():
             if not loop.is_closed() and not loop.is_running():
+                guard.cancel()
                 loop.run_until_complete(apool.close())
 
     # ---- the contract: async twins (native, on the AsyncConnectionPool)
@@ -990,12 +1005,26 @@ class PostgresCheckpointStore(CheckpointStore):
         if pool is not None:
             await asyncio.to_thread(pool.close)
         loop = asyncio.get_running_loop()
-        for owner, apool in apools.items():
+        for owner, (apool, guard) in apools.items():
             if owner is loop:
+                guard.cancel()
                 await apool.close()
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+async def _close_with_loop(pool: Any) -> None:
+    """Wait until cancelled, then close ``pool``: a pool must be closed while its loop still runs.
+
+    ``asyncio.run`` cancels every task before closing its loop, this one included; the pool's own
+    workers ignore a cancellation that arrives while they run a task, so without this an
+    ``asyncio.run`` that used the store would never end.
+    """
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await pool.close()
 
 
 def _drive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
