@@ -88,8 +88,10 @@ class AsyncOnlyStore(CheckpointStore):
     ) -> list[ControlItem]:
         return self._inner.list_control(session_id, after=after, kinds=kinds)
 
-    async def aacquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
-        return self._inner.acquire_lease(session_id, owner, ttl_seconds=ttl_seconds)
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return self._inner.acquire_lease(session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from)
 
     async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         return self._inner.renew_lease(lease, ttl_seconds=ttl_seconds)

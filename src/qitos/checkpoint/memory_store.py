@@ -285,14 +285,16 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
 
     # ---- leases
 
-    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
         """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
         ttl = check_lease_ttl(ttl_seconds)
         with self._lock:
             self._check_open()
             if session_id not in self._heads:
                 raise SessionNotFoundError(session_id)
-            lease = next_lease(self._leases.get(session_id), session_id, owner, ttl, time.time())
+            lease = next_lease(self._leases.get(session_id), session_id, owner, ttl, time.time(), take_over_from)
             self._leases[session_id] = lease
             return lease
 

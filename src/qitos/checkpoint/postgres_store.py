@@ -656,14 +656,16 @@ class PostgresCheckpointStore(CheckpointStore):
         )
         return float(rows[0][0]) if rows else None
 
-    def _plan_acquire_lease(self, session_id: str, owner: str, ttl_seconds: float) -> Plan[SessionLease]:
+    def _plan_acquire_lease(
+        self, session_id: str, owner: str, ttl_seconds: float, take_over_from: str | None
+    ) -> Plan[SessionLease]:
         ttl = check_lease_ttl(ttl_seconds)
         while True:
             found = yield from self._plan_read_lease(session_id)
             if found is None:
                 raise SessionNotFoundError(session_id)
             current, clock = found
-            lease = next_lease(current, session_id, owner, ttl, clock)
+            lease = next_lease(current, session_id, owner, ttl, clock, take_over_from)
             expires = yield from self._plan_swap_lease(session_id, current, lease, ttl)
             if expires is not None:
                 return replace(lease, expires_at=expires)
@@ -790,9 +792,14 @@ class PostgresCheckpointStore(CheckpointStore):
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
         return self._run(self._plan_list_control(session_id, after=after, kinds=kinds))
 
-    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
-        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
-        return self._run(self._plan_acquire_lease(session_id, owner, ttl_seconds))
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it.
+
+        ``take_over_from`` names a holder the caller knows is dead: its live lease is taken over.
+        """
+        return self._run(self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
 
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         """Extend a held lease; LeaseLostError if it expired or was taken over."""
@@ -925,8 +932,10 @@ class PostgresCheckpointStore(CheckpointStore):
     ) -> list[ControlItem]:
         return await self._arun(self._plan_list_control(session_id, after=after, kinds=kinds))
 
-    async def aacquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
-        return await self._arun(self._plan_acquire_lease(session_id, owner, ttl_seconds))
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return await self._arun(self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
 
     async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         return await self._arun(self._plan_renew_lease(lease, ttl_seconds))

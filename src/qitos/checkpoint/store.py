@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import concurrent.futures
+import functools
 import hashlib
 import json
+import os
 import re
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -657,15 +661,22 @@ def check_lease_ttl(ttl_seconds: float) -> float:
 
 
 def next_lease(
-    current: SessionLease | None, session_id: str, owner: str, ttl_seconds: float, now: float
+    current: SessionLease | None,
+    session_id: str,
+    owner: str,
+    ttl_seconds: float,
+    now: float,
+    take_over_from: str | None = None,
 ) -> SessionLease:
     """The lease ``owner`` gets when asking for ``session_id`` at ``now`` (store clock).
 
     Free or lapsed: a new token. Held and live by the same owner: renewed with the same token.
-    Held and live by another owner: :class:`SessionBusyError` naming the holder.
+    Held and live by another owner: :class:`SessionBusyError` naming the holder, unless that holder
+    is ``take_over_from`` (a runner the caller knows is dead, e.g. a process of this host that no
+    longer exists): then it is taken over at once with a new token.
     """
     _require_str(owner, "lease owner")
-    if current is not None and current.expires_at > now:
+    if current is not None and current.expires_at > now and current.owner != take_over_from:
         if current.owner != owner:
             raise SessionBusyError(session_id, current.owner, current.expires_at)
         token = current.token
@@ -797,7 +808,9 @@ class CheckpointStore(abc.ABC):
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
 
     @abc.abstractmethod
-    async def aacquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
         """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
 
     @abc.abstractmethod
@@ -893,9 +906,17 @@ class CheckpointStore(abc.ABC):
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
         return _run_sync(self.alist_control(session_id, after=after, kinds=kinds), "list_control")
 
-    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
-        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
-        return _run_sync(self.aacquire_lease(session_id, owner, ttl_seconds=ttl_seconds), "acquire_lease")
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it.
+
+        ``take_over_from`` names a holder the caller knows is dead: its live lease is taken over.
+        """
+        return _run_sync(
+            self.aacquire_lease(session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from),
+            "acquire_lease",
+        )
 
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         """Extend a held lease; LeaseLostError if it expired or was taken over."""
@@ -956,13 +977,29 @@ class CheckpointStore(abc.ABC):
 class SyncCheckpointStore(CheckpointStore):
     """A store whose native I/O is synchronous: the sync methods are abstract here.
 
-    The async twins run the sync method in a worker thread (``asyncio.to_thread``), so an event
-    loop is never blocked by disk I/O.
+    The async twins run the sync method on this store's own single writer thread, so an event loop
+    is never blocked by disk I/O and the calls of many concurrent runs reach the store one at a time,
+    in the order they were made (no pool of threads contending for one connection's lock). The
+    thread starts on the first async call, is replaced in a child process after ``fork()``, and
+    exits at ``aclose()`` (or with the interpreter).
     """
 
     async def _offload(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Run one sync method off the event loop (in a worker thread)."""
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        """Run one sync method off the event loop, on the store's writer thread."""
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._writer(), call)
+
+    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
+        state: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = self.__dict__.get("_qitos_writer")
+        pid = os.getpid()
+        if state is None or state[0] != pid:
+            with _WRITER_LOCK:
+                state = self.__dict__.get("_qitos_writer")
+                if state is None or state[0] != pid:
+                    name = f"qitos-store-{type(self).__name__}"
+                    state = (pid, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name))
+                    self.__dict__["_qitos_writer"] = state
+        return state[1]
 
     # ---- sync methods: abstract
 
@@ -1002,7 +1039,9 @@ class SyncCheckpointStore(CheckpointStore):
     ) -> list[ControlItem]: ...
 
     @abc.abstractmethod
-    def acquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease: ...
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease: ...
 
     @abc.abstractmethod
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease: ...
@@ -1075,8 +1114,12 @@ class SyncCheckpointStore(CheckpointStore):
     ) -> list[ControlItem]:
         return await self._offload(self.list_control, session_id, after=after, kinds=kinds)
 
-    async def aacquire_lease(self, session_id: str, owner: str, *, ttl_seconds: float) -> SessionLease:
-        return await self._offload(self.acquire_lease, session_id, owner, ttl_seconds=ttl_seconds)
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return await self._offload(
+            self.acquire_lease, session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from
+        )
 
     async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         return await self._offload(self.renew_lease, lease, ttl_seconds=ttl_seconds)
@@ -1101,3 +1144,9 @@ class SyncCheckpointStore(CheckpointStore):
 
     async def aclose(self) -> None:
         await self._offload(self.close)
+        state = self.__dict__.pop("_qitos_writer", None)
+        if state is not None and state[0] == os.getpid():
+            state[1].shutdown(wait=False)
+
+
+_WRITER_LOCK = threading.Lock()

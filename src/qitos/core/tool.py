@@ -5,9 +5,22 @@ hints and the docstring (a Google-style ``Args:`` section gives parameter descri
 how the engine should run it: ``timeout`` seconds, ``idempotent`` (safe to re-run after a crash),
 ``needs_approval`` (a human must approve each call), ``max_output_chars``.
 
+A tool may be an ``async def`` function (its schema comes from hints and docstring the same way):
+``ToolRegistry.acall`` awaits it on the running loop and runs sync tools in a given executor;
+``ToolRegistry.call`` runs it to completion with ``asyncio.run`` (refused inside a running loop).
+
 ``ToolRegistry.call`` never raises for a tool's own failure: unknown tools, invalid arguments,
 exceptions and timeouts all become a ``ToolResult`` with ``ok=False`` and an ``error_kind`` that the
 agent can read and react to.
+
+Outputs: ``max_output_chars`` caps the output's *text form* (the string itself, or the JSON text
+of any other output): an output whose text form is longer becomes that text cut to the cap plus a
+``[truncated N of M characters]`` note, with ``truncated=True`` (so a 50 MB list never reaches the
+store or the model whole). An output that is not valid Unicode text (a lone surrogate such as
+``"\\ud800"``, in the string or anywhere in its JSON text) cannot be stored or sent to a model: the
+call becomes a ``tool_error`` result saying where, not an escaped or altered output. So does an
+output that is cyclic or nested too deeply to have a text form. Arguments holding a lone surrogate
+are ``invalid_arguments`` (the tool does not run).
 """
 
 from __future__ import annotations
@@ -28,7 +41,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Union, overload
 
-from qitos.core.errors import ToolDefinitionError
+from qitos.core.codec import check_text
+from qitos.core.errors import CodecError, ToolDefinitionError
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
@@ -497,37 +511,101 @@ class ToolRegistry:
         return self._schemas
 
     def call(self, name: str, args: Any, *, call_id: str = "") -> ToolResult:
-        """Run one tool call. Never raises for the tool's own failure; see the module docstring."""
+        """Run one tool call. Never raises for the tool's own failure; see the module docstring.
+
+        An ``async def`` tool is run to completion with ``asyncio.run`` in the calling thread; called
+        from a thread whose event loop is running, it is refused (a ``tool_error`` result telling to
+        use ``acall`` / ``AsyncEngine``), because that loop cannot be re-entered.
+        """
+        spec, prepared = self._prepare(name, args, call_id)
+        if spec is None:
+            return prepared  # type: ignore[no-any-return]
+        started = time.perf_counter()
+        try:
+            if spec.timeout is None and not self._is_async[name]:
+                output = spec.func(**prepared)
+            else:
+                output = self._invoke(spec, prepared)
+        except concurrent.futures.TimeoutError:
+            return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
+        except Exception as exc:
+            return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
+        return self._finish(spec, call_id, output, started)
+
+    async def acall(
+        self, name: str, args: Any, *, call_id: str = "", executor: concurrent.futures.Executor | None = None
+    ) -> ToolResult:
+        """Async twin of :meth:`call`: an ``async def`` tool is awaited on the running loop; a sync
+        tool runs in ``executor`` (None: the loop's default executor). ``timeout`` applies to both;
+        a sync call that times out keeps its executor thread until it returns (threads cannot be
+        killed). Cancelling the awaiting task cancels an async tool; a sync one finishes unobserved.
+        """
+        spec, prepared = self._prepare(name, args, call_id)
+        if spec is None:
+            return prepared  # type: ignore[no-any-return]
+        started = time.perf_counter()
+        try:
+            if self._is_async[name]:
+                pending = spec.func(**prepared)
+            else:
+                loop = asyncio.get_running_loop()
+                pending = loop.run_in_executor(executor, _Bound(spec.func, prepared))
+            output = await (pending if spec.timeout is None else asyncio.wait_for(pending, spec.timeout))
+        except TimeoutError:
+            return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
+        except Exception as exc:
+            return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
+        return self._finish(spec, call_id, output, started)
+
+    def _prepare(self, name: str, args: Any, call_id: str) -> tuple[ToolSpec | None, Any]:
+        """``(spec, arguments to call it with)``, or ``(None, failure result)`` when it cannot run
+        (shared by ``call`` and ``acall``)."""
         spec = self._tools.get(name)
         if spec is None:
             known = ", ".join(self._tools) or "none"
-            return _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
+            return None, _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
         if not isinstance(args, _MAPPINGS):
-            return _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
+            return None, _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
         problems: list[str] = []
         self._validators[name](args, "arguments", problems)
         if problems:
-            return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+            return None, _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+        if not _plain_text_values(args):
+            try:
+                check_text(args, "arguments")
+            except CodecError as exc:
+                return None, _failure(call_id, name, "invalid_arguments", str(exc))
         converters = self._converters.get(name)
         if converters is not None:  # only tools with Enum-annotated parameters
             try:
                 args = _convert_arguments(args, converters)
             except ValueError as exc:
-                return _failure(call_id, name, "invalid_arguments", str(exc))
-        started = time.perf_counter()
-        try:
-            if spec.timeout is None and not self._is_async[name]:
-                output = spec.func(**args)
-            else:
-                output = self._invoke(spec, args)
-        except concurrent.futures.TimeoutError:
-            return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
-        except Exception as exc:
-            return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
+                return None, _failure(call_id, name, "invalid_arguments", str(exc))
+        return spec, args
+
+    def _finish(self, spec: ToolSpec, call_id: str, output: Any, started: float) -> ToolResult:
+        """The result of a call that returned ``output``: capped at the tool's ``max_output_chars``
+        (of its text form), refused when it has no valid text form (shared by ``call`` and ``acall``)."""
+        name = spec.name
         truncated = False
         cap = spec.max_output_chars
-        if cap is not None and isinstance(output, str) and len(output) > cap:
-            output = f"{output[:cap]}\n...[truncated {len(output) - cap} of {len(output)} characters]"
+        if type(output) is str:
+            text = output
+        elif output is None or type(output) in (int, bool, float):
+            text = ""
+        else:
+            try:
+                text = _to_text(output)
+            except RecursionError:
+                message = "the output is cyclic or nested too deeply to have a text form"
+                return _failure(call_id, name, "tool_error", message, started)
+        if not text.isascii():
+            try:
+                check_text(text, "output")
+            except CodecError as exc:
+                return _failure(call_id, name, "tool_error", f"{exc}; the tool must return valid text", started)
+        if cap is not None and len(text) > cap:
+            output = f"{text[:cap]}\n...[truncated {len(text) - cap} of {len(text)} characters]"
             truncated = True
         duration = (time.perf_counter() - started) * 1000.0
         return ToolResult(call_id=call_id, name=name, ok=True, output=output, duration_ms=duration, truncated=truncated)
@@ -535,6 +613,11 @@ class ToolRegistry:
     def _invoke(self, spec: ToolSpec, args: Mapping[str, Any]) -> Any:
         fn = spec.func
         if self._is_async[spec.name]:
+            if _loop_running():
+                raise _AsyncToolInLoopError(
+                    f"async tool {spec.name!r} was called synchronously inside a running event loop; "
+                    "await ToolRegistry.acall (AsyncEngine.arun, Session.arun) instead"
+                )
             coro = fn(**args)
             if spec.timeout is None:
                 return asyncio.run(coro)
@@ -681,6 +764,31 @@ def _convert_arguments(args: Mapping[str, Any], converters: Mapping[str, Callabl
     return converted
 
 
+class _AsyncToolInLoopError(RuntimeError):
+    """An ``async def`` tool called through the sync path from inside a running event loop."""
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _Bound:
+    """``fn(**kwargs)`` as a zero-argument callable for an executor (keyword arguments kept as given)."""
+
+    __slots__ = ("fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+        self.fn = fn
+        self.kwargs = kwargs
+
+    def __call__(self) -> Any:
+        return self.fn(**self.kwargs)
+
+
 async def _with_timeout(coro: Any, timeout: float) -> Any:
     try:
         return await asyncio.wait_for(coro, timeout)
@@ -691,6 +799,19 @@ async def _with_timeout(coro: Any, timeout: float) -> Any:
 def _failure(call_id: str, name: str, kind: ToolErrorKind, message: str, started: float | None = None) -> ToolResult:
     duration = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
     return ToolResult(call_id=call_id, name=name, ok=False, error=message, error_kind=kind, duration_ms=duration)
+
+
+def _plain_text_values(args: Mapping[str, Any]) -> bool:
+    """Whether every argument is ASCII text, a number, a bool or None (the common case, and then no
+    argument can hold a lone surrogate; anything else is checked by ``check_text``)."""
+    for value in args.values():
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return False
+        elif kind is not int and kind is not bool and kind is not float and value is not None:
+            return False
+    return True
 
 
 def _jsonable(value: Any) -> Any:

@@ -37,7 +37,11 @@ _now = time.time
 
 
 class EngineEventType(StrEnum):
-    """Kinds of engine events (seed 004 plus model_delta, pause, steer, compaction, checkpoint)."""
+    """Kinds of engine events (seed 004 plus model_delta, pause, steer, compaction, checkpoint).
+
+    ``model_request`` and ``model_response`` bracket each model call of the model path (the
+    response event has ``ok=False`` and ``error`` when the call raised).
+    """
 
     STEP_START = "step_start"
     STEP_END = "step_end"
@@ -54,6 +58,8 @@ class EngineEventType(StrEnum):
     RUN_END = "run_end"
     MODEL_DELTA = "model_delta"
     MODEL_RETRY = "model_retry"
+    MODEL_REQUEST = "model_request"
+    MODEL_RESPONSE = "model_response"
     TOOL_CALL = "tool_call"
     PAUSE = "pause"
     STEER = "steer"
@@ -166,7 +172,13 @@ class StepRecord:
     stop_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native form, as written to ``steps.jsonl``."""
+        """JSON-native form, as written to ``steps.jsonl``.
+
+        Each value appears once: the tool results under ``results``, and ``observation`` holds
+        only what else the agent observed (``feedback``, ``env``).
+        """
+        observation = self.observation.to_dict()
+        observation.pop("results", None)
         data: dict[str, Any] = {
             "step_id": self.step_id,
             "started_at": datetime.fromtimestamp(self.started_at, UTC).isoformat(),
@@ -174,7 +186,7 @@ class StepRecord:
             "decision": self.decision.to_dict(),
             "actions": [a.to_dict() for a in self.decision.actions],
             "results": [r.to_dict() for r in self.observation.results],
-            "observation": self.observation.to_dict(),
+            "observation": observation,
             "state_diff": self.state_diff,
         }
         if self.model is not None:

@@ -3,30 +3,40 @@
 Each model turn is one exchange of the run's ExchangeLog: its inputs (the task on the first turn,
 steering, environment observations, repair feedback), the model's output, and the results of its
 tool calls. The request sent is ``RequestView.from_exchange_log`` under the model's declared budget.
+The log redacts what it records (token shapes and the model's configured credentials, see
+``qitos.core.redaction``), so the model is sent, and a session stores, the redacted text.
 
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
 the input of the next exchange, so the model sees what went wrong on its next turn.
+
+Each call is bracketed by a ``model_request`` event (request id, provider, model) and a
+``model_response`` event (model, finish reason, usage, tool-call count; ``ok=False`` with the error
+when the call raised), which telemetry times its ``chat`` spans by. The prompt and the reply are
+added to them only when a hook asks for content (``EngineHook.wants_model_content``).
+
+The model call itself is an effect (``ModelCall``) that the loop's driver performs: ``complete`` in
+the calling thread, or an awaited ``acomplete`` on the event loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.decision import Decision, Observation
 from qitos.core.exchange import ExchangeLog
+from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import RequestView
 from qitos.core.tool import ToolResult
+from qitos.engine.effects import Loop, ModelCall
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
+from qitos.engine.run_context import RunContext
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
 from qitos.models.base import ModelResponse, request_digest
-
-if TYPE_CHECKING:
-    from qitos.engine.engine import Engine, _Run
 
 __all__ = ["ModelContext", "ModelOutcome", "ModelPath"]
 
@@ -63,24 +73,47 @@ class ModelOutcome:
 
 
 class ModelPath:
-    """Runs the model path for one engine (created on the first model step)."""
+    """Runs the model path of one engine's runs (created on the first model step).
 
-    def __init__(self, engine: Engine[Any, Any, Any]) -> None:
-        self.engine = engine
-        self.context: ModelContext = engine.context if isinstance(engine.context, ModelContext) else ModelContext()
-        self._subscribed: Any = None
+    Args:
+        agent: the agent (its system prompt, ``prepare`` and tool registry).
+        model: the model adapter.
+        parser: a text protocol parser, or None for native tool calls.
+        context: how requests are built (None: the defaults of ``ModelContext``).
+        content_events: put the prompt and the reply in the model_request/model_response events.
 
-    def decide(self, run: _Run, step_id: int) -> ModelOutcome:
-        """Build the request, call the model, record the reply, and parse it into a Decision."""
-        engine, agent, model = self.engine, self.engine.agent, self.engine.model
+    It keeps no per-run state: everything a run needs is in its ``RunContext``, so one ModelPath
+    serves any number of runs at once.
+    """
+
+    def __init__(
+        self,
+        agent: Any,
+        model: Any,
+        parser: Any,
+        context: ModelContext | None = None,
+        *,
+        content_events: bool = False,
+    ) -> None:
+        self.agent = agent
+        self.model = model
+        self.parser = parser
+        self.context: ModelContext = context if context is not None else ModelContext()
+        self.content_events = content_events
+
+    def decide(self, run: RunContext, step_id: int) -> Loop[ModelOutcome]:
+        """Build the request, ask for the model call (an effect), record the reply, parse it."""
+        agent, model = self.agent, self.model
         if run.log is None:
             run.log = ExchangeLog(f"log-{run.run_id}")
         log: ExchangeLog = run.log
+        if log.redactor is None:  # what the model is sent and a session stores passes the policy
+            log.redactor = Redactor(model_credentials(model))
         start = log.position
         exchange_id = self._open_exchange(run, log)
         state = run.state
         registry = agent.tool_registry
-        parser = engine.parser
+        parser = self.parser
         instructions = []
         system_prompt = agent.build_system_prompt(state)
         if system_prompt:
@@ -111,7 +144,6 @@ class ModelPath:
             run.emit(
                 EngineEvent(EngineEventType.COMPACTION, step_id, phase=RuntimePhase.DECIDE, payload=receipt.to_dict())
             )
-        self._listen_for_retries(run, model, step_id)
         on_delta = None
         if run.live:
 
@@ -120,7 +152,15 @@ class ModelPath:
                     EngineEvent(EngineEventType.MODEL_DELTA, step_id, phase=RuntimePhase.DECIDE, payload={"text": text})
                 )
 
-        response: ModelResponse = model.complete(view, on_delta=on_delta)
+        def on_adapter_event(kind: str, payload: dict[str, Any]) -> None:
+            if kind == "model_retry":
+                run.emit(
+                    EngineEvent(
+                        EngineEventType.MODEL_RETRY, step_id, phase=RuntimePhase.DECIDE, ok=False, payload=payload
+                    )
+                )
+
+        response = yield from self._call_model(run, model, view, step_id, on_delta, on_adapter_event)
         log.record_output(exchange_id, response.message())
         decision = self._parse(run, log, exchange_id, response, parser, registry.names())
         model_entry = {
@@ -137,7 +177,7 @@ class ModelPath:
             tokens=response.usage.total_tokens,
         )
 
-    def record_results(self, run: _Run, results: Sequence[ToolResult]) -> None:
+    def record_results(self, run: RunContext, results: Sequence[ToolResult]) -> None:
         """Record a model step's tool results in its exchange and close it."""
         log: ExchangeLog | None = run.log
         if log is None:
@@ -159,10 +199,47 @@ class ModelPath:
 
     # ------------------------------------------------------------------ internals
 
-    def _open_exchange(self, run: _Run, log: ExchangeLog) -> str:
+    def _call_model(
+        self, run: RunContext, model: Any, view: RequestView, step_id: int, on_delta: Any, listener: Any
+    ) -> Loop[ModelResponse]:
+        # model_request / model_response bracket the call (telemetry times its span by them); the
+        # prompt and the reply are in them only when a hook asked for content (``content_events``).
+        content = self.content_events
+        target = view.target
+        request: dict[str, Any] = {"request_id": view.request_id, "provider": target.provider, "model": target.model}
+        if content:
+            request["messages"] = view.messages()
+        run.emit(EngineEvent(EngineEventType.MODEL_REQUEST, step_id, phase=RuntimePhase.DECIDE, payload=request))
+        try:
+            response: ModelResponse = yield ModelCall(model, view, on_delta=on_delta, listener=listener)
+        except BaseException as exc:
+            run.emit(
+                EngineEvent(
+                    EngineEventType.MODEL_RESPONSE,
+                    step_id,
+                    phase=RuntimePhase.DECIDE,
+                    ok=False,
+                    payload={"request_id": view.request_id},
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            raise
+        reply: dict[str, Any] = {
+            "request_id": view.request_id,
+            "model": response.model,
+            "finish_reason": response.finish_reason,
+            "usage": response.usage.to_dict(),
+            "tool_calls": len(response.tool_calls),
+        }
+        if content:
+            reply["message"] = response.message()
+        run.emit(EngineEvent(EngineEventType.MODEL_RESPONSE, step_id, phase=RuntimePhase.DECIDE, payload=reply))
+        return response
+
+    def _open_exchange(self, run: RunContext, log: ExchangeLog) -> str:
         inputs: list[dict[str, Any]] = []
         if not log.exchange_count:
-            inputs.append({"role": "user", "content": self.engine.agent.prepare(run.state)})
+            inputs.append({"role": "user", "content": self.agent.prepare(run.state)})
         inputs.extend({"role": "user", "content": text} for text in run.steering)
         observation = run.observation
         if isinstance(observation, Observation) and observation.env is not None and log.exchange_count:
@@ -182,7 +259,7 @@ class ModelPath:
 
     def _parse(
         self,
-        run: _Run,
+        run: RunContext,
         log: ExchangeLog,
         exchange_id: str,
         response: ModelResponse,
@@ -207,20 +284,3 @@ class ModelPath:
         if decision.mode != "act":
             log.close(exchange_id)
         return decision
-
-    def _listen_for_retries(self, run: _Run, model: Any, step_id: int) -> None:
-        subscribe = getattr(model, "subscribe", None)
-        if subscribe is None:
-            return
-        if self._subscribed is not None:
-            self._subscribed()
-
-        def listener(kind: str, payload: dict[str, Any]) -> None:
-            if kind == "model_retry":
-                run.emit(
-                    EngineEvent(
-                        EngineEventType.MODEL_RETRY, step_id, phase=RuntimePhase.DECIDE, ok=False, payload=payload
-                    )
-                )
-
-        self._subscribed = subscribe(listener)

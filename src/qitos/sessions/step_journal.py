@@ -9,10 +9,14 @@ Snapshot payload (format 2), JSON::
                                                   since the parent
     log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
              chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
-    budget_used, control_position                 counters and consumed control items
+    budget_used, control_position                 counters and the control cursor (items delivered)
+    pause_position                                the last pause request honoured (when there is one)
     pending                                       a step that paused midway (decision, calls done)
     request_view                                  blob id of the last RequestView sent
     step                                          what this boundary's step did (for the work graph)
+    trace                                         {trace_id, span_id} of the run's OpenTelemetry span,
+                                                  written with run_id (only by a traced run; a later
+                                                  run of the session links to it)
 
 A snapshot holds the state *changes* of its step and a reference to a blob with the new exchange
 entries. A full state (a new base) is written once the deltas since the last one outgrow its
@@ -20,6 +24,13 @@ payload by ``_FULL_FACTOR`` and are either ``_MIN_BASE_DELTA_BYTES`` long or ``_
 snapshots deep. Because long lists are stored as shared runs, a base costs what is new since the
 last one plus its references, so bases stay frequent and a restore reads a short chain: the base,
 its runs and at most a few dozen deltas. Format 1 payloads (no ``chunks``) are read the same way.
+
+Redaction: every payload and blob the journal writes (pending writes, snapshot payloads, state runs,
+the stored request view) passes its ``redactor`` (``qitos.core.redaction``: token shapes plus the
+model's configured credentials) in :meth:`SessionJournal._clean`, so no secret reaches the store;
+the exchange-log entries were redacted when recorded. A snapshot payload's other keys hold only
+counters, ids, digests and kinds, so only its ``state`` and ``pending`` parts are cleaned. A
+restored session sees the marker.
 Durability modes and crash safety are described in ``qitos.engine.session_runtime``.
 """
 
@@ -28,18 +39,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qitos.checkpoint.packing import pack_or_raw, unpack
-from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core.decision import Action
-from qitos.core.errors import CheckpointError, SnapshotIntegrityError
+from qitos.core.errors import CheckpointError, IntegrityError, SnapshotIntegrityError
 from qitos.core.exchange import ExchangeLog
+from qitos.core.redaction import Redactor
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
 from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
+from qitos.sessions.lease import LeaseKeeper
 from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 from qitos.sessions.stored_view import view_record
 
@@ -80,6 +93,7 @@ class RestoredSession:
     reshaped: set[str] = field(default_factory=set)
     lifecycle: str = "created"
     run_id: str | None = None
+    trace: dict[str, str] | None = None  # the trace context written with run_id (see the module docstring)
     # True when the unfinished step was rebuilt from pending writes: what its DECIDE appended to the
     # log and changed in the state is not in any snapshot yet.
     pending_from_writes: bool = False
@@ -89,6 +103,11 @@ class RestoredSession:
         """Control items consumed so far (including by an unfinished step)."""
         position = int(self.snapshot.payload.get("control_position", 0))
         return max(position, self.pending.control_position) if self.pending else position
+
+    @property
+    def pause_position(self) -> int:
+        """The position of the last pause request a run stopped for (0: none)."""
+        return int(self.snapshot.payload.get("pause_position", 0))
 
 
 def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
@@ -108,11 +127,13 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     log_chunks: list[str] = list(log_meta.get("chunks") or [])
     view_id = base.payload.get("request_view")
     run_id = base.payload.get("run_id")
+    trace = base.payload.get("trace")
     delta_bytes = 0
     for snap in chain[1:]:
         payload = snap.payload
         delta_bytes += snap.payload_size
-        run_id = payload.get("run_id", run_id)
+        if "run_id" in payload:
+            run_id, trace = payload["run_id"], payload.get("trace")
         part = payload.get("state") or {}
         if "full" in part:
             raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
@@ -168,6 +189,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
         reshaped=reshaped,
         lifecycle=str(head.payload.get("lifecycle", "running")),
         run_id=run_id,
+        trace=dict(trace) if isinstance(trace, Mapping) else None,
     )
 
 
@@ -229,9 +251,17 @@ def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSe
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
-            pending = PendingStep.from_dict(write.payload)
-            restored.log.extend_entries(pending.log_entries)
-            apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            try:
+                pending = PendingStep.from_dict(write.payload)
+                restored.log.extend_entries(pending.log_entries)
+                apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            except Exception as exc:
+                raise IntegrityError(
+                    "writes",
+                    f"decision/{write.key}",
+                    f"the unfinished step does not apply: {exc}",
+                    session_id=session_id,
+                ) from exc
             note_reshaped(restored.reshaped, pending.state_changes)
             restored.carry_changes.extend(pending.state_changes)
             restored.pending_from_writes = True
@@ -266,8 +296,14 @@ class SessionJournal(RunJournal):
         batch_steps: int = 16,
         batch_ms: float = 50.0,
         poll_interval: float = 0.005,
+        lease: LeaseKeeper | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.store = store
+        self.redactor = redactor if redactor is not None else Redactor()
+        # The run's hold on the session: its token goes with every write, and a lost lease stops
+        # the journal before it writes anything (see qitos.sessions.lease).
+        self.lease = lease
         # Control items (pause, steer, approvals) are read from the store at a boundary at most every
         # poll_interval seconds (always at a run's first boundary and before an approval check), so a
         # run of sub-millisecond steps does not pay a query per step; a request lands within that time.
@@ -288,21 +324,32 @@ class SessionJournal(RunJournal):
         self._chunks = dict(restored.chunks)
         self._reshaped = set(restored.reshaped)
         self._run_recorded = False
+        # The trace context of the session's latest run before this one, and this run's (set by
+        # telemetry before the first commit; written beside run_id).
+        self.previous_trace: dict[str, str] | None = restored.trace
+        self.previous_run_id: str | None = restored.run_id
+        self.trace_context: dict[str, str] | None = None
         # The log position already in snapshots: entries an unfinished step re-applied from its
         # pending writes come after it and go into the next commit.
         self._log_position = restored.log.position
         if restored.pending is not None and restored.pending_from_writes:
             self._log_position -= len(restored.pending.log_entries)
         self._log_chunks = list(restored.log_chunks)
+        self._restored_started = frozenset(restored.pending.started) if restored.pending else frozenset()
         self._request_view_id: str | None = restored.request_view
         self._request_view_obj: Any = None
         self._consumed = restored.control_position
+        self._pause_handled = restored.pause_position
+        self._committed: list[Any] = []  # step records of boundaries made durable, for the trace
         self._fetched = 0
         self._pause_positions: list[int] = []
         self._steering: list[SteeringItem] = []
         self._approvals: dict[str, Approval] = {}
         self._buffer: list[BoundaryCommit] = []
-        self._unwritten: list[StepWrite] = []  # a decision written with its first tool call's start
+        # Writes that ride with the step's next durable write: a decision made without a model, and
+        # the results of finished calls.
+        self._unwritten: list[StepWrite] = []
+        self._started_ids: set[str] = set()  # this step's calls whose start was written
         self._buffer_since = time.monotonic()
         self._failure: CheckpointError | None = None
         self.commits = 0
@@ -310,23 +357,38 @@ class SessionJournal(RunJournal):
     # ---- control items
 
     def control(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        if self._poll_due(fresh):
+            self._take_control(self.store.list_control(self.session_id, after=self._fetched))
+        return self._control_batch()
+
+    async def acontrol(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        if self._poll_due(fresh):
+            self._take_control(await self.store.alist_control(self.session_id, after=self._fetched))
+        return self._control_batch()
+
+    def _poll_due(self, fresh: bool) -> bool:
         now = time.monotonic()
         if fresh or now - self._last_poll >= self.poll_interval:
-            self._poll()
             self._last_poll = now
+            return True
+        return False
+
+    def _control_batch(self) -> ControlBatch:
         steering = tuple(s for s in self._steering if s.position > self._consumed)
-        pause = any(p > self._consumed for p in self._pause_positions)
-        if not steering and not pause and not self._approvals:
+        handled = max(self._consumed, self._pause_handled)
+        pauses = [p for p in self._pause_positions if p > handled]
+        if not steering and not pauses and not self._approvals:
             return ControlBatch(last_position=self._consumed)
         return ControlBatch(
-            pause_requested=pause,
+            pause_requested=bool(pauses),
             steering=steering,
             approvals=dict(self._approvals),
             last_position=self._fetched,
+            pause_position=max(pauses, default=0),
         )
 
-    def _poll(self) -> None:
-        for item in self.store.list_control(self.session_id, after=self._fetched):
+    def _take_control(self, items: list[ControlItem]) -> None:
+        for item in items:
             self._fetched = max(self._fetched, item.position)
             if item.kind in APPROVAL_KINDS:
                 call_id = str(item.payload.get("call_id"))
@@ -342,56 +404,157 @@ class SessionJournal(RunJournal):
     # ---- pending writes inside a step
 
     def record_decision(self, pending: PendingStep) -> None:
-        if not pending.decision.get("actions") and pending.model is None:
-            return  # nothing to protect: re-deciding without a model or tools is free and has no effects
-        self._flush()
+        if not _worth_writing(pending):
+            return
+        self._flush_inside_step()
+        write = self._decision_write(pending, self._token())
+        if write is not None:
+            self._put([write])
+
+    async def arecord_decision(self, pending: PendingStep) -> None:
+        if not _worth_writing(pending):
+            return
+        await self._aflush_inside_step()
+        write = self._decision_write(pending, await self._atoken())
+        if write is not None:
+            await self._aput([write])
+
+    def _decision_write(self, pending: PendingStep, token: int | None) -> StepWrite | None:
+        """The decision's pending write to make now, or None when it waits for the first tool call."""
         payload = pending.to_dict()
         payload["started"], payload["results"] = [], {}
-        write = self._step_write(pending.step_id, "decision", "decision", payload)
+        write = self._step_write(pending.step_id, "decision", "decision", payload, token)
         if pending.model is None:
             # Deciding again without a model costs nothing, so this decision becomes durable in the
             # same transaction as its first tool call's start (still before any tool runs). A step
             # that stops before a tool runs commits its boundary with the decision as pending.
-            self._unwritten = [write]
-        else:
-            self._put([write])  # a model's output is expensive to get again: durable at once
+            self._unwritten.append(write)
+            return None
+        return write  # a model's output is expensive to get again: durable at once
 
-    def record_tool_started(self, step_id: int, action: Action) -> None:
-        self._put(
-            [self._step_write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})]
-        )
+    def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            # No start to record (a restore runs an interrupted idempotent call again), but earlier
+            # calls' results are made durable before another call runs.
+            if self._waiting_results():
+                self._put([], token=self._token())
+            return
+        stored = self._put([self._started_write(step_id, action, self._token())])
+        self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
+
+    async def arecord_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            if self._waiting_results():
+                await self._aput([], token=await self._atoken())
+            return
+        stored = await self._aput([self._started_write(step_id, action, await self._atoken())])
+        self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
+
+    def _waiting_results(self) -> bool:
+        """Whether a finished non-idempotent call's result still waits (an idempotent one's need
+        not: a restore runs that call again)."""
+        return any(w.kind == "tool_result" and w.key in self._started_ids for w in self._unwritten)
+
+    def _started_write(self, step_id: int, action: Action, token: int | None) -> StepWrite:
+        payload = {"name": action.name, "args": dict(action.args)}
+        return self._step_write(step_id, "tool_started", action.id, payload, token)
+
+    def _check_started(self, stored: list[bool], step_id: int, action: Action) -> None:
+        if not stored[-1] and action.id not in self._restored_started:
+            # First write wins: this call's start is already recorded but not by an attempt this
+            # run restored (which re-runs only idempotent calls), so another runner may be running
+            # it. Never start it a second time.
+            raise CheckpointError(
+                f"session {self.session_id!r}: tool call {action.id!r} of step {step_id} was already started "
+                "by another attempt; it is not started again"
+            )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict())])
+        # The result rides with the step's next write: before the next call starts, or, for the
+        # step's last call, the boundary (which holds the whole outcome). See "Crash safety" in
+        # qitos.engine.session_runtime.
+        self._unwritten.append(self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), None))
 
-    def _step_write(self, step_id: int, kind: str, key: str, payload: Mapping[str, Any]) -> StepWrite:
+    async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
+        self.record_tool_result(step_id, result)
+
+    def _clean(self, value: Any) -> Any:
+        """``value`` as it may be stored: redacted (see the module docstring)."""
+        return self.redactor.redact_value(value)
+
+    def _step_write(
+        self, step_id: int, kind: str, key: str, payload: Mapping[str, Any], token: int | None
+    ) -> StepWrite:
         return StepWrite(
             session_id=self.session_id,
             base_snapshot_id=self._head_id,
             step_id=step_id,
             kind=kind,
             key=key,
-            payload=payload,
+            payload=self._clean(payload),
+            lease_token=token,
         )
 
-    def _put(self, writes: list[StepWrite]) -> None:
-        """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
+    def _token(self) -> int | None:
+        """The fencing token for the next write (renewing the lease when due), or None without a lease."""
+        if self.lease is None:
+            return None
+        self.lease.check()
+        return self.lease.token
+
+    async def _atoken(self) -> int | None:
+        """Async twin of :meth:`_token`."""
+        if self.lease is None:
+            return None
+        await self.lease.acheck()
+        return self.lease.token
+
+    def _put(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
+        """Persist ``writes`` in one transaction, after the step's writes still waiting."""
+        return self.store.put_writes(self._with_unwritten(writes, token))
+
+    async def _aput(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
+        """Async twin of :meth:`_put`."""
+        return await self.store.aput_writes(self._with_unwritten(writes, token))
+
+    def _with_unwritten(self, writes: list[StepWrite], token: int | None) -> list[StepWrite]:
+        """``writes`` after the step's writes still waiting (its decision, finished calls' results),
+        all under the fencing token of ``writes`` (or ``token`` when there are none)."""
         self._raise_if_failed()
         if self._unwritten:
-            writes = [*self._unwritten, *writes]
+            fence = writes[-1].lease_token if writes else token
+            waiting = [w if w.lease_token == fence else replace(w, lease_token=fence) for w in self._unwritten]
+            writes = [*waiting, *writes]
             self._unwritten = []
-        self.store.put_writes(writes)
+        return writes
 
     # ---- boundaries
 
     def commit(self, boundary: BoundaryCommit) -> None:
+        ready = self._accept(boundary)
+        if ready:
+            self._commit_now(ready)
+
+    async def acommit(self, boundary: BoundaryCommit) -> None:
+        ready = self._accept(boundary)
+        if ready:
+            await self._acommit_now(ready)
+
+    def _accept(self, boundary: BoundaryCommit) -> list[BoundaryCommit]:
+        """Take a boundary in; the boundaries to commit now (empty while a batch fills)."""
         self._raise_if_failed()
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
+        self._started_ids = set()
         self._consumed = max(self._consumed, boundary.control_position)
+        self._pause_handled = max(self._pause_handled, boundary.pause_position)
+        log = boundary.log
+        if log is not None and boundary.log_position is None:
+            boundary.log_position, boundary.log_digest = log.position, log.digest
         if self.mode == "sync":
-            self._commit_now([boundary])
-            return
+            return [boundary]
         self._buffer.append(boundary)
         elapsed_ms = (time.monotonic() - self._buffer_since) * 1000.0
         if (
@@ -400,10 +563,39 @@ class SessionJournal(RunJournal):
             or len(self._buffer) >= self.batch_steps
             or elapsed_ms >= self.batch_ms
         ):
-            self._flush()
+            return self._take_buffer()
+        return []
 
     def close(self) -> None:
         self._flush()
+
+    async def aclose(self) -> None:
+        await self._aflush()
+
+    def drain_committed(self) -> list[Any]:
+        committed, self._committed = self._committed, []
+        return committed
+
+    def _flush_inside_step(self) -> None:
+        """Write buffered boundaries from within a step (before its decision is recorded).
+
+        The step has already changed the live state, so the flush writes deltas only (each
+        boundary carries its own changes), never a base made from the state as it is now.
+        """
+        buffered = self._take_buffer()
+        if buffered:
+            self._commit_now(buffered, base_allowed=False)
+
+    async def _aflush_inside_step(self) -> None:
+        """Async twin of :meth:`_flush_inside_step`."""
+        buffered = self._take_buffer()
+        if buffered:
+            await self._acommit_now(buffered, base_allowed=False)
+
+    @property
+    def head_id(self) -> str:
+        """The session's latest committed snapshot (as this journal last moved it)."""
+        return self._head_id
 
     @property
     def unflushed(self) -> int:
@@ -411,16 +603,46 @@ class SessionJournal(RunJournal):
         return len(self._buffer)
 
     def _flush(self) -> None:
-        if self._buffer:
-            buffered, self._buffer = self._buffer, []
+        buffered = self._take_buffer()
+        if buffered:
             self._commit_now(buffered)
+
+    async def _aflush(self) -> None:
+        buffered = self._take_buffer()
+        if buffered:
+            await self._acommit_now(buffered)
+
+    def _take_buffer(self) -> list[BoundaryCommit]:
+        buffered, self._buffer = self._buffer, []
         self._buffer_since = time.monotonic()
+        return buffered
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
 
-    def _commit_now(self, boundaries: list[BoundaryCommit]) -> None:
+    def _commit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
+        prepared = self._prepare_commit(boundaries, self._token(), base_allowed=base_allowed)
+        try:
+            self.store.commit_session_snapshot(prepared.request)
+        except CheckpointError as exc:
+            self._failure = exc
+            raise
+        self._committed_now(prepared)
+
+    async def _acommit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
+        prepared = self._prepare_commit(boundaries, await self._atoken(), base_allowed=base_allowed)
+        try:
+            await self.store.acommit_session_snapshot(prepared.request)
+        except CheckpointError as exc:
+            self._failure = exc
+            raise
+        self._committed_now(prepared)
+
+    def _prepare_commit(
+        self, boundaries: list[BoundaryCommit], token: int | None, *, base_allowed: bool = True
+    ) -> _PreparedCommit:
+        """Build the snapshot commit for ``boundaries`` (no I/O; shared by the sync and async paths)."""
         last = boundaries[-1]
         delta: list[dict[str, Any]] = []
         for boundary in boundaries:
@@ -437,39 +659,46 @@ class SessionJournal(RunJournal):
             "budget_used": {"tokens": used.get("tokens", 0), "elapsed_seconds": used.get("elapsed_seconds", 0.0)},
             "control_position": self._consumed,
         }
+        if self._pause_handled:
+            payload["pause_position"] = self._pause_handled
         if not self._run_recorded:
             payload["run_id"] = self.run_id
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
         if last.lifecycle != "running":
             payload["lifecycle"] = last.lifecycle
         if last.stop_reason is not None:
             payload["stop_reason"] = last.stop_reason
         if last.pending is not None:
-            payload["pending"] = last.pending.to_dict()
+            payload["pending"] = self._clean(last.pending.to_dict())
         steps = _step_summary(boundaries)
         if steps:
             payload["step"] = steps
         log: ExchangeLog | None = last.log
+        position = self._log_position if last.log_position is None else last.log_position
         chunk: str | None = None
-        if log is not None and log.position > self._log_position:
-            raw = pack_or_raw(log.entries_json(self._log_position).encode("utf-8"))
+        if log is not None and position > self._log_position:
+            raw = pack_or_raw(log.entries_json(self._log_position, position).encode("utf-8"))
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
         log_meta = {
             "log_id": log.log_id if log is not None else f"log-{self.session_id}",
-            "position": log.position if log is not None else self._log_position,
-            "digest": log.digest if log is not None else _EMPTY_LOG_DIGEST,
+            "position": position,
+            "digest": last.log_digest if last.log_digest is not None else _EMPTY_LOG_DIGEST,
         }
         if chunk is not None:
             payload["log"] = {**log_meta, "chunk": chunk}
         view = last.request_view
         if view is not None and view is not self._request_view_obj:
-            raw_view = pack_or_raw(canonical_json(view_record(view, log)).encode("utf-8"))
+            raw_view = pack_or_raw(canonical_json(self._clean(view_record(view, log))).encode("utf-8"))
             view_id = sha256_hex(raw_view)
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
             payload["request_view"] = view_id
-        full = self._delta_bytes > _FULL_FACTOR * self._state_bytes and (
-            self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS
+        full = (
+            base_allowed
+            and self._delta_bytes > _FULL_FACTOR * self._state_bytes
+            and (self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS)
         )
         chunks: dict[str, list[ChunkRef]] = {}
         if full:
@@ -482,9 +711,11 @@ class SessionJournal(RunJournal):
                 log={**log_meta, "chunks": log_chunks},
                 request_view=self._request_view_id,
             )
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
             base_id = None
         else:
-            payload["state"] = {"delta": delta}
+            payload["state"] = {"delta": self._clean(delta)}
             base_id = self._base_id
         snapshot = SessionSnapshot.create(
             session_id=self.session_id,
@@ -500,12 +731,20 @@ class SessionJournal(RunJournal):
             snapshot=snapshot,
             lifecycle=last.lifecycle,
             blobs=blobs,
+            lease_token=token,
         )
-        try:
-            self.store.commit_session_snapshot(commit)
-        except CheckpointError as exc:
-            self._failure = exc
-            raise
+        return _PreparedCommit(commit, boundaries, full, chunks, chunk, position)
+
+    def _committed_now(self, prepared: _PreparedCommit) -> None:
+        """Move the journal past a commit the store accepted."""
+        snapshot, full, chunks, chunk, position = (
+            prepared.request.snapshot,
+            prepared.full,
+            prepared.chunks,
+            prepared.chunk,
+            prepared.log_position,
+        )
+        boundaries = prepared.boundaries
         self._head_id = snapshot.snapshot_id
         self._sequence = snapshot.sequence
         self._run_recorded = True
@@ -518,9 +757,10 @@ class SessionJournal(RunJournal):
         else:
             self._delta_bytes += written
             self._deltas += 1
+        self._committed.extend(b.record for b in boundaries if b.record is not None)
         if chunk:
             self._log_chunks.append(chunk)
-        self._log_position = log.position if log is not None else self._log_position
+        self._log_position = position
         self.commits += 1
 
     def _full_state(
@@ -541,7 +781,7 @@ class SessionJournal(RunJournal):
             if isinstance(value, list) and name not in self._reshaped:
                 kept = reusable_runs(self._chunks.get(name), len(value))
             start = sum(ref.count for ref in kept)
-            encoded = encode_value(value[start:] if start else value, hint, path)
+            encoded = self._clean(encode_value(value[start:] if start else value, hint, path))
             cut = chunk_list(encoded, kept) if type(encoded) is list else None
             if cut is None:
                 inline[name] = encoded
@@ -552,6 +792,23 @@ class SessionJournal(RunJournal):
         if chunks:
             part["chunks"] = {name: [ref.to_list() for ref in refs] for name, refs in chunks.items()}
         return part, chunks
+
+
+@dataclass(frozen=True)
+class _PreparedCommit:
+    """A snapshot commit built by ``_prepare_commit`` and what the journal needs once it is stored."""
+
+    request: SessionSnapshotCommit
+    boundaries: list[BoundaryCommit]
+    full: bool
+    chunks: dict[str, list[ChunkRef]]
+    chunk: str | None
+    log_position: int
+
+
+def _worth_writing(pending: PendingStep) -> bool:
+    """False for a decision with no model and no tool call: re-deciding it is free and has no effects."""
+    return bool(pending.decision.get("actions")) or pending.model is not None
 
 
 def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:

@@ -12,13 +12,14 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from qitos.core.codec import escape_surrogates
 from qitos.trace.redact import Redactor
 
 __all__ = ["TraceWriter"]
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=repr, separators=(",", ":"))
+    return escape_surrogates(json.dumps(value, ensure_ascii=False, default=repr, separators=(",", ":")))
 
 
 class TraceWriter:
@@ -87,5 +88,7 @@ class TraceWriter:
         path = os.path.join(self.run_dir, "manifest.json")
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(self.redact(json.dumps(self._manifest, ensure_ascii=False, default=repr, indent=2)))
+            fh.write(
+                self.redact(escape_surrogates(json.dumps(self._manifest, ensure_ascii=False, default=repr, indent=2)))
+            )
         os.replace(tmp, path)
