@@ -29,7 +29,13 @@ from qitos.checkpoint.store import (
     SessionSnapshotCommit,
     StepWrite,
 )
-from qitos.core.errors import CheckpointError, ConfigurationError, IntegrityError, SnapshotIntegrityError
+from qitos.core.errors import (
+    CheckpointError,
+    ConfigurationError,
+    IntegrityError,
+    SessionBusyError,
+    SnapshotIntegrityError,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -455,3 +461,13 @@ def test_importing_qitos_never_imports_psycopg_and_a_missing_extra_is_named() ->
     first, second = out.stdout.strip().splitlines()
     assert first == "False False"
     assert second.startswith("ConfigurationError") and "qitos[postgres]" in second
+
+
+def test_a_live_lease_of_a_runner_known_dead_is_taken_over_with_a_new_token(store: PostgresCheckpointStore) -> None:
+    _create(store, "s")
+    dead = store.acquire_lease("s", "worker-1", ttl_seconds=60)
+    with pytest.raises(SessionBusyError, match="worker-1"):
+        store.acquire_lease("s", "worker-2", ttl_seconds=60, take_over_from="someone-else")
+    taken = store.acquire_lease("s", "worker-2", ttl_seconds=60, take_over_from="worker-1")
+    assert (taken.owner, taken.token) == ("worker-2", dead.token + 1)
+    assert store.get_lease("s") == taken
