@@ -70,6 +70,11 @@ class Composition:
         self._agent_factory = agent_factory
         self.runtime = runtime
 
+    @property
+    def agent_factory(self) -> Callable[[], AgentModule[Any, Any, Any]]:
+        """The zero-argument factory making this composition's agent (one per engine)."""
+        return self._agent_factory
+
     def engine(self) -> Engine[Any, Any, Any]:
         """A fresh Engine for this composition's agent and runtime."""
         agent = self._agent_factory()

@@ -1,0 +1,206 @@
+"""``Fleet``: create sessions in the shared store and hand their runs to the workers through DBOS.
+
+The fleet's client side needs no worker in its process: it writes sessions and control items to
+the checkpoint store and enqueues runs with a ``DBOSClient`` (DBOS's system tables must exist:
+a worker creates them when it first starts). Outcomes are read back from the store alone. See
+``qitos.distributed.worker`` for what DBOS does and what qitos adds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from qitos.core.errors import ConfigurationError, SessionNotFoundError
+from qitos.core.task import Task
+from qitos.distributed.naming import APP_NAME, DEFAULT_QUEUE, WORKFLOW_NAME, bind_store, dbos_schema, run_workflow_id
+from qitos.distributed.worker import Worker, dbos_url
+from qitos.engine.composition import Composition
+from qitos.sessions.control import (
+    ApprovalReceipt,
+    PauseReceipt,
+    SteeringReceipt,
+    answer_approval,
+    pause_session,
+    steer_session,
+)
+from qitos.sessions.inspection import SessionLifecycle, inspect_session
+
+__all__ = ["Fleet", "SessionOutcome"]
+
+_WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
+SETTLED = frozenset(
+    {
+        SessionLifecycle.PAUSED.value,
+        SessionLifecycle.AWAITING_APPROVAL.value,
+        SessionLifecycle.COMPLETED.value,
+        SessionLifecycle.STOPPED.value,
+        SessionLifecycle.FAILED.value,
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionOutcome:
+    """Where a session stands, from the store: its lifecycle and head sequence."""
+
+    session_id: str
+    lifecycle: str
+    sequence: int
+
+
+class Fleet:
+    """Submit sessions to a fleet of workers and control them, from any process.
+
+    ``db`` is a ``postgresql://`` URL naming the checkpoint store (it replaces the composition's)
+    and, in schema ``{schema}_dbos``, DBOS's system tables. ``concurrency`` is how many sessions
+    :meth:`serve` runs at once in this process.
+    """
+
+    def __init__(
+        self, composition: Composition, *, db: str, queue: str = DEFAULT_QUEUE, concurrency: int = 8
+    ) -> None:
+        self.db = db
+        self.queue = queue
+        self.concurrency = concurrency
+        self._base = composition
+        self.composition = bind_store(composition, db)
+        self.store = self.composition.runtime.checkpoint_store
+        self._client: Any = None
+        self._enqueued_at: dict[str, int] = {}
+
+    # ---- client side
+
+    def _dbos(self) -> Any:
+        if self._client is None:
+            from dbos import DBOSClient
+
+            self._client = DBOSClient(
+                system_database_url=dbos_url(self.db),
+                dbos_system_schema=dbos_schema(self.db),
+                application_name=APP_NAME,
+            )
+        return self._client
+
+    def _enqueue(self, session_id: str, position: int) -> str:
+        head = self.store.get_session_head(session_id)
+        if head is None:
+            raise SessionNotFoundError(session_id)
+        self._enqueued_at[session_id] = head.sequence
+        workflow_id = run_workflow_id(session_id, position)
+        options: Any = {"queue_name": self.queue, "workflow_name": WORKFLOW_NAME, "workflow_id": workflow_id}
+        self._dbos().enqueue(options, session_id)
+        return workflow_id
+
+    def submit(self, task: str | Task, **state_kwargs: Any) -> str:
+        """Create a session for ``task`` and enqueue its first run; the session id."""
+        session = self.composition.session(task, **state_kwargs)
+        self._enqueue(session.session_id.value, 0)
+        return session.session_id.value
+
+    def submit_many(self, tasks: Iterable[str | Task], **state_kwargs: Any) -> list[str]:
+        """:meth:`submit` for each task, in order; their session ids."""
+        return [self.submit(task, **state_kwargs) for task in tasks]
+
+    def approve(self, session_id: str, call_id: str) -> ApprovalReceipt:
+        """Approve the call ``session_id`` waits for and enqueue its continuation (once, however often asked)."""
+        return self._answer(session_id, call_id, approved=True, reason=None)
+
+    def reject(self, session_id: str, call_id: str, reason: str | None = None) -> ApprovalReceipt:
+        """Reject the call ``session_id`` waits for and enqueue its continuation (once)."""
+        return self._answer(session_id, call_id, approved=False, reason=reason)
+
+    def steer(self, session_id: str, text: str) -> SteeringReceipt:
+        """Submit steering text; a paused session's continuation is enqueued."""
+        receipt = steer_session(self.store, session_id, text)
+        self._continue_if_waiting(session_id, receipt.position, (SessionLifecycle.PAUSED.value,))
+        return receipt
+
+    def pause(self, session_id: str) -> PauseReceipt:
+        """Request a cooperative pause (the running session stops at its next boundary)."""
+        return pause_session(self.store, session_id)
+
+    def resume(self, session_id: str) -> str:
+        """Enqueue the continuation of a paused session at its latest control position; the workflow id."""
+        items = self.store.list_control(session_id)
+        return self._enqueue(session_id, items[-1].position if items else 0)
+
+    def _answer(self, session_id: str, call_id: str, *, approved: bool, reason: str | None) -> ApprovalReceipt:
+        inspection = inspect_session(self.store, session_id)
+        kind = "approve" if approved else "reject"
+        for item in self.store.list_control(session_id, kinds=("approve", "reject")):
+            if item.payload.get("call_id") == call_id and inspection.lifecycle in _WAITING:
+                if item.kind != kind:
+                    raise ConfigurationError(f"session {session_id}: call {call_id!r} was already answered {item.kind}")
+                # Answered before and not yet taken in: the same continuation, which DBOS starts once.
+                self._enqueue(session_id, item.position)
+                return ApprovalReceipt(
+                    session_id=session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
+                )
+        receipt = answer_approval(
+            self.store, session_id, call_id, approved=approved, reason=reason, inspection=inspection
+        )
+        self._enqueue(session_id, receipt.position)
+        return receipt
+
+    def _continue_if_waiting(self, session_id: str, position: int, lifecycles: tuple[str, ...]) -> None:
+        head = self.store.get_session_head(session_id)
+        if head is not None and head.lifecycle in lifecycles:
+            self._enqueue(session_id, position)
+
+    # ---- outcomes
+
+    def results(self, session_ids: Iterable[str]) -> dict[str, SessionOutcome]:
+        """Each session's outcome as the store has it now."""
+        out: dict[str, SessionOutcome] = {}
+        for sid in session_ids:
+            head = self.store.get_session_head(sid)
+            if head is None:
+                raise SessionNotFoundError(sid)
+            out[sid] = SessionOutcome(session_id=sid, lifecycle=head.lifecycle, sequence=head.sequence)
+        return out
+
+    def wait(
+        self, session_ids: Iterable[str], *, timeout: float = 60.0, poll: float = 0.02
+    ) -> dict[str, SessionOutcome]:
+        """Wait until every session has settled since this fleet last enqueued it; their outcomes.
+
+        Settled: paused, awaiting approval, completed, stopped or failed, with a head newer than the
+        one it had when this fleet enqueued its run. Raises ``TimeoutError`` naming the unsettled.
+        """
+        ids = list(session_ids)
+        pending = ids
+        deadline = time.monotonic() + timeout
+        while True:
+            pending = [sid for sid in pending if not self._settled(sid)]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(pending)} sessions did not settle in {timeout}s: {pending[:5]}")
+            time.sleep(poll)
+        return self.results(ids)
+
+    def _settled(self, session_id: str) -> bool:
+        head = self.store.get_session_head(session_id)
+        if head is None:
+            raise SessionNotFoundError(session_id)
+        return head.lifecycle in SETTLED and head.sequence > self._enqueued_at.get(session_id, -1)
+
+    # ---- worker side
+
+    def serve(self, *, supervise: bool = True) -> Worker:
+        """Start a worker in this process running ``concurrency`` sessions at once (stop it with ``.stop()``)."""
+        worker = Worker(self._base, db=self.db, queue=self.queue, concurrency=self.concurrency, supervise=supervise)
+        worker.start()
+        return worker
+
+    def close(self) -> None:
+        """Close the DBOS client and the store."""
+        if self._client is not None:
+            self._client.destroy()
+            self._client = None
+        self.store.close()
+
+

@@ -1,0 +1,73 @@
+"""The names the fleet shares between its processes: workflow ids, queue, schema, app loading.
+
+A run of a session is one DBOS workflow whose id derives from the session and the control position
+it answers (``qitos-{session}-{position}``), so asking twice for the same continuation starts it
+once: DBOS keeps one workflow per id. A re-dispatch after a dead runner adds the expired lease's
+fencing token (``qitos-{session}-{position}-t{token}``), which every supervisor computes alike.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import replace
+
+from qitos.checkpoint.targets import open_store, postgres_dsn
+from qitos.core.errors import ConfigurationError
+from qitos.engine.composition import Composition
+
+__all__ = [
+    "APP_NAME",
+    "DEFAULT_QUEUE",
+    "WORKFLOW_NAME",
+    "bind_store",
+    "dbos_schema",
+    "load_composition",
+    "redispatch_workflow_id",
+    "run_workflow_id",
+]
+
+APP_NAME = "qitos"
+"""The DBOS application name every fleet process uses (a client's enqueue names it)."""
+DEFAULT_QUEUE = "qitos"
+WORKFLOW_NAME = "qitos_run_session"
+
+
+def run_workflow_id(session_id: str, position: int) -> str:
+    """The workflow id of the run answering control position ``position`` (0: the first run)."""
+    return f"qitos-{session_id}-{position}"
+
+
+def redispatch_workflow_id(session_id: str, position: int, token: int) -> str:
+    """The workflow id of a re-dispatch after the lease with fencing token ``token`` expired."""
+    return f"qitos-{session_id}-{position}-t{token}"
+
+
+def dbos_schema(db: str) -> str:
+    """DBOS's system schema beside the store: ``{schema}_dbos``, or ``qitos_dbos`` without one."""
+    _, schema = postgres_dsn(db)
+    return f"{schema}_dbos" if schema else "qitos_dbos"
+
+
+def bind_store(composition: Composition, db: str) -> Composition:
+    """``composition`` with its checkpoint store replaced by the one ``db`` names."""
+    runtime = replace(composition.runtime, checkpoint_store=open_store(db))
+    return Composition(composition.agent_factory, runtime)
+
+
+def load_composition(target: str) -> Composition:
+    """The ``Composition`` named ``pkg.module:attribute`` (a zero-argument callable returning one works)."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"--app is pkg.module:attribute, got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"--app {target!r}: cannot import {module_name!r}: {exc}") from exc
+    value = getattr(module, attribute, None)
+    if value is None:
+        raise ConfigurationError(f"--app {target!r}: {module_name} has no attribute {attribute!r}")
+    if not isinstance(value, Composition) and callable(value):
+        value = value()
+    if not isinstance(value, Composition):
+        raise ConfigurationError(f"--app {target!r} is a {type(value).__name__}, not a qitos Composition")
+    return value
