@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from qitos import __version__
-from qitos.cli import memory, sessions, trace
+from qitos.cli import memory, sessions, trace, worker
 from qitos.cli.common import set_debug
 from qitos.cli.running import demo, run
 
@@ -54,6 +54,8 @@ def root(
 
 app.command("demo")(demo)
 app.command("run")(run)
+app.command("worker")(worker.worker)
+sessions.app.command("submit")(worker.submit)
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(trace.app, name="trace")
 app.add_typer(memory.app, name="memory")

@@ -59,9 +59,7 @@ class Fleet:
     :meth:`serve` runs at once in this process.
     """
 
-    def __init__(
-        self, composition: Composition, *, db: str, queue: str = DEFAULT_QUEUE, concurrency: int = 8
-    ) -> None:
+    def __init__(self, composition: Composition, *, db: str, queue: str = DEFAULT_QUEUE, concurrency: int = 8) -> None:
         self.db = db
         self.queue = queue
         self.concurrency = concurrency
@@ -202,5 +200,3 @@ class Fleet:
             self._client.destroy()
             self._client = None
         self.store.close()
-
-
