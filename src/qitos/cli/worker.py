@@ -7,7 +7,9 @@ Both name the agent with ``--app pkg.module:composition`` and the PostgreSQL dat
 
 from __future__ import annotations
 
+import json
 import signal
+import sys
 import threading
 from typing import Annotated
 
@@ -31,7 +33,7 @@ def worker(
     db: FleetDbOption,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sessions run at once.")] = 8,
     queue: QueueOption = DEFAULT_QUEUE,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the ready line as JSON.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the ready line as one line of JSON.")] = False,
 ) -> None:
     """Run sessions from the fleet's queue until interrupted (SIGINT or SIGTERM)."""
     runner = Worker(load_composition(app), db=db, queue=queue, concurrency=concurrency)
@@ -39,9 +41,11 @@ def worker(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runner.start()
     if json_out:
-        print_json({"ready": True, "executor_id": runner.executor_id, "queue": queue, "concurrency": concurrency})
+        ready = {"ready": True, "executor_id": runner.executor_id, "queue": queue, "concurrency": concurrency}
+        print(json.dumps(ready), flush=True)  # one line, flushed: a supervisor reads it from a pipe
     else:
         console().print(f"worker {runner.executor_id} ready on queue {queue!r} (concurrency {concurrency})")
+        sys.stdout.flush()
     try:
         while not stop.wait(0.5):
             pass

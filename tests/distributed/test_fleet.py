@@ -1,0 +1,174 @@
+"""The fleet on DBOS: real PostgreSQL, real ``qitos worker`` processes, sessions from the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fleet_procs import ROOT, side_counts, until, workers
+
+from pg_server import drop_schema, fresh_schema
+
+pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
+
+from fleet_app import composition
+from qitos.distributed import Fleet
+from qitos.distributed.naming import dbos_schema
+
+STEPS = 10
+
+
+@pytest.fixture
+def fleet_db(pg_dsn: str) -> Iterator[str]:
+    """A fleet database URL on a fresh schema (store and DBOS's tables), dropped afterwards."""
+    schema = fresh_schema()
+    db = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
+    yield db
+    drop_schema(pg_dsn, schema)
+    drop_schema(pg_dsn, dbos_schema(db))
+
+
+@pytest.fixture
+def fleet(fleet_db: str) -> Iterator[Fleet]:
+    instance = Fleet(composition, db=fleet_db)
+    yield instance
+    instance.close()
+
+
+def _assert_each_step_once(side_log: Path, tasks: list[str]) -> None:
+    counts = side_counts(side_log)
+    for task in tasks:
+        for step in range(STEPS):
+            assert counts[("begin", task, str(step))] == 1, (task, step, counts[("begin", task, str(step))])
+    doubled = {key: n for key, n in counts.items() if n > 1}
+    assert not doubled
+
+
+def _run_fleet(fleet: Fleet, fleet_db: str, tmp_path: Path, sessions: int, timeout: float) -> None:
+    side_log = tmp_path / "side.log"
+    tasks = [f"task-{n}" for n in range(sessions)]
+    with workers(fleet_db, side_log, 2, concurrency=8) as procs:
+        ids = fleet.submit_many(tasks, target=STEPS)
+        outcomes = fleet.wait(ids, timeout=timeout)
+        assert all(proc.poll() is None for proc in procs)
+    assert sorted({o.lifecycle for o in outcomes.values()}) == ["completed"]
+    _assert_each_step_once(side_log, tasks)
+    owners = _workflow_executors(fleet_db, ids)
+    assert len(owners) == 2, f"both workers ran sessions: {owners}"
+
+
+def _workflow_executors(fleet_db: str, ids: list[str]) -> set[str]:
+    import psycopg
+
+    from qitos.checkpoint.targets import postgres_dsn
+
+    dsn, _ = postgres_dsn(fleet_db)
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            f'SELECT executor_id FROM "{dbos_schema(fleet_db)}".workflow_status WHERE workflow_uuid = ANY(%s)',
+            ([f"qitos-{sid}-0" for sid in ids],),
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+def _workflow_ids(fleet_db: str, session_id: str) -> list[str]:
+    import psycopg
+
+    from qitos.checkpoint.targets import postgres_dsn
+
+    dsn, _ = postgres_dsn(fleet_db)
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            f'SELECT workflow_uuid FROM "{dbos_schema(fleet_db)}".workflow_status WHERE workflow_uuid LIKE %s',
+            (f"qitos-{session_id}-%",),
+        ).fetchall()
+    return sorted(row[0] for row in rows)
+
+
+def test_twenty_sessions_over_two_worker_processes_all_finish_each_step_once(
+    fleet: Fleet, fleet_db: str, tmp_path: Path
+) -> None:
+    _run_fleet(fleet, fleet_db, tmp_path, 20, timeout=90)
+
+
+@pytest.mark.slow
+def test_two_hundred_sessions_over_two_worker_processes_all_finish_each_step_once(
+    fleet: Fleet, fleet_db: str, tmp_path: Path
+) -> None:
+    _run_fleet(fleet, fleet_db, tmp_path, 200, timeout=300)
+
+
+_APPROVER = textwrap.dedent(
+    """
+    import json, sys
+    from fleet_app import composition
+    from qitos.distributed import Fleet
+
+    fleet = Fleet(composition, db=sys.argv[1])
+    first = fleet.approve(sys.argv[2], "s1-publish")
+    again = fleet.approve(sys.argv[2], "s1-publish")
+    fleet.close()
+    print(json.dumps([first.position, again.position]))
+    """
+)
+
+
+def test_an_approval_from_a_third_process_resumes_the_session_once(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:
+    side_log = tmp_path / "side.log"
+    with workers(fleet_db, side_log, 2, concurrency=4):
+        sid = fleet.submit("approve-me", target=STEPS)
+        until(lambda: fleet.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting approval")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+        out = subprocess.run(
+            [sys.executable, "-c", _APPROVER, fleet_db, sid], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        first, again = json.loads(out.stdout.strip().splitlines()[-1])
+        assert first == again  # the repeated approval named the same continuation
+        until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the resumed session")
+        # A late repeat, after the session moved on, is refused and starts nothing.
+        with pytest.raises(Exception, match="awaiting"):
+            fleet.approve(sid, "s1-publish")
+    assert _workflow_ids(fleet_db, sid) == [f"qitos-{sid}-0", f"qitos-{sid}-{first}"]
+    counts = side_counts(side_log)
+    assert counts[("publish", "approve-me", "0")] == 1
+    _assert_each_step_once(side_log, ["approve-me"])
+
+
+def test_a_sigkilled_workers_sessions_finish_on_the_other_worker_nothing_lost_or_repeated(
+    fleet: Fleet, fleet_db: str, tmp_path: Path
+) -> None:
+    side_log = tmp_path / "side.log"
+    tasks = [f"kill-{n}" for n in range(6)]
+    with workers(fleet_db, side_log, 2, concurrency=8, lease_ttl=2.0, step_sleep=0.3) as procs:
+        victim = procs[0]
+        ids = fleet.submit_many(tasks, target=STEPS)
+        store = fleet.store
+
+        def victim_holds_one() -> bool:
+            leases = [store.get_lease(sid) for sid in ids]
+            if any(lease is None for lease in leases):
+                return False  # wait until every session has started somewhere
+            return any(f":{victim.pid}:" in lease.owner for lease in leases if lease is not None)
+
+        until(victim_holds_one, timeout=60, what="the victim worker to run a session")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        outcomes = fleet.wait(ids, timeout=90)
+        assert procs[1].poll() is None
+    assert sorted({o.lifecycle for o in outcomes.values()}) == ["completed"]
+    counts = side_counts(side_log)
+    doubled = {key: n for key, n in counts.items() if n > 1}
+    assert not doubled, f"a non-idempotent call ran twice: {doubled}"
+    for task in tasks:
+        for step in range(STEPS):
+            assert counts[("begin", task, str(step))] == 1, (task, step)
+    interrupted = [key for key in counts if key[0] == "begin" and ("end", *key[1:]) not in counts]
+    assert interrupted, "the victim was killed inside a call, which must not be repeated"
