@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["side_counts", "start_worker", "until", "workers"]
+__all__ = ["side_counts", "start_worker", "stop_workers", "until", "workers"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _MAIN = "from qitos.cli.app import main; main()"
@@ -31,7 +32,12 @@ def _env(side_log: Path, lease_ttl: float, step_sleep: float) -> dict[str, str]:
 def start_worker(
     db: str, side_log: Path, *, concurrency: int = 8, lease_ttl: float = 30.0, step_sleep: float = 0.0
 ) -> subprocess.Popen[str]:
-    """``qitos worker --app fleet_app:composition`` in a new process, returned once it is ready."""
+    """``qitos worker --app fleet_app:composition`` in a new process, returned once it is ready.
+
+    Its stderr goes to a ``worker-*.err`` file beside ``side_log`` (never an unread pipe).
+    """
+    err_path = side_log.with_name(f"worker-{uuid.uuid4().hex[:8]}.err")
+    err = err_path.open("w", encoding="utf-8")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -48,17 +54,34 @@ def start_worker(
         ],
         env=_env(side_log, lease_ttl, step_sleep),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=err,
         text=True,
     )
+    err.close()  # the child has its own descriptor
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    if not line:
+    try:
+        ready = json.loads(line).get("ready") if line else False
+    except ValueError:
+        ready = False
+    if not ready:
+        proc.kill()
         proc.wait(timeout=10)
-        raise RuntimeError(f"worker did not start: {proc.stderr.read() if proc.stderr else ''}")
-    if not json.loads(line).get("ready"):
-        raise RuntimeError(f"unexpected worker output: {line!r}")
+        raise RuntimeError(f"worker did not start ({line!r}): {err_path.read_text(encoding='utf-8')[-2000:]}")
     return proc
+
+
+def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
+    """Terminate the workers still running and wait for them (killing any that will not stop)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
@@ -70,15 +93,7 @@ def workers(db: str, side_log: Path, count: int, **options: Any) -> Iterator[lis
             procs.append(start_worker(db, side_log, **options))
         yield procs
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_workers(procs)
 
 
 def until(check: Callable[[], Any], *, timeout: float, what: str, poll: float = 0.02) -> Any:

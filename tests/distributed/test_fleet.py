@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleet_procs import ROOT, side_counts, until, workers
+from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, workers
 
 from pg_server import drop_schema, fresh_schema
 
@@ -54,7 +54,8 @@ def _assert_each_step_once(side_log: Path, tasks: list[str]) -> None:
 def _run_fleet(fleet: Fleet, fleet_db: str, tmp_path: Path, sessions: int, timeout: float) -> None:
     side_log = tmp_path / "side.log"
     tasks = [f"task-{n}" for n in range(sessions)]
-    with workers(fleet_db, side_log, 2, concurrency=8) as procs:
+    # Four at a time each, 20 ms per call: one worker alone cannot drain the queue before the other polls.
+    with workers(fleet_db, side_log, 2, concurrency=4, step_sleep=0.02) as procs:
         ids = fleet.submit_many(tasks, target=STEPS)
         outcomes = fleet.wait(ids, timeout=timeout)
         assert all(proc.poll() is None for proc in procs)
@@ -147,22 +148,25 @@ def test_a_sigkilled_workers_sessions_finish_on_the_other_worker_nothing_lost_or
 ) -> None:
     side_log = tmp_path / "side.log"
     tasks = [f"kill-{n}" for n in range(6)]
-    with workers(fleet_db, side_log, 2, concurrency=8, lease_ttl=2.0, step_sleep=0.3) as procs:
+    options = {"concurrency": 8, "lease_ttl": 2.0, "step_sleep": 0.5}
+    procs = [start_worker(fleet_db, side_log, **options)]
+    try:
         victim = procs[0]
         ids = fleet.submit_many(tasks, target=STEPS)
         store = fleet.store
 
-        def victim_holds_one() -> bool:
+        def victim_runs_all() -> bool:
             leases = [store.get_lease(sid) for sid in ids]
-            if any(lease is None for lease in leases):
-                return False  # wait until every session has started somewhere
-            return any(f":{victim.pid}:" in lease.owner for lease in leases if lease is not None)
+            return all(lease is not None and f":{victim.pid}:" in lease.owner for lease in leases)
 
-        until(victim_holds_one, timeout=60, what="the victim worker to run a session")
+        until(victim_runs_all, timeout=60, what="the victim worker to run every session")
+        procs.append(start_worker(fleet_db, side_log, **options))
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         outcomes = fleet.wait(ids, timeout=90)
         assert procs[1].poll() is None
+    finally:
+        stop_workers(procs)
     assert sorted({o.lifecycle for o in outcomes.values()}) == ["completed"]
     counts = side_counts(side_log)
     doubled = {key: n for key, n in counts.items() if n > 1}
@@ -171,4 +175,4 @@ def test_a_sigkilled_workers_sessions_finish_on_the_other_worker_nothing_lost_or
         for step in range(STEPS):
             assert counts[("begin", task, str(step))] == 1, (task, step)
     interrupted = [key for key in counts if key[0] == "begin" and ("end", *key[1:]) not in counts]
-    assert interrupted, "the victim was killed inside a call, which must not be repeated"
+    assert interrupted, "the victim was killed inside calls, which must not be repeated"
