@@ -12,12 +12,13 @@ from qitos.cli.app import app
 EXPECTED = {
     ("demo",),
     ("run",),
+    ("worker",),
     ("sessions",),
     ("trace",),
     ("memory",),
     *(
         ("sessions", c)
-        for c in ("list", "show", "resume", "steer", "pause", "approve", "reject", "fork", "prune", "vacuum")
+        for c in ("list", "show", "resume", "steer", "pause", "approve", "reject", "fork", "prune", "vacuum", "submit")
     ),
     *(("trace", c) for c in ("list", "show", "export", "serve")),
     *(("memory", c) for c in ("list", "add", "delete")),
