@@ -8,7 +8,7 @@ pending workflows only when a process with the *same executor id* starts again; 
 a dead executor's workflows to the workers still alive.
 
 What qitos adds: the session lease is the source of truth for who runs a session. Every worker
-runs a supervisor thread that, every half lease, looks for sessions still ``created`` or
+runs a supervisor thread that, every quarter lease (at most 1 s), looks for sessions still ``created`` or
 ``running`` whose lease has expired (their runner died or stalled), and enqueues a new run with a
 workflow id carrying the expired lease's fencing token, so all supervisors ask for the same run and
 DBOS starts it once. The new run takes the lease over (a stalled old runner is then fenced off by
@@ -163,7 +163,7 @@ class Worker:
         return count
 
     def _supervise(self) -> None:
-        interval = max(0.2, self.composition.runtime.lease_ttl / 2)
+        interval = min(1.0, max(0.2, self.composition.runtime.lease_ttl / 4))
         while not self._stop.wait(interval):
             try:
                 self.supervise_once()

@@ -1,0 +1,169 @@
+"""The fleet on DBOS: sessions per second over 2 workers, approval -> resumed, a killed worker's sessions.
+
+    .venv/bin/python bench/fleet.py [--sessions 200] [--approvals 20] [--dsn postgresql://...]
+
+Workers are real ``qitos worker --app fleet_app:composition`` processes (``tests/fleet_app.py``: a
+session of ten steps, one non-idempotent tool call each, committed with ``durability="sync"``).
+
+- throughput: 2 workers (``--concurrency 8`` each); this process submits ``--sessions`` sessions
+  (creating each in the store and enqueueing its run) and waits until all are completed; sessions/s
+  is the count over the wall time from the first submit to the last completion.
+- approval -> resumed: ``--approvals`` sessions wait for an approval; each is approved in turn from
+  this process (a third process to both workers) and timed until a worker has committed the
+  resumed session's next boundary; p50 and max.
+- killed worker: one worker runs 6 sessions (``lease_ttl=2`` s, 0.3 s per call) alone, a second
+  starts, the first is SIGKILLed; timed until every session is held by the surviving worker.
+
+Without ``--dsn`` a private cluster is started (``scripts/postgres.sh start``: fsync on) and stopped.
+No LangGraph anchor runs here yet (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "tests" / "distributed")]
+
+from fleet_procs import start_worker, stop_workers, until  # noqa: E402
+
+from fleet_app import composition  # noqa: E402
+from qitos.distributed import Fleet  # noqa: E402
+
+STEPS = 10
+
+
+def _cluster(dsn: str | None) -> tuple[str, str | None]:
+    if dsn:
+        return dsn, None
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "postgres.sh"), "start"], capture_output=True, text=True, check=True
+    )
+    values = dict(
+        line[len("export ") :].split("=", 1) for line in out.stdout.splitlines() if line.startswith("export ")
+    )
+    return values["QITOS_TEST_PG_DSN"].strip("'\""), values["QITOS_TEST_PG_DIR"].strip("'\"")
+
+
+def _db(dsn: str, schema: str) -> str:
+    return f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+
+
+def throughput(dsn: str, tmp: Path, sessions: int) -> float:
+    db = _db(dsn, f"bench_tp_{os.getpid()}")
+    fleet = Fleet(composition, db=db)
+    procs = [start_worker(db, tmp / "tp.log", concurrency=8) for _ in range(2)]
+    try:
+        start = time.perf_counter()
+        ids = fleet.submit_many([f"tp-{n}" for n in range(sessions)], target=STEPS)
+        outcomes = fleet.wait(ids, timeout=600, poll=0.01)
+        elapsed = time.perf_counter() - start
+    finally:
+        stop_workers(procs)
+        fleet.close()
+    assert {o.lifecycle for o in outcomes.values()} == {"completed"}
+    return sessions / elapsed
+
+
+def approvals(dsn: str, tmp: Path, count: int) -> list[float]:
+    db = _db(dsn, f"bench_ap_{os.getpid()}")
+    fleet = Fleet(composition, db=db)
+    procs = [start_worker(db, tmp / "ap.log", concurrency=8) for _ in range(2)]
+    store = fleet.store
+    try:
+        ids = fleet.submit_many([f"approve-{n}" for n in range(count)], target=STEPS)
+        until(
+            lambda: all(h.lifecycle == "awaiting_approval" for h in (store.get_session_head(s) for s in ids) if h),
+            timeout=120,
+            what="sessions awaiting approval",
+        )
+        times = []
+        for sid in ids:
+            head = store.get_session_head(sid)
+            assert head is not None
+            start = time.perf_counter()
+            fleet.approve(sid, "s1-publish")
+            while True:
+                now = store.get_session_head(sid)
+                if now is not None and now.sequence > head.sequence:
+                    break
+                time.sleep(0.001)
+            times.append(time.perf_counter() - start)
+        fleet.wait(ids, timeout=120)
+    finally:
+        stop_workers(procs)
+        fleet.close()
+    return times
+
+
+def killed(dsn: str, tmp: Path, lease_ttl: float) -> float:
+    db = _db(dsn, f"bench_kill_{os.getpid()}")
+    fleet = Fleet(composition, db=db)
+    store = fleet.store
+    options = {"concurrency": 8, "lease_ttl": lease_ttl, "step_sleep": 0.3}
+    procs = [start_worker(db, tmp / "kill.log", **options)]
+    try:
+        victim = procs[0]
+        ids = fleet.submit_many([f"kill-{n}" for n in range(6)], target=STEPS)
+
+        def owners() -> list[str]:
+            return [lease.owner if lease else "" for lease in (store.get_lease(s) for s in ids)]
+
+        until(lambda: all(f":{victim.pid}:" in o for o in owners()), timeout=60, what="the victim to run all")
+        procs.append(start_worker(db, tmp / "kill.log", **options))
+        survivor = procs[1].pid
+        victim.send_signal(signal.SIGKILL)
+        start = time.perf_counter()
+        victim.wait()
+        until(lambda: all(f":{survivor}:" in o for o in owners()), timeout=60, what="the survivor", poll=0.005)
+        resumed = time.perf_counter() - start
+        fleet.wait(ids, timeout=120)
+    finally:
+        stop_workers(procs)
+        fleet.close()
+    return resumed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--approvals", type=int, default=20)
+    parser.add_argument("--lease-ttl", type=float, default=2.0)
+    parser.add_argument("--dsn")
+    args = parser.parse_args()
+    dsn, cluster_dir = _cluster(args.dsn)
+    try:
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            print(f"load average: {os.getloadavg()[0]:.2f} (2-core machine shared with other work)")
+            rate = throughput(dsn, tmp, args.sessions)
+            times = approvals(dsn, tmp, args.approvals)
+            resumed = killed(dsn, tmp, args.lease_ttl)
+    finally:
+        if cluster_dir:
+            subprocess.run(["bash", str(ROOT / "scripts" / "postgres.sh"), "stop", cluster_dir], check=False)
+    p50 = statistics.median(times) * 1000
+    print(f"throughput: {args.sessions} ten-step sessions over 2 workers: {rate:.1f} sessions/s")
+    print(f"approval -> resumed (n={len(times)}): p50 {p50:.1f} ms, max {max(times) * 1000:.1f} ms")
+    print(
+        f"killed worker: all 6 sessions held by the survivor {resumed:.2f} s after SIGKILL (lease {args.lease_ttl} s)"
+    )
+    print("targets:")
+    print(f"  {'PASS' if rate >= 100 else 'FAIL'}  >= 100 sessions/s across 2 workers")
+    print(f"  {'PASS' if p50 <= 100 else 'FAIL'}  approval -> resumed p50 <= 100 ms")
+    print(
+        f"  {'PASS' if resumed <= args.lease_ttl + 1 else 'FAIL'}  killed worker's sessions resumed within lease + 1 s"
+    )
+    print("  n/a   LangGraph + PostgresSaver in 2 processes: not run (bench/README.md)")
+
+
+if __name__ == "__main__":
+    main()
