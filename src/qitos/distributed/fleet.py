@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from qitos.checkpoint.store import SessionHeadRecord
 from qitos.core.errors import ConfigurationError, SessionNotFoundError
 from qitos.core.task import Task
 from qitos.distributed.naming import APP_NAME, DEFAULT_QUEUE, WORKFLOW_NAME, bind_store, dbos_schema, run_workflow_id
@@ -30,6 +31,7 @@ from qitos.sessions.inspection import SessionLifecycle, inspect_session
 
 __all__ = ["Fleet", "SessionOutcome"]
 
+_LIST_ABOVE = 16  # wait() lists the store's heads in one query when more sessions than this are pending
 _WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
 SETTLED = frozenset(
     {
@@ -172,7 +174,8 @@ class Fleet:
         pending = ids
         deadline = time.monotonic() + timeout
         while True:
-            pending = [sid for sid in pending if not self._settled(sid)]
+            heads = self._heads(pending)
+            pending = [sid for sid in pending if not self._settled(sid, heads.get(sid))]
             if not pending:
                 break
             if time.monotonic() > deadline:
@@ -180,8 +183,19 @@ class Fleet:
             time.sleep(poll)
         return self.results(ids)
 
-    def _settled(self, session_id: str) -> bool:
-        head = self.store.get_session_head(session_id)
+    def _heads(self, session_ids: list[str]) -> dict[str, SessionHeadRecord]:
+        """The heads of ``session_ids``: one listing of the store for many, one read each for a few."""
+        if len(session_ids) > _LIST_ABOVE:
+            wanted = set(session_ids)
+            return {h.session_id: h for h in self.store.list_sessions() if h.session_id in wanted}
+        heads = {}
+        for sid in session_ids:
+            head = self.store.get_session_head(sid)
+            if head is not None:
+                heads[sid] = head
+        return heads
+
+    def _settled(self, session_id: str, head: SessionHeadRecord | None) -> bool:
         if head is None:
             raise SessionNotFoundError(session_id)
         return head.lifecycle in SETTLED and head.sequence > self._enqueued_at.get(session_id, -1)
