@@ -176,3 +176,77 @@ def test_a_sigkilled_workers_sessions_finish_on_the_other_worker_nothing_lost_or
             assert counts[("begin", task, str(step))] == 1, (task, step)
     interrupted = [key for key in counts if key[0] == "begin" and ("end", *key[1:]) not in counts]
     assert interrupted, "the victim was killed inside calls, which must not be repeated"
+
+
+def test_a_rejection_resumes_the_session_without_the_call(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:
+    side_log = tmp_path / "side.log"
+    with workers(fleet_db, side_log, 1, concurrency=2):
+        sid = fleet.submit("approve-no", target=STEPS)
+        until(lambda: fleet.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
+        receipt = fleet.reject(sid, "s1-publish", "not today")
+        assert not receipt.approved
+        outcome = fleet.wait([sid], timeout=60)[sid]
+    assert outcome.lifecycle == "completed"
+    assert side_counts(side_log)[("publish", "approve-no", "0")] == 0
+    _assert_each_step_once(side_log, ["approve-no"])
+
+
+def test_sessions_submit_on_the_command_line_is_run_by_a_worker(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:
+    side_log = tmp_path / "side.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    with workers(fleet_db, side_log, 1, concurrency=2):
+        out = subprocess.run(
+            [sys.executable, "-c", "from qitos.cli.app import main; main()", "sessions", "submit", "cli-task",
+             "--app", "fleet_app:composition", "--db", fleet_db, "--json"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        sid = json.loads(out.stdout)["session_id"]
+        until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the submitted session")
+    _assert_each_step_once(side_log, ["cli-task"])
+
+
+_SERVE = textwrap.dedent(
+    """
+    import json, sys
+    from fleet_app import composition
+    from qitos.distributed import Fleet
+
+    fleet = Fleet(composition, db=sys.argv[1], concurrency=3)
+    worker = fleet.serve()
+    try:
+        ids = fleet.submit_many(["served-0", "served-1", "served-2", "served-3"], target=3)
+        outcomes = fleet.wait(ids, timeout=60)
+    finally:
+        worker.stop()
+        fleet.close()
+    print(json.dumps(sorted(o.lifecycle for o in outcomes.values())))
+    """
+)
+
+
+def test_a_fleet_serves_its_own_sessions_in_process(fleet_db: str, tmp_path: Path) -> None:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+        QITOS_FLEET_SIDE_LOG=str(tmp_path / "side.log"),
+    )
+    out = subprocess.run([sys.executable, "-c", _SERVE, fleet_db], env=env, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["completed"] * 4
+
+
+def test_a_paused_session_is_continued_by_steering_it(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:
+    side_log = tmp_path / "side.log"
+    with workers(fleet_db, side_log, 1, concurrency=2, step_sleep=0.2):
+        sid = fleet.submit("pause-me", target=STEPS)
+        until(lambda: fleet.results([sid])[sid].lifecycle == "running", timeout=60, what="the session to run")
+        fleet.pause(sid)
+        paused = fleet.wait([sid], timeout=60)[sid]
+        assert paused.lifecycle == "paused"
+        steps_before = side_counts(side_log)
+        fleet.steer(sid, "carry on")
+        done = fleet.wait([sid], timeout=60)[sid]
+    assert done.lifecycle == "completed"
+    assert sum(steps_before.values()) < sum(side_counts(side_log).values())
+    _assert_each_step_once(side_log, ["pause-me"])
