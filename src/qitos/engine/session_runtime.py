@@ -29,6 +29,7 @@ Durability modes:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 from collections.abc import Iterable, Mapping
@@ -69,6 +70,7 @@ from qitos.core.state import StateSchema
 from qitos.core.task import Task
 from qitos.engine.events import EngineResult
 from qitos.engine.loop import EngineLoop
+from qitos.engine.subagent import SubAgentRunner, child_session_id
 from qitos.sessions.journal import (
     PendingStep,
     ResumePoint,
@@ -211,6 +213,7 @@ class ToolCallStatus:
     status: str  # awaiting_approval | approved | rejected | started | completed | failed | not_started
     needs_approval: bool = False
     error: str | None = None
+    session_id: str | None = None  # set for a call of a delegated child session (approve routes to it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,69 +387,120 @@ class Session:
         return Redactor(model_credentials(self.engine.model))
 
     def pause(self) -> PauseReceipt:
-        """Request cooperative pause; durable status is returned at a boundary."""
+        """Request cooperative pause; durable status is returned at a boundary.
+
+        The request also goes to the child sessions of delegated calls in progress (and theirs), so
+        a child stops at its next boundary and the parent with it; the receipt is this session's.
+        """
         item = self.store.append_control(self.session_id.value, "pause", {"requested_at": utc_now()})
+        for _, child in self.active_children():
+            child.pause()
         return _pause_receipt(item)
 
     async def apause(self) -> PauseReceipt:
         """Async twin of :meth:`pause`."""
         item = await self.store.aappend_control(self.session_id.value, "pause", {"requested_at": utc_now()})
+        for _, child in await asyncio.to_thread(self.active_children):
+            await child.apause()
         return _pause_receipt(item)
 
     def steer(self, text: str) -> SteeringReceipt:
-        """Durably submit one canonical steering item to this Session."""
+        """Durably submit one canonical steering item to this Session.
+
+        While a delegated call is in progress the text goes to the agent doing the work: the active
+        child session (its innermost active child, recursively), whose next boundary takes it in;
+        the receipt names that session. Otherwise it is this session's.
+        """
         _check_steering(text)
+        for _, child in self.active_children():
+            return child.steer(text)
         item = self.store.append_control(self.session_id.value, "steer", {"text": self._redactor().redact_value(text)})
         return _steering_receipt(item, text)
 
     async def asteer(self, text: str) -> SteeringReceipt:
         """Async twin of :meth:`steer`."""
         _check_steering(text)
+        for _, child in await asyncio.to_thread(self.active_children):
+            return await child.asteer(text)
         payload = {"text": self._redactor().redact_value(text)}
         item = await self.store.aappend_control(self.session_id.value, "steer", payload)
         return _steering_receipt(item, text)
 
+    def active_children(self) -> list[tuple[str, Session]]:
+        """``(call_id, child Session)`` of the delegated calls of the pending step that started and
+        have no result yet (the child sessions still working for this one)."""
+        store = self.store
+        sid = self.session_id.value
+        record = store.get_session_head(sid)
+        if record is None:
+            return []
+        pending = restore(store, sid, record.snapshot_id).pending
+        return self._children_of(pending)
+
+    def _children_of(self, pending: PendingStep | None) -> list[tuple[str, Session]]:
+        if pending is None:
+            return []
+        registry = self.engine.agent.tool_registry
+        out: list[tuple[str, Session]] = []
+        for action in pending.decision.get("actions") or []:
+            call_id = str(action["id"])
+            spec = registry.get(action["name"])
+            if spec is None or not isinstance(spec.func, SubAgentRunner):
+                continue
+            if call_id not in pending.started or call_id in pending.results:
+                continue
+            child_id = child_session_id(self.session_id.value, call_id)
+            if self.store.get_session_head(child_id) is not None:
+                out.append((call_id, spec.func.child_session(self.store, child_id)))
+        return out
+
     def approve(self, call_id: str) -> ApprovalReceipt:
-        """Approve a tool call awaiting approval; the next ``run()`` executes it."""
-        self._check_awaiting(self.inspect(), call_id)
-        return self._answer(call_id, True, None)
+        """Approve a tool call awaiting approval; the next ``run()`` executes it.
+
+        A call a delegated child session waits for (listed in ``inspect().tool_batch`` with its
+        ``session_id``) is answered in that child; the next ``run()`` of this session continues it.
+        """
+        target = self._check_awaiting(self.inspect(), call_id)
+        return self._answer(call_id, True, None, target)
 
     async def aapprove(self, call_id: str) -> ApprovalReceipt:
         """Async twin of :meth:`approve`."""
-        self._check_awaiting(await self.ainspect(), call_id)
-        return await self._aanswer(call_id, True, None)
+        target = self._check_awaiting(await self.ainspect(), call_id)
+        return await self._aanswer(call_id, True, None, target)
 
     def reject(self, call_id: str, reason: str | None = None) -> ApprovalReceipt:
         """Reject a tool call awaiting approval; the next ``run()`` reports the rejection to the agent."""
-        self._check_awaiting(self.inspect(), call_id)
-        return self._answer(call_id, False, reason)
+        target = self._check_awaiting(self.inspect(), call_id)
+        return self._answer(call_id, False, reason, target)
 
     async def areject(self, call_id: str, reason: str | None = None) -> ApprovalReceipt:
         """Async twin of :meth:`reject`."""
-        self._check_awaiting(await self.ainspect(), call_id)
-        return await self._aanswer(call_id, False, reason)
+        target = self._check_awaiting(await self.ainspect(), call_id)
+        return await self._aanswer(call_id, False, reason, target)
 
-    def _check_awaiting(self, inspection: SessionInspection, call_id: str) -> None:
+    def _check_awaiting(self, inspection: SessionInspection, call_id: str) -> str:
+        """The session that owns the awaiting call ``call_id`` (this one or a delegated child)."""
         batch = inspection.tool_batch
-        waiting = {c.call_id for c in batch.pending_approval} if batch else set()
+        waiting = {c.call_id: c.session_id for c in batch.pending_approval} if batch else {}
         if call_id not in waiting:
             raise ConfigurationError(
                 f"session {self.session_id.value}: no tool call {call_id!r} is awaiting approval "
                 f"(awaiting: {sorted(waiting) or 'none'})"
             )
+        return waiting[call_id] or self.session_id.value
 
-    def _answer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
+    def _answer(self, call_id: str, approved: bool, reason: str | None, target: str) -> ApprovalReceipt:
         kind = "approve" if approved else "reject"
         payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
-        item = self.store.append_control(self.session_id.value, kind, payload)
+        item = self.store.append_control(target, kind, payload)
         return ApprovalReceipt(
             session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
         )
 
-    async def _aanswer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
+    async def _aanswer(self, call_id: str, approved: bool, reason: str | None, target: str) -> ApprovalReceipt:
         kind = "approve" if approved else "reject"
         payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
-        item = await self.store.aappend_control(self.session_id.value, kind, payload)
+        item = await self.store.aappend_control(target, kind, payload)
         return ApprovalReceipt(
             session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
         )
@@ -635,9 +689,16 @@ class Session:
                     error=error,
                 )
             )
+        for _, child in self._children_of(pending):
+            child_batch = child.inspect().tool_batch
+            for call in child_batch.calls if child_batch is not None else ():
+                owner = call.session_id or child.session_id.value
+                calls.append(dataclasses.replace(call, session_id=owner))
         return ToolBatchSnapshot(step_id=pending.step_id, calls=tuple(calls))
 
-    def _work_graph(self, store: CheckpointStore, sid: str, limit: int = 500) -> dict[str, Any]:
+    def _work_graph(self, store: CheckpointStore, sid: str, limit: int = 500, depth: int = 4) -> dict[str, Any]:
+        """Steps with their attempts and tool calls; a delegated call carries its child session's
+        graph (``child``, down to ``depth`` levels), so the tree of work reads from the root."""
         steps: dict[int, dict[str, Any]] = {}
         snapshot_ids = store.list_session_snapshots(sid)[:limit]
         run_id: str | None = None
@@ -671,6 +732,23 @@ class Session:
                 item["attempts"].append(
                     {"run_id": run_id, "snapshot_id": snapshot_id, "outcome": snap.payload.get("lifecycle")}
                 )
+                if not item["tool_calls"]:
+                    item["tool_calls"] = [
+                        {"work_item": a["id"], "tool": a["name"], "outcome": "pending"}
+                        for a in (pending.get("decision") or {}).get("actions") or []
+                    ]
+        registry = self.engine.agent.tool_registry
+        for item in steps.values():
+            for call in item["tool_calls"]:
+                spec = registry.get(call["tool"])
+                if spec is None or not isinstance(spec.func, SubAgentRunner):
+                    continue
+                child_id = child_session_id(sid, call["work_item"])
+                call["child_session_id"] = child_id
+                if depth > 0 and store.get_session_head(child_id) is not None:
+                    child = spec.func.child_session(store, child_id)
+                    call["child"] = child._work_graph(store, child_id, limit, depth - 1)
+                    call["child"]["lifecycle"] = _require_head(store, child_id).lifecycle
         return {"session_id": sid, "steps": [steps[k] for k in sorted(steps)]}
 
     def _task_or_load(self) -> Task:
@@ -732,19 +810,35 @@ def _agent_identity(engine: EngineLoop[Any, Any, Any]) -> AgentIdentity:
 
 
 def new_session(
-    engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
+    engine: EngineLoop[Any, Any, Any],
+    task: str | Task,
+    *,
+    composition: SessionHost | None = None,
+    session_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **state_kwargs: Any,
 ) -> Session:
-    """Create a durable session: initialise the state and commit its first snapshot."""
-    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    """Create a durable session: initialise the state and commit its first snapshot.
+
+    ``session_id``: a given id instead of a fresh one (a delegated child's is derived from its
+    parent's call); ``metadata``: extra session metadata (the child's link to its parent).
+    """
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs, session_id, metadata)
     store.commit_session_snapshot(commit)
     return session
 
 
 async def anew_session(
-    engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
+    engine: EngineLoop[Any, Any, Any],
+    task: str | Task,
+    *,
+    composition: SessionHost | None = None,
+    session_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **state_kwargs: Any,
 ) -> Session:
     """Async twin of :func:`new_session` (the first snapshot is committed with the store's async method)."""
-    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs, session_id, metadata)
     await store.acommit_session_snapshot(commit)
     return session
 
@@ -754,6 +848,8 @@ def _first_snapshot(
     task: str | Task,
     composition: SessionHost | None,
     state_kwargs: Mapping[str, Any],
+    given_id: str | None = None,
+    extra_metadata: Mapping[str, Any] | None = None,
 ) -> tuple[CheckpointStore, SessionSnapshotCommit, Session]:
     """A new session's first snapshot commit and its Session facade (no I/O)."""
     store = engine.checkpoint_store
@@ -766,7 +862,7 @@ def _first_snapshot(
     if not state.task:
         state.task = the_task.objective
     state.drain_changes()
-    session_id = SessionIdentity.new()
+    session_id = SessionIdentity(given_id) if given_id is not None else SessionIdentity.new()
     redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
     full = redactor.redact_value(state.to_dict())
     log = ExchangeLog(f"log-{session_id.value}")
@@ -799,6 +895,8 @@ def _first_snapshot(
         "fork_snapshot_id": None,
         "references": [{"name": r.name, "kind": r.kind, "provider": r.provider} for r in references],
     }
+    if extra_metadata:
+        metadata.update(redactor.redact_value(dict(extra_metadata)))
     commit = SessionSnapshotCommit(
         session_id=session_id.value,
         expected_head=None,
