@@ -309,10 +309,11 @@ def _chain_integrity(store: CheckpointStore, snapshot_id: str) -> str:
 def lineage(
     store: CheckpointStore, session_id: str, *, heads: Iterable[SessionHeadRecord] | None = None
 ) -> dict[str, Any]:
-    """The fork tree containing ``session_id``, from its root session down.
+    """The tree of forks and delegated child sessions containing ``session_id``, from its root down.
 
-    Each node: ``session_id, lifecycle, snapshot_id, fork_snapshot_id, task, integrity, current,
-    children``; ``integrity`` is ``verified`` or names the failure of the node's head chain.
+    Each node: ``session_id, lifecycle, snapshot_id, fork_snapshot_id, relation`` (``fork``,
+    ``delegate`` or None for the root), ``call_id`` (the parent's call a delegated child runs),
+    ``task, integrity, current, children``; ``integrity`` is ``verified`` or names the failure of the node's head chain.
     """
     records = {h.session_id: h for h in (heads if heads is not None else store.list_sessions())}
     if session_id not in records:
@@ -342,6 +343,8 @@ def lineage(
             "lifecycle": head.lifecycle,
             "snapshot_id": head.snapshot_id,
             "fork_snapshot_id": row["fork_snapshot_id"],
+            "relation": _relation(head),
+            "call_id": (_delegated_from(head) or {}).get("call_id"),
             "task": row["task"],
             "integrity": _chain_integrity(store, head.snapshot_id),
             "current": sid == session_id,
@@ -349,6 +352,21 @@ def lineage(
         }
 
     return _shown(node(root))
+
+
+def _delegated_from(head: SessionHeadRecord) -> Mapping[str, Any] | None:
+    link = (head.metadata or {}).get("delegated_from")
+    return link if isinstance(link, Mapping) else None
+
+
+def _relation(head: SessionHeadRecord) -> str | None:
+    """How a session came from its parent: ``fork``, ``delegate`` (a delegated call's child), or None."""
+    meta = head.metadata or {}
+    if _delegated_from(head) is not None:
+        return "delegate"
+    if meta.get("fork_snapshot_id"):
+        return "fork"
+    return None
 
 
 def session_detail(store: CheckpointStore, session_id: str, *, agent: str | None = None) -> dict[str, Any]:

@@ -795,7 +795,7 @@
         badge(node.lifecycle),
         " ",
         badge(node.integrity === "verified" ? "verified" : "corrupt", node.integrity === "verified" ? "b-completed" : "b-failed"),
-        el("div", { class: "small muted" }, "head ", el("span", { class: "mono", text: short(node.snapshot_id, 18), title: node.snapshot_id }), node.fork_snapshot_id ? [" · forked at ", el("span", { class: "mono", text: short(node.fork_snapshot_id, 18), title: node.fork_snapshot_id })] : null),
+        el("div", { class: "small muted" }, "head ", el("span", { class: "mono", text: short(node.snapshot_id, 18), title: node.snapshot_id }), node.fork_snapshot_id ? [" · forked at ", el("span", { class: "mono", text: short(node.fork_snapshot_id, 18), title: node.fork_snapshot_id })] : null, node.relation === "delegate" ? [" · delegated by call ", el("span", { class: "mono", text: node.call_id || "" })] : null),
         node.integrity !== "verified" ? el("div", { class: "error small", text: node.integrity }) : null
       ),
       node.children && node.children.length ? el("ul", null, node.children.map(lineageNode)) : null
