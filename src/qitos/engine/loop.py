@@ -50,6 +50,7 @@ from qitos.engine.drivers import AsyncDriver, Backpressure, drive
 from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, ToolBatch, ToolCall
 from qitos.engine.event_redaction import redact_event, redacting_sink
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
+from qitos.engine.handoff import handoff_of
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine.model_path import ModelContext, ModelPath
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
@@ -774,6 +775,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         observation = Observation(results=tuple(results))
         if self._model_path is not None:
             self._model_path.record_results(run, results)
+        for result in results:
+            if type(result.output) is dict and result.ok:  # cheap gate before the handoff check
+                move = handoff_of(self.agent.tool_registry.get(result.name), result)
+                if move is not None:
+                    payload = {**move, "call_id": result.call_id}
+                    run.emit(EngineEvent(E.HANDOFF, step_id, phase=P.ACT, payload=payload))
         payload = {"calls": [_call_summary(r) for r in results]}
         run.emit(_fast_event(EngineEvent, (E.ACT, step_id, None, P.ACT, True, payload, None, _now())))
         if self._hook_table["on_after_act"]:
