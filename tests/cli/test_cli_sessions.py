@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -150,12 +152,72 @@ def test_prune_and_vacuum_report_what_they_did(cli: Any, workdir: Path) -> None:
     assert "vacuumed" in cli.run("sessions", "vacuum", "--db", "s.db", code=0).stdout
 
 
-def test_show_with_an_agent_that_cannot_be_imported_still_shows_the_store_view(cli: Any, workdir: Path) -> None:
-    sid = _session(cli)
-    detail = cli.json("sessions", "show", sid, "--db", "s.db", "--agent", "no_such_mod:Agent", "--json")
-    assert detail["inspection"] is None
-    assert "cannot import agent module" in detail["inspection_error"]
-    assert detail["integrity"] == "verified"
+SCRIPT = """
+from dataclasses import dataclass, field
+import sys
+
+from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, compose, tool
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+
+
+@tool(needs_approval=True)
+def publish(text: str) -> str:
+    \"\"\"Publish a text (a human approves).
+
+    Args:
+        text: what to publish.
+    \"\"\"
+    return "published " + text
+
+
+@dataclass
+class ScriptState(StateSchema):
+    done: list[str] = field(default_factory=list)
+
+
+class ScriptAgent(AgentModule):
+    def init_state(self, task, **kwargs):
+        return ScriptState(task=task, max_steps=4)
+
+    def decide(self, state, observation):
+        if state.done:
+            return Decision.final("ok")
+        return Decision.act([Action("publish", {"text": "hi"}, "call-1")])
+
+    def reduce(self, state, observation, decision):
+        state.done.extend(r.as_text() for r in observation.results)
+        return state
+
+
+composition = compose(lambda: ScriptAgent(tool_registry=ToolRegistry([publish])), SqliteCheckpointStore("s.db"))
+session = composition.session("publish from a script")
+print(session.run().state.stop_reason, session.session_id.value)
+"""
+
+
+def test_a_session_made_by_a_script_is_shown_steered_and_approved_with_the_script_gone(cli: Any, workdir: Path) -> None:
+    script = workdir / "make_session.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    made = subprocess.run([sys.executable, str(script)], cwd=workdir, capture_output=True, text=True, check=True)
+    stop, sid = made.stdout.split()
+    assert stop == "awaiting_approval"
+    script.unlink()  # the agent class lived in that script's __main__: nothing can import it now
+
+    detail = cli.json("sessions", "show", sid, "--db", "s.db", "--json")
+    assert detail["inspection_error"] is None and detail["integrity"] == "verified"
+    inspection = detail["inspection"]
+    assert inspection["task"] == "publish from a script"
+    assert inspection["lifecycle"] == "awaiting_approval"
+    (call,) = inspection["tool_batch"]["calls"]
+    assert (call["call_id"], call["status"], call["needs_approval"]) == ("call-1", "awaiting_approval", True)
+    assert "publish from a script" in cli.run("sessions", "show", sid, "--db", "s.db", code=0).stdout
+    assert cli.json("sessions", "steer", sid, "go on", "--db", "s.db", "--json")["position"] == 1
+    assert cli.json("sessions", "pause", sid, "--db", "s.db", "--json")["position"] == 2
+    assert cli.json("sessions", "approve", sid, "call-1", "--db", "s.db", "--json")["approved"] is True
+    refused = cli.run("sessions", "approve", sid, "call-2", "--db", "s.db", code=2)
+    assert "awaiting" in refused.stdout + refused.stderr
+    again = cli.json("sessions", "show", sid, "--db", "s.db", "--json")
+    assert again["inspection"]["tool_batch"]["calls"][0]["status"] == "approved"
 
 
 @pytest.mark.parametrize(
@@ -192,3 +254,53 @@ def test_resume_with_an_agent_that_cannot_be_imported_is_a_usage_error(cli: Any,
 def test_steering_with_empty_text_is_a_usage_error(cli: Any, workdir: Path) -> None:
     sid = _session(cli)
     assert "non-empty" in cli.run("sessions", "steer", sid, "  ", "--db", "s.db", code=2).stderr
+
+
+def test_resume_of_a_model_agent_without_a_model_is_a_cli_message_and_the_session_stays_paused(
+    cli: Any, workdir: Path
+) -> None:
+    import json
+
+    script = [{"tool_calls": [{"id": "call-publish", "name": "publish", "arguments": {"text": "hi"}}]}, "published"]
+    (workdir / "script.json").write_text(json.dumps(script), encoding="utf-8")
+    data = cli.json(
+        "run", "cli_agents:ModelAgent", "publish", "--model", "scripted:script.json", "--session-db", "s.db", "--json"
+    )
+    sid = data["session_id"]
+    assert data["stop_reason"] == "awaiting_approval"
+    result = cli.run("sessions", "resume", sid, "--db", "s.db", code=2)
+    assert "ModelAgent decides through a model" in result.stderr and "--model" in result.stderr
+    assert "llm=" not in result.stderr and "compose(" not in result.stderr  # a CLI message, not a Python one
+    listed = cli.json("sessions", "list", "--db", "s.db", "--json")
+    assert listed["sessions"][0]["lifecycle"] == "awaiting_approval"  # not marked failed
+
+
+def test_the_sessions_table_never_cuts_an_id_at_120_columns(
+    cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = _session(cli, task="a long task " * 8)
+    monkeypatch.setenv("COLUMNS", "120")
+    out = cli.run("sessions", "list", "--db", "s.db", code=0).stdout
+    assert sid in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    runs = cli.run("trace", "list", code=0).stdout
+    run_ids = [r["run_id"] for r in cli.json("trace", "list", "--json")["runs"]]
+    assert run_ids and all(run_id in runs for run_id in run_ids)
+
+
+def test_a_resumed_runs_json_counts_its_own_steps(cli: Any, workdir: Path) -> None:
+    import json
+
+    first = [
+        {"tool_calls": [{"id": "call-echo", "name": "echo", "arguments": {"text": "one"}}]},
+        {"tool_calls": [{"id": "call-publish", "name": "publish", "arguments": {"text": "two"}}]},
+    ]
+    (workdir / "first.json").write_text(json.dumps(first), encoding="utf-8")
+    (workdir / "then.json").write_text(json.dumps(["done"]), encoding="utf-8")
+    args = ["--session-db", "s.db", "--json"]
+    data = cli.json("run", "cli_agents:ModelAgent", "t", "--model", "scripted:first.json", *args)
+    assert (data["stop_reason"], data["steps"], data["session_steps"]) == ("awaiting_approval", 1, 1)
+    sid = data["session_id"]
+    cli.run("sessions", "approve", sid, "call-publish", "--db", "s.db", code=0)
+    done = cli.json("sessions", "resume", sid, "--db", "s.db", "--model", "scripted:then.json", "--json")
+    assert (done["final_result"], done["steps"], done["session_steps"]) == ("done", 2, 3)

@@ -20,9 +20,10 @@ from rich.tree import Tree
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
 from qitos.cli.models import MODEL_FORMS, resolve_model
-from qitos.cli.running import compaction_extensions, finish, renderer_hooks
+from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
+from qitos.sessions.control import answer_approval, pause_session, steer_session
 from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
@@ -48,15 +49,24 @@ def open_store(db: str) -> Iterator[SqliteCheckpointStore]:
         store.close()
 
 
-def composition_for(store: SqliteCheckpointStore, session_id: str, agent: str | None, **kwargs: Any) -> Composition:
-    """A composition able to restore ``session_id`` (its recorded agent, or ``agent``)."""
+def composition_for(
+    store: SqliteCheckpointStore, session_id: str, agent: str | None, *, needs_model: bool = False, **kwargs: Any
+) -> Composition:
+    """A composition able to restore ``session_id`` (its recorded agent, or ``agent``).
+
+    With ``needs_model=True`` (resuming) an agent that decides through a model but was given none
+    stops here with a usage error, before the session is touched.
+    """
     head = store.get_session_head(session_id)
     if head is None:
         fail(f"session {session_id!r} not found", EXIT_NOT_FOUND)
     spec = agent or (head.metadata or {}).get("agent")
     if not spec:
         fail(f"session {session_id} does not record its agent; pass --agent module:Class", 2)
-    return compose(agent=load_agent(str(spec)), store=store, **kwargs)
+    factory = load_agent(str(spec))
+    if needs_model:
+        require_model(factory, kwargs.get("model"), what=f"qitos sessions resume {session_id}")
+    return compose(agent=factory, checkpoint_store=store, **kwargs)
 
 
 def _lifecycle_style(lifecycle: str) -> str:
@@ -87,18 +97,25 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
         out.print(f"no sessions in {db}", highlight=False)
         return
     table = Table(title=f"sessions in {db}", title_justify="left")
-    for column in ("session", "lifecycle", "sequence"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("task", overflow="ellipsis", no_wrap=True, max_width=48)
+
+    # Ids are never cut: the id column keeps its full width and the other columns give way (a
+    # narrow terminal folds them onto more lines instead of truncating anything you might copy).
+    def widest(key: str, header: str) -> int:
+        return max(len(header), *(len(str(row[key] or "")) for row in rows))
+
+    table.add_column("session", no_wrap=True, min_width=widest("session_id", "session"))
+    table.add_column("lifecycle", no_wrap=True, min_width=widest("lifecycle", "lifecycle"))
+    table.add_column("sequence", no_wrap=True, min_width=widest("sequence", "sequence"))
+    table.add_column("task", overflow="ellipsis", max_width=48)
     table.add_column("agent", overflow="fold")
-    table.add_column("forked from", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
+    table.add_column("forked from", overflow="fold")
+    table.add_column("updated", overflow="fold")
     for row in rows:
         table.add_row(
             row["session_id"],
             Text(row["lifecycle"], style=_lifecycle_style(row["lifecycle"])),
             str(row["sequence"]),
-            Text(str(row["task"] or "")),
+            Text(str(row["task"] or ""), no_wrap=True, overflow="ellipsis"),
             Text(str(row["agent"] or "")),
             row["parent_session_id"] or "",
             row["updated_at"] or "",
@@ -111,12 +128,13 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
 def show(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Inspect a session: lifecycle, integrity, budget, pending tool calls, lineage, snapshots."""
+    """Inspect a session: lifecycle, integrity, budget, pending tool calls, lineage, snapshots.
+
+    Read from the store alone: the session's agent is not imported (it may be gone)."""
     with open_store(db) as store:
-        detail = session_detail(store, session_id, agent=agent)
+        detail = session_detail(store, session_id)
     if json_out:
         print_json(detail)
         return
@@ -208,6 +226,7 @@ def resume(
             store,
             session_id,
             agent,
+            needs_model=True,
             model=adapter,
             hooks=hooks,
             trace_logdir=trace_dir,
@@ -216,7 +235,7 @@ def resume(
         )
         session = composition.restore(session_id)
         result = session.run(steering=steer)
-    finish(result, json_out, renderer, session_id=session_id)
+    finish(result, json_out, renderer, adapter=adapter, session_id=session_id)
 
 
 def _receipt(receipt: Any, json_out: bool, message: str) -> None:
@@ -232,12 +251,11 @@ def steer(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     text: Annotated[str, typer.Argument(help="The steering instruction.")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Queue a steering instruction; the session takes it in at its next boundary (exactly once)."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).steer(text)
+        receipt = steer_session(store, session_id, text)
     _receipt(
         receipt, json_out, f"steering queued at position {receipt.position}; run: qitos sessions resume {session_id}"
     )
@@ -248,12 +266,11 @@ def steer(
 def pause(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Request a cooperative pause; a running session stops at its next boundary."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).pause()
+        receipt = pause_session(store, session_id)
     _receipt(receipt, json_out, f"pause requested at position {receipt.position}")
 
 
@@ -263,12 +280,11 @@ def approve(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     call_id: Annotated[str, typer.Argument(help="The tool call awaiting approval (see sessions show).")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Approve a tool call awaiting approval; the next resume runs it."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).approve(call_id)
+        receipt = answer_approval(store, session_id, call_id, approved=True)
     _receipt(receipt, json_out, f"approved {call_id}; run: qitos sessions resume {session_id}")
 
 
@@ -279,12 +295,11 @@ def reject(
     call_id: Annotated[str, typer.Argument(help="The tool call awaiting approval.")],
     reason: Annotated[str | None, typer.Option(help="Why (the agent sees it).")] = None,
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Reject a tool call awaiting approval; the next resume reports the rejection to the agent."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).reject(call_id, reason)
+        receipt = answer_approval(store, session_id, call_id, approved=False, reason=reason)
     _receipt(receipt, json_out, f"rejected {call_id}; run: qitos sessions resume {session_id}")
 
 

@@ -19,18 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.core.codec import sha256_hex
 from qitos.core.state import StopReason
 from qitos.core.tool import ToolResult
 from qitos.engine.effects import AsyncServices, Effect
+from qitos.sessions.children import child_session_id
 
 __all__ = ["ChildOutcome", "ChildRequest", "SubAgentCall", "SubAgentRunner", "child_session_id"]
-
-
-def child_session_id(parent_session_id: str, call_id: str) -> str:
-    """The session id of the child a delegated call runs: derived from the parent session and the
-    call id, so a restore of the parent finds the same child (and never starts a second one)."""
-    return f"ses_{sha256_hex(f'delegate:{parent_session_id}:{call_id}')[:24]}"
 
 
 @dataclass(frozen=True, kw_only=True)

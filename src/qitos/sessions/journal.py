@@ -70,10 +70,13 @@ class PendingStep:
     started: set[str] = field(default_factory=set)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     control_position: int = 0
+    # The calls whose tools need a human's approval: recorded so inspection, the CLI and the
+    # viewer can show what a session waits for from the store alone, without the agent's code.
+    approval_calls: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native form."""
-        return {
+        """JSON-native form (``approval_calls`` only when there are some, as earlier versions wrote it)."""
+        out = {
             "step_id": self.step_id,
             "decision": self.decision,
             "model": self.model,
@@ -84,6 +87,9 @@ class PendingStep:
             "results": self.results,
             "control_position": self.control_position,
         }
+        if self.approval_calls:
+            out["approval_calls"] = list(self.approval_calls)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PendingStep:
@@ -98,6 +104,7 @@ class PendingStep:
             started=set(data.get("started") or []),
             results=dict(data.get("results") or {}),
             control_position=int(data.get("control_position") or 0),
+            approval_calls=[str(c) for c in data.get("approval_calls") or []],
         )
 
 
@@ -110,6 +117,8 @@ class ResumePoint:
     budget_used: Mapping[str, Any] = field(default_factory=dict)
     pending: PendingStep | None = None
     carry_changes: list[dict[str, Any]] = field(default_factory=list)
+    fresh: bool = False
+    """True for a session's first run (its created snapshot): the run is not reported as resumed."""
 
 
 @dataclass
@@ -146,11 +155,12 @@ class RunJournal:
     def record_decision(self, pending: PendingStep) -> None:
         """Persist a step's decision (and what decide appended) before any tool runs."""
 
-    def record_tool_started(self, step_id: int, action: Action) -> None:
-        """Persist the intent to run ``action`` before it runs."""
+    def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        """Persist the intent to run ``action`` before it runs (a durable journal may skip the start
+        of an ``idempotent`` call: a restore runs such a call again anyway)."""
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        """Persist a tool result as soon as it arrives."""
+        """Hand over a tool result; a durable journal writes it with the step's next durable write."""
 
     def commit(self, boundary: BoundaryCommit) -> None:
         """Make a boundary durable (a step's end, a pause, or the run's end)."""
@@ -172,9 +182,9 @@ class RunJournal:
         """Async twin of :meth:`record_decision`."""
         self.record_decision(pending)
 
-    async def arecord_tool_started(self, step_id: int, action: Action) -> None:
+    async def arecord_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
         """Async twin of :meth:`record_tool_started`."""
-        self.record_tool_started(step_id, action)
+        self.record_tool_started(step_id, action, idempotent=idempotent)
 
     async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
         """Async twin of :meth:`record_tool_result`."""

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qitos.checkpoint.packing import pack_or_raw, unpack
@@ -56,7 +56,7 @@ from qitos.sessions.lease import LeaseKeeper
 from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 from qitos.sessions.stored_view import view_record
 
-__all__ = ["FORMAT", "RestoredSession", "SessionJournal", "materialize", "restore"]
+__all__ = ["FORMAT", "RestoredSession", "SessionJournal", "first_payload", "fork_payload", "materialize", "restore"]
 
 FORMAT = 2
 # A new base is written when the deltas since the last one exceed this multiple of its payload
@@ -99,6 +99,11 @@ class RestoredSession:
     pending_from_writes: bool = False
 
     @property
+    def budget_used(self) -> dict[str, Any]:
+        """What the session used so far (tokens, elapsed seconds), as its head records it."""
+        return dict(self.snapshot.payload.get("budget_used") or {})
+
+    @property
     def control_position(self) -> int:
         """Control items consumed so far (including by an unfinished step)."""
         position = int(self.snapshot.payload.get("control_position", 0))
@@ -108,6 +113,37 @@ class RestoredSession:
     def pause_position(self) -> int:
         """The position of the last pause request a run stopped for (0: none)."""
         return int(self.snapshot.payload.get("pause_position", 0))
+
+
+def first_payload(state_full: Mapping[str, Any], log: ExchangeLog, lifecycle: str) -> dict[str, Any]:
+    """The payload of a new session's first snapshot: a base holding the whole (encoded) state."""
+    return {
+        "format": FORMAT,
+        "step_id": 0,
+        "lifecycle": lifecycle,
+        "stop_reason": None,
+        "budget_used": {},
+        "control_position": 0,
+        "pending": None,
+        "step": [],
+        "request_view": None,
+        "state": {"full": dict(state_full)},
+        "log": {"log_id": log.log_id, "position": log.position, "digest": log.digest, "chunks": []},
+    }
+
+
+def fork_payload(source: SessionSnapshot, lifecycle: str) -> dict[str, Any]:
+    """The payload of a fork's first snapshot: it adds nothing, so state, log and request view come
+    from the chain it shares with ``source``; counters and an unfinished step carry over."""
+    inherited = ("step_id", "budget_used", "stop_reason", "pending")
+    payload: dict[str, Any] = {k: source.payload[k] for k in inherited if k in source.payload}
+    payload.update(
+        state={"delta": []},
+        control_position=0,
+        lifecycle=lifecycle,
+        fork_of={"session_id": source.session_id, "snapshot_id": source.snapshot_id},
+    )
+    return payload
 
 
 def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
@@ -346,7 +382,10 @@ class SessionJournal(RunJournal):
         self._steering: list[SteeringItem] = []
         self._approvals: dict[str, Approval] = {}
         self._buffer: list[BoundaryCommit] = []
-        self._unwritten: list[StepWrite] = []  # a decision written with its first tool call's start
+        # Writes that ride with the step's next durable write: a decision made without a model, and
+        # the results of finished calls.
+        self._unwritten: list[StepWrite] = []
+        self._started_ids: set[str] = set()  # this step's calls whose start was written
         self._buffer_since = time.monotonic()
         self._failure: CheckpointError | None = None
         self.commits = 0
@@ -425,17 +464,34 @@ class SessionJournal(RunJournal):
             # Deciding again without a model costs nothing, so this decision becomes durable in the
             # same transaction as its first tool call's start (still before any tool runs). A step
             # that stops before a tool runs commits its boundary with the decision as pending.
-            self._unwritten = [write]
+            self._unwritten.append(write)
             return None
         return write  # a model's output is expensive to get again: durable at once
 
-    def record_tool_started(self, step_id: int, action: Action) -> None:
+    def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            # No start to record (a restore runs an interrupted idempotent call again), but earlier
+            # calls' results are made durable before another call runs.
+            if self._waiting_results():
+                self._put([], token=self._token())
+            return
         stored = self._put([self._started_write(step_id, action, self._token())])
         self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
 
-    async def arecord_tool_started(self, step_id: int, action: Action) -> None:
+    async def arecord_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            if self._waiting_results():
+                await self._aput([], token=await self._atoken())
+            return
         stored = await self._aput([self._started_write(step_id, action, await self._atoken())])
         self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
+
+    def _waiting_results(self) -> bool:
+        """Whether a finished non-idempotent call's result still waits (an idempotent one's need
+        not: a restore runs that call again)."""
+        return any(w.kind == "tool_result" and w.key in self._started_ids for w in self._unwritten)
 
     def _started_write(self, step_id: int, action: Action, token: int | None) -> StepWrite:
         payload = {"name": action.name, "args": dict(action.args)}
@@ -452,11 +508,13 @@ class SessionJournal(RunJournal):
             )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), self._token())])
+        # The result rides with the step's next write: before the next call starts, or, for the
+        # step's last call, the boundary (which holds the whole outcome). See "Crash safety" in
+        # qitos.engine.session_runtime.
+        self._unwritten.append(self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), None))
 
     async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
-        token = await self._atoken()
-        await self._aput([self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), token)])
+        self.record_tool_result(step_id, result)
 
     def _clean(self, value: Any) -> Any:
         """``value`` as it may be stored: redacted (see the module docstring)."""
@@ -489,18 +547,22 @@ class SessionJournal(RunJournal):
         await self.lease.acheck()
         return self.lease.token
 
-    def _put(self, writes: list[StepWrite]) -> list[bool]:
-        """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
-        return self.store.put_writes(self._with_unwritten(writes))
+    def _put(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
+        """Persist ``writes`` in one transaction, after the step's writes still waiting."""
+        return self.store.put_writes(self._with_unwritten(writes, token))
 
-    async def _aput(self, writes: list[StepWrite]) -> list[bool]:
+    async def _aput(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
         """Async twin of :meth:`_put`."""
-        return await self.store.aput_writes(self._with_unwritten(writes))
+        return await self.store.aput_writes(self._with_unwritten(writes, token))
 
-    def _with_unwritten(self, writes: list[StepWrite]) -> list[StepWrite]:
+    def _with_unwritten(self, writes: list[StepWrite], token: int | None) -> list[StepWrite]:
+        """``writes`` after the step's writes still waiting (its decision, finished calls' results),
+        all under the fencing token of ``writes`` (or ``token`` when there are none)."""
         self._raise_if_failed()
         if self._unwritten:
-            writes = [*self._unwritten, *writes]
+            fence = writes[-1].lease_token if writes else token
+            waiting = [w if w.lease_token == fence else replace(w, lease_token=fence) for w in self._unwritten]
+            writes = [*waiting, *writes]
             self._unwritten = []
         return writes
 
@@ -521,6 +583,7 @@ class SessionJournal(RunJournal):
         self._raise_if_failed()
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
+        self._started_ids = set()
         self._consumed = max(self._consumed, boundary.control_position)
         self._pause_handled = max(self._pause_handled, boundary.pause_position)
         log = boundary.log
