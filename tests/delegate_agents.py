@@ -13,8 +13,12 @@ sleeps ``sleep`` seconds, writes ``end work w{i}``. At ``approval_at`` it also c
 ``ParentAgent`` delegates once (call id ``d0``) to ``helper`` (the child), then answers with the
 output it got (or ``failed: <error>``).
 
-``python -m delegate_agents run --db DB --session SID --log LOG [--sleep S]`` runs the parent session
-and prints a JSON summary.
+``BatchAgent`` makes one decision of three ``concurrency_safe`` calls that run together: ``b0`` and
+``b1`` of ``send`` (not idempotent), ``b2`` of ``probe`` (idempotent); each logs begin/end and sleeps
+``sleep`` seconds. Then it answers with the outputs it saw.
+
+``python -m delegate_agents run --db DB --session SID --log LOG [--sleep S] [--agent parent|batch]``
+runs the session and prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from qitos.engine.delegation import delegate
 from qitos.engine.engine import Engine
 from qitos.engine.session_runtime import Session, restore_session
 
-__all__ = ["ChildAgent", "ChildState", "ParentAgent", "ParentState", "main", "parent_engine", "start_cli"]
+__all__ = ["BatchAgent", "ChildAgent", "ChildState", "ParentAgent", "ParentState", "main", "parent_engine", "start_cli"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -95,6 +99,61 @@ class WorkTools:
         _log(self.side_log, f"begin publish {call}")
         _log(self.side_log, f"end publish {call}")
         return f"published {call}"
+
+
+class BatchTools:
+    """Concurrency-safe tools that log begin/end lines."""
+
+    def __init__(self, side_log: str, sleep: float) -> None:
+        self.side_log = side_log
+        self.sleep = sleep
+
+    def _run(self, name: str, call: str) -> str:
+        _log(self.side_log, f"begin {name} {call}")
+        time.sleep(self.sleep)
+        _log(self.side_log, f"end {name} {call}")
+        return f"{name} {call}"
+
+    @tool(concurrency_safe=True)
+    def send(self, call: str) -> str:
+        """Send (not idempotent; safe to run alongside others).
+
+        Args:
+            call: the call id.
+        """
+        return self._run("send", call)
+
+    @tool(concurrency_safe=True, idempotent=True)
+    def probe(self, call: str) -> str:
+        """Probe (idempotent; safe to run alongside others).
+
+        Args:
+            call: the call id.
+        """
+        return self._run("probe", call)
+
+
+class BatchAgent(AgentModule[ParentState, Observation, Action]):
+    """One decision of three calls that run together, then an answer listing what came back."""
+
+    def __init__(self, side_log: str = os.devnull, *, sleep: float = 0.0) -> None:
+        registry = ToolRegistry()
+        registry.include(BatchTools(side_log, sleep))
+        super().__init__(tool_registry=registry)
+
+    def init_state(self, task: str, **kwargs: Any) -> ParentState:
+        return ParentState(task=task, max_steps=4)
+
+    def decide(self, state: ParentState, observation: Observation) -> Decision[Any]:
+        if state.current_step == 0:
+            calls = [("send", "b0"), ("send", "b1"), ("probe", "b2")]
+            return Decision.act([Action(name=n, args={"call": c}, id=c) for n, c in calls])
+        return Decision.final(" | ".join(state.answers))
+
+    def reduce(self, state: ParentState, observation: Observation, decision: Decision[Any]) -> ParentState:
+        for result in observation.results:
+            state.answers.append(result.output if result.ok else f"{result.call_id} {result.error_kind}")
+        return state
 
 
 class ChildAgent(AgentModule[ChildState, Observation, Action]):
@@ -190,9 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", required=True)
     parser.add_argument("--log", default=os.devnull)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--agent", choices=["parent", "batch"], default="parent")
     args = parser.parse_args(argv)
     store = SqliteCheckpointStore(args.db)
-    session: Session = restore_session(parent_engine(store, args.log, sleep=args.sleep), args.session)
+    if args.agent == "batch":
+        engine = Engine(BatchAgent(args.log, sleep=args.sleep), checkpoint_store=store)
+    else:
+        engine = parent_engine(store, args.log, sleep=args.sleep)
+    session: Session = restore_session(engine, args.session)
     result = session.run()
     print(json.dumps({"final_result": result.state.final_result, "stop_reason": result.state.stop_reason}))
     return 0

@@ -7,6 +7,8 @@ sync driver, the event loop and its bounded executor in the async one.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import delegate_agents as da
 import driven
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.agent_module import AgentModule
@@ -199,3 +202,30 @@ def test_in_a_durable_session_each_start_and_result_is_recorded(tmp_path: Path) 
     assert graph is not None
     calls = graph["steps"][0]["tool_calls"]
     assert [(c["work_item"], c["outcome"]) for c in calls] == [("c-a", "ok"), ("c-b", "ok"), ("c-c", "ok")]
+
+
+@pytest.mark.parametrize("driver", ["sync"], indirect=True)
+def test_kill_9_during_a_batch_reruns_only_the_interrupted_idempotent_call(tmp_path: Path) -> None:
+    db, side = str(tmp_path / "s.db"), str(tmp_path / "side.log")
+    store = SqliteCheckpointStore(db)
+    sid = Engine(da.BatchAgent(side), checkpoint_store=store).session("batch").session_id.value
+    proc = da.start_cli("run", "--agent", "batch", "--db", db, "--session", sid, "--log", side, "--sleep", "30")
+    deadline = time.monotonic() + 60
+    while _begun(side) < 3:  # all three started together (each sleeps 30 s)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    done = da.start_cli("run", "--agent", "batch", "--db", db, "--session", sid, "--log", side, "--sleep", "0")
+    out, err = done.communicate(timeout=60)
+    assert done.returncode == 0, err
+    assert '"final_result": "b0 interrupted | b1 interrupted | probe b2"' in out
+    lines = Path(side).read_text().splitlines()
+    assert lines.count("begin send b0") == 1 and lines.count("begin send b1") == 1  # never repeated
+    assert lines.count("begin probe b2") == 2  # the idempotent one ran again
+    assert "end send b0" not in lines
+
+
+def _begun(side: str) -> int:
+    path = Path(side)
+    return sum(line.startswith("begin") for line in path.read_text().splitlines()) if path.exists() else 0
