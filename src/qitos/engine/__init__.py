@@ -1,8 +1,10 @@
 """qitos.engine: the one canonical loop and its runtimes."""
 
 from qitos.engine.async_engine import AsyncEngine
+from qitos.engine.delegation import Delegation, delegate
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, EventStream, StepRecord
+from qitos.engine.handoff import Team, TeamState
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.engine.policies import Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector, StopCriteria
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
@@ -11,6 +13,7 @@ __all__ = [
     "AsyncEngine",
     "Critic",
     "CriticVerdict",
+    "Delegation",
     "Engine",
     "EngineEvent",
     "EngineEventType",
@@ -25,4 +28,7 @@ __all__ = [
     "RuntimeSnapshotContext",
     "StepRecord",
     "StopCriteria",
+    "Team",
+    "TeamState",
+    "delegate",
 ]
