@@ -4,6 +4,7 @@ from qitos.engine.async_engine import AsyncEngine
 from qitos.engine.delegation import Delegation, delegate
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, EventStream, StepRecord
+from qitos.engine.fanout import CandidateOutcome, FanoutSelector
 from qitos.engine.handoff import Team, TeamState
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.engine.policies import Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector, StopCriteria
@@ -11,6 +12,7 @@ from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshot
 
 __all__ = [
     "AsyncEngine",
+    "CandidateOutcome",
     "Critic",
     "CriticVerdict",
     "Delegation",
@@ -20,6 +22,7 @@ __all__ = [
     "EngineHook",
     "EngineResult",
     "EventStream",
+    "FanoutSelector",
     "FinalResultCriteria",
     "FirstCandidateSelector",
     "HookContext",

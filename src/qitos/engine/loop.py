@@ -57,7 +57,16 @@ from qitos.engine.model_path import ModelContext, ModelPath
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
 from qitos.engine.run_context import RunContext, StopRun
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
-from qitos.engine.subagent import ChildOutcome, ChildRequest, SubAgentCall, SubAgentRunner, child_session_id
+from qitos.engine.subagent import (
+    ChildOutcome,
+    ChildRequest,
+    FanoutCall,
+    FanoutRequest,
+    FanoutRunner,
+    SubAgentCall,
+    SubAgentRunner,
+    child_session_id,
+)
 from qitos.engine.telemetry import OtelOption, otel_hook
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
@@ -559,7 +568,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                             f"got {type(decided).__name__}"
                         )
                     run.steering.clear()
-                    decision = self._resolve_branch(run, step_id, decided) if decided.mode == "branch" else decided
+                    if decided.mode != "branch":
+                        decision = decided
+                    elif isinstance(self.search, FanoutRunner) and run.journal.durable:
+                        decision = yield from self._fan_out(run, step_id, decided, self.search)
+                    else:
+                        decision = self._resolve_branch(run, step_id, decided)
                     changes = state.drain_changes() if state.__dict__.get("_q_changes") else _NO_ENTRIES
                     if changes:
                         run.step_changes.extend(changes)
@@ -700,6 +714,25 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         """The candidate the BranchSelector picks from a ``branch`` decision."""
         chosen: Decision[Any] = self.search.select(decision.candidates, run.state)
         run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload={"candidates": len(decision.candidates)}))
+        return chosen
+
+    def _fan_out(
+        self, run: RunContext, step_id: int, decision: Decision[Any], runner: FanoutRunner
+    ) -> Loop[Decision[Any]]:
+        """A selector that asked for fan-out: each candidate runs in a forked child session, the
+        selector chooses among their outcomes, and this run goes on with the chosen candidate."""
+        request = FanoutRequest(
+            journal=run.journal,
+            step_id=step_id,
+            candidates=tuple(decision.candidates),
+            agent=self.agent,
+            model=self.model,
+            state=run.state,
+        )
+        index, children = yield FanoutCall(runner, request)
+        payload = {"candidates": len(decision.candidates), "child_session_ids": children, "chosen": index}
+        run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload=payload))
+        chosen: Decision[Any] = decision.candidates[index]
         return chosen
 
     def _record_decision(

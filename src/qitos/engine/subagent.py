@@ -24,7 +24,16 @@ from qitos.core.tool import ToolResult
 from qitos.engine.effects import AsyncServices, Effect
 from qitos.sessions.children import child_session_id
 
-__all__ = ["ChildOutcome", "ChildRequest", "SubAgentCall", "SubAgentRunner", "child_session_id"]
+__all__ = [
+    "ChildOutcome",
+    "ChildRequest",
+    "FanoutCall",
+    "FanoutRequest",
+    "FanoutRunner",
+    "SubAgentCall",
+    "SubAgentRunner",
+    "child_session_id",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,3 +99,47 @@ class SubAgentCall(Effect):
 
     async def aperform(self, services: AsyncServices) -> ChildOutcome:
         return await self.runner.arun_child(self.request)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FanoutRequest:
+    """A branch decision to explore: its candidates, where they come from, and the agent to run them."""
+
+    journal: Any
+    step_id: int
+    candidates: tuple[Any, ...]
+    agent: Any
+    model: Any
+    state: Any
+
+
+class FanoutRunner(ABC):
+    """Base of a BranchSelector that explores candidates in forked child sessions (``qitos.engine.fanout``)."""
+
+    @abstractmethod
+    def select(self, candidates: Any, state: Any) -> Any:
+        """The BranchSelector method, for a run without a durable journal."""
+
+    @abstractmethod
+    def run_fanout(self, request: FanoutRequest) -> tuple[int, list[str]]:
+        """Run each candidate in a forked child; the chosen index and the children's session ids."""
+
+    @abstractmethod
+    async def arun_fanout(self, request: FanoutRequest) -> tuple[int, list[str]]:
+        """Async twin of :meth:`run_fanout`."""
+
+
+class FanoutCall(Effect):
+    """The driver explores a branch decision's candidates (``run_fanout`` / awaited ``arun_fanout``)."""
+
+    __slots__ = ("request", "runner")
+
+    def __init__(self, runner: FanoutRunner, request: FanoutRequest) -> None:
+        self.runner = runner
+        self.request = request
+
+    def perform(self) -> tuple[int, list[str]]:
+        return self.runner.run_fanout(self.request)
+
+    async def aperform(self, services: AsyncServices) -> tuple[int, list[str]]:
+        return await self.runner.arun_fanout(self.request)
