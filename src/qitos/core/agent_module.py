@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from qitos.core.decision import Decision
+from qitos.core.errors import ConfigurationError
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
 from qitos.core.tool import ToolRegistry
@@ -30,7 +31,9 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
     Args:
         tool_registry: the tools the agent may call (a ``ToolRegistry``; None means no tools).
-        llm: the model adapter used when ``decide`` returns None (the model path).
+        llm: the model used when ``decide`` returns None (the model path): a model adapter, or a
+            plain function ``messages -> text | ModelResponse`` (the engine wraps it as a
+            ``qitos.models.function.FunctionModel``). Anything else raises ConfigurationError.
         model_parser: a text protocol parser turning model text into a ``Decision``.
         memory: an optional memory adapter.
         history: an optional history adapter.
@@ -47,6 +50,12 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         **config: Any,
     ) -> None:
         self.tool_registry: ToolRegistry = tool_registry if tool_registry is not None else ToolRegistry()
+        usable = callable(llm) or callable(getattr(llm, "complete", None))
+        if llm is not None and (isinstance(llm, type) or not usable):
+            raise ConfigurationError(
+                f"llm must be a model adapter instance (with complete(view)) or a function messages -> text, "
+                f"got {llm!r:.80}"
+            )
         self.llm = llm
         self.model_parser = model_parser
         self.memory = memory

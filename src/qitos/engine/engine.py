@@ -31,6 +31,7 @@ from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, Runt
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+from qitos.models.function import as_model
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
 
@@ -174,7 +175,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         self.trace_prefix = trace_prefix
         self.hooks = list(hooks or [])
         self.search: BranchSelector = search or FirstCandidateSelector()
-        self.model = model if model is not None else agent.llm
+        self.model = as_model(model if model is not None else agent.llm)  # a plain callable -> FunctionModel
         self.lifecycle = lifecycle
         self.context = context
         self.checkpoint_store = checkpoint_store

@@ -1,6 +1,7 @@
-"""Test doubles that are real adapters: ``ScriptedModel``, ``FunctionModel`` and ``ReplayModel``.
+"""Test doubles that are real adapters: ``ScriptedModel`` and ``ReplayModel`` (and the parts
+:class:`~qitos.models.function.FunctionModel` shares with them).
 
-All three implement :class:`~qitos.models.base.ModelAdapter` fully (capacity, streaming through
+Each implements :class:`~qitos.models.base.ModelAdapter` fully (capacity, streaming through
 ``on_delta``, events), need no network and are deterministic, so tests and offline demos run the
 same engine path as a real provider.
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,13 +53,14 @@ if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
 
 __all__ = [
-    "FunctionModel",
+    "RecordingAdapter",
     "ReplayDivergenceError",
     "ReplayEntry",
     "ReplayModel",
     "ScriptedModel",
     "ScriptedResponse",
     "coerce_response",
+    "stream_text",
 ]
 
 ScriptedResponse = str | Mapping[str, Any] | ModelResponse
@@ -124,7 +126,7 @@ def _coerce_call(call: Any, index: int, j: int) -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments=args, raw_arguments=json.dumps(args, ensure_ascii=False))
 
 
-def _stream_text(response: ModelResponse, on_delta: DeltaCallback | None) -> None:
+def stream_text(response: ModelResponse, on_delta: DeltaCallback | None) -> None:
     """Deliver a response's text to ``on_delta`` in word-sized chunks (as a provider would)."""
     if on_delta is None or not response.text:
         return
@@ -137,8 +139,9 @@ def _stream_text(response: ModelResponse, on_delta: DeltaCallback | None) -> Non
     on_delta(text[start:])
 
 
-class _RecordingAdapter(ModelAdapter):
-    """Shared parts: declared capacity, a lock, and the list of views received."""
+class RecordingAdapter(ModelAdapter):
+    """Base of the offline doubles: declared capacity, a lock, and the list of views received
+    (``requests``)."""
 
     provider = "scripted"
 
@@ -151,7 +154,7 @@ class _RecordingAdapter(ModelAdapter):
         self._lock = threading.Lock()
 
 
-class ScriptedModel(_RecordingAdapter):
+class ScriptedModel(RecordingAdapter):
     """Answers with a fixed list of responses, in order; records every view it received.
 
     Running out of responses raises :class:`~qitos.core.errors.ModelError` saying how many there
@@ -186,35 +189,7 @@ class ScriptedModel(_RecordingAdapter):
                 )
             response = self._responses[self._next]
             self._next += 1
-        _stream_text(response, on_delta)
-        return response
-
-
-class FunctionModel(_RecordingAdapter):
-    """A model backed by a plain function ``fn(view) -> ModelResponse | str | dict``.
-
-    The function's result is coerced like a scripted response; its exceptions propagate unchanged
-    (raise :class:`~qitos.core.errors.ModelError` to simulate a provider failure).
-    """
-
-    def __init__(
-        self,
-        fn: Callable[[RequestView], ScriptedResponse],
-        *,
-        max_input_units: int | None = None,
-        unit: Unit = "characters",
-        model_id: str = "function",
-    ) -> None:
-        super().__init__(model_id=model_id, max_input_units=max_input_units, unit=unit)
-        self._fn = fn
-
-    def complete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
-        """Call the function and return its answer."""
-        with self._lock:
-            self.requests.append(view)
-            index = len(self.requests) - 1
-        response = coerce_response(self._fn(view), index=index, model=self.model_id)
-        _stream_text(response, on_delta)
+        stream_text(response, on_delta)
         return response
 
 
@@ -256,7 +231,7 @@ class ReplayEntry:
     request_digest: str | None = None
 
 
-class ReplayModel(_RecordingAdapter):
+class ReplayModel(RecordingAdapter):
     """Replays recorded model responses in order and reports where a new run diverges.
 
     ``ReplayModel(responses)`` replays a plain list (no request checks);
@@ -344,7 +319,7 @@ class ReplayModel(_RecordingAdapter):
             entry = self._entries[index]
             self._check(entry, view, index)
             self._next += 1
-        _stream_text(entry.response, on_delta)
+        stream_text(entry.response, on_delta)
         return entry.response
 
     @staticmethod
