@@ -62,9 +62,7 @@ def test_the_engine_wraps_a_function_llm_as_a_function_model(policy_agent: Any) 
 
 
 @pytest.mark.parametrize("bad", [42, "gpt-4o", OpenAICompatibleModel, ScriptedModel])
-def test_an_llm_that_is_neither_a_model_nor_a_function_is_refused_at_construction(
-    policy_agent: Any, bad: Any
-) -> None:
+def test_an_llm_that_is_neither_a_model_nor_a_function_is_refused_at_construction(policy_agent: Any, bad: Any) -> None:
     with pytest.raises(ConfigurationError, match="llm must be a model adapter"):
         policy_agent(lambda state, obs: None, llm=bad)
     with pytest.raises(ConfigurationError, match="llm must be a model adapter"):
