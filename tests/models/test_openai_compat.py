@@ -43,6 +43,7 @@ ADD_TOOL = {
         "required": ["a", "b"],
     },
 }
+MUL_TOOL = {**ADD_TOOL, "name": "multiply", "description": "Multiply two integers."}
 KEY = "sk-test-SECRET-0123456789abcdef"
 
 
@@ -145,8 +146,14 @@ def test_tool_call_round_trip_keeps_calls_and_results_paired(server: LoopbackCha
 
 def test_required_tool_use_policy_is_sent_as_tool_choice(server: LoopbackChatServer) -> None:
     server.push(json_reply(completion(tool_calls=[{"id": "c", "name": "add", "arguments": '{"a":1,"b":1}'}])))
-    model_for(server).complete(view_of(tools=[ADD_TOOL], tool_use_policy="required"))
+    model_for(server).complete(view_of(tools=[ADD_TOOL, MUL_TOOL], tool_use_policy="required"))
     assert server.requests[0].body["tool_choice"] == "required"
+
+
+def test_required_with_a_single_tool_is_sent_as_that_named_tool(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion(tool_calls=[{"id": "c", "name": "add", "arguments": '{"a":1,"b":1}'}])))
+    model_for(server).complete(view_of(tools=[ADD_TOOL], tool_use_policy="required"))
+    assert server.requests[0].body["tool_choice"] == {"type": "function", "function": {"name": "add"}}
 
 
 def test_wrong_tool_name_and_malformed_arguments_are_kept_and_reported(server: LoopbackChatServer) -> None:
@@ -523,7 +530,7 @@ def test_a_rejected_request_is_not_retried(server: LoopbackChatServer, status: i
     [
         ("auto", False, "auto"),
         ("none", True, "none"),
-        ("required", False, "required"),
+        ("required", False, {"type": "function", "function": {"name": "add"}}),
         ("required", True, "auto"),
         ("add", False, {"type": "function", "function": {"name": "add"}}),
         ("add", True, "auto"),

@@ -16,10 +16,12 @@ before anything is sent. Tools go out in the function format.
 
 Per-request settings from the view: :meth:`~qitos.core.request_view.RequestView.tool_choice`
 becomes ``tool_choice`` (``auto``, ``required``, ``none`` or ``{"type": "function", "function":
-{"name": ...}}`` for a named tool), unless the constructor's ``tool_choice`` fixes one for every
-request. ``auto`` is sent explicitly whenever there are tools: llama-cpp-python's server offers
-the tools to the model only when a ``tool_choice`` is given. ``view.reasoning_policy.effort`` becomes
-``reasoning_effort`` (servers without reasoning models ignore it).
+{"name": ...}}`` for a named tool, which is also how ``required`` goes out when there is only one
+tool: llama-cpp-python's server supports a named tool but not ``required``), unless the
+constructor's ``tool_choice`` fixes one for every request. ``auto`` is sent explicitly whenever
+there are tools: llama-cpp-python's server offers the tools to the model only when a
+``tool_choice`` is given. ``view.reasoning_policy.effort`` becomes ``reasoning_effort`` (servers
+without reasoning models ignore it).
 
 Streaming: with ``on_delta`` the request is sent with ``"stream": true`` and the server-sent
 events are read as they arrive: text deltas go to ``on_delta``, tool-call deltas are accumulated
@@ -276,7 +278,7 @@ class OpenAICompatibleModel(ModelAdapter):
         tools = view.tools()
         if tools:
             payload["tools"] = to_openai_tools(tools)
-            choice = self.tool_choice if self.tool_choice is not None else _tool_choice(view.tool_choice())
+            choice = self.tool_choice if self.tool_choice is not None else _tool_choice(view.tool_choice(), tools)
             if choice is not None:
                 payload["tool_choice"] = choice
         effort = view.reasoning_policy.effort
@@ -616,8 +618,13 @@ class _Estimator:
         return replace(response, usage=usage)
 
 
-def _tool_choice(choice: str | None) -> str | dict[str, Any] | None:
-    """The ``tool_choice`` to send for a view's tool choice (None: the request has no tools)."""
+def _tool_choice(choice: str | None, tools: list[dict[str, Any]]) -> str | dict[str, Any] | None:
+    """The ``tool_choice`` to send for a view's tool choice (None: the request has no tools).
+
+    ``required`` with exactly one tool is sent as that tool's name: the same demand, and the form
+    that llama-cpp-python's function-calling handler supports (it fails on ``"required"``)."""
+    if choice == "required" and len(tools) == 1:
+        choice = str(tools[0]["name"])
     if choice is None or choice in ("auto", "required", "none"):
         return choice
     return {"type": "function", "function": {"name": choice}}
