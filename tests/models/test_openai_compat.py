@@ -287,6 +287,7 @@ def test_429_then_success_retries_and_reports_the_retry_as_an_event(server: Loop
                 "delay_s": 0.03,
                 "reason": "HTTP 429",
                 "status_code": 429,
+                "error": f"loopback-model at {server.url}/chat/completions: HTTP 429: slow down",
             },
         )
     ]

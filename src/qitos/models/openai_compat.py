@@ -37,7 +37,8 @@ Failures: 408/409/429/5xx responses and connection errors or timeouts are retrie
 ``max_retries`` times with jittered exponential backoff (``backoff_base * 2**attempt``, capped at
 ``backoff_max``, drawn from its upper half), honouring ``Retry-After`` / ``retry-after-ms`` up to
 ``max_retry_after`` seconds; each retry is reported to the adapter's listeners as
-``("model_retry", {"attempt", "max_retries", "delay_s", "reason", "status_code"})``. A stream that
+``("model_retry", {"attempt", "max_retries", "delay_s", "reason", "status_code", "error"})``
+(``error``: the failed attempt's message, redacted, at most 500 characters). A stream that
 already delivered text is never retried (the text was shown). A request the server rejected as
 invalid is never retried either: other 4xx responses (400, 404, 422...) and a 5xx whose body
 says the request failed validation (some servers answer a schema error with 500) raise
@@ -387,6 +388,7 @@ class OpenAICompatibleModel(ModelAdapter):
                 "delay_s": round(delay, 4),
                 "reason": failure.reason,
                 "status_code": failure.status_code,
+                "error": failure.message[:500],
             },
         )
         return delay

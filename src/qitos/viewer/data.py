@@ -12,6 +12,10 @@ Shapes (every key is always present; missing values are ``null``):
   agent, parent_session_id, fork_snapshot_id``
 - session detail: ``session, inspection, inspection_error, integrity, snapshots,
   snapshot_count, lineage, runs``
+- step request: ``step_id, status ("ok" | "failed"), request_view, model, messages, attempts``;
+  ``messages`` is every message the request sent (null for a trace written before they were
+  recorded), ``attempts`` every failed attempt (retries from ``model_retry`` events, and the final
+  failure of a failed request): ``attempt, status_code, reason, error, delay_s, final``
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ __all__ = [
     "load_agent",
     "run_detail",
     "run_events",
+    "run_request",
     "run_summary",
     "runs_board",
     "session_detail",
@@ -209,6 +214,59 @@ def run_events(trace: RunTrace, *, after: int = 0) -> dict[str, Any]:
     """Events after the first ``after`` ones: ``{"events": [...], "next": n}`` (poll with ``after=next``)."""
     events = trace.events()
     return {"events": events[after:], "next": len(events)}
+
+
+def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
+    """The request inspector of one model step: what was sent, what came back, the failed attempts.
+
+    A step whose request failed has no step record; its request is then read from the ``error``
+    event the model path wrote (``payload.model_request``). NotFoundError when the step sent no
+    model request."""
+    step = trace.step(step_id)
+    events = [e for e in trace.events() if e.get("step_id") == step_id]
+    attempts: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("event_type") == "model_retry":
+            payload = event.get("payload") or {}
+            attempts.append(
+                {
+                    "attempt": payload.get("attempt"),
+                    "status_code": payload.get("status_code"),
+                    "reason": payload.get("reason"),
+                    "error": payload.get("error"),
+                    "delay_s": payload.get("delay_s"),
+                    "final": False,
+                }
+            )
+    failure = next(
+        (e for e in events if e.get("event_type") == "error" and (e.get("payload") or {}).get("model_request")), None
+    )
+    if step is not None and step.get("model"):
+        status, model, request_view = "ok", dict(step["model"]), step.get("request_view")
+    elif failure is not None:
+        payload = failure["payload"]
+        status, model, request_view = "failed", dict(payload["model_request"]), payload.get("request_view")
+        attempts.append(
+            {
+                "attempt": len(attempts) + 1,
+                "status_code": model.get("status_code"),
+                "reason": model.get("reason"),
+                "error": failure.get("error"),
+                "delay_s": None,
+                "final": True,
+            }
+        )
+    else:
+        raise NotFoundError(f"step {step_id} of run {trace.run_id} sent no model request")
+    refs = model.get("messages")
+    return {
+        "step_id": step_id,
+        "status": status,
+        "request_view": request_view,
+        "model": model,
+        "messages": trace.request_messages(refs) if refs is not None else None,
+        "attempts": attempts,
+    }
 
 
 # --------------------------------------------------------------------------- sessions
