@@ -7,18 +7,28 @@ tool calls. The request sent is ``RequestView.from_exchange_log`` under the mode
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
 the input of the next exchange, so the model sees what went wrong on its next turn.
+
+Per request, :class:`ModelContext` sets the tool use (``tool_use_policy``: a policy name or a
+function of the :class:`~qitos.core.context.ContextRequest`; the view's ``tool_use_satisfied`` is
+whether a tool result is already in the log, so ``"required"`` means "until a tool was used") and
+the reasoning effort (``reasoning_policy``).
+
+With a trace, the messages of every request are stored once in the run's ``messages.jsonl`` and
+the step's model entry refers to them (``messages``: runs of positions); a request that fails is
+recorded as an ``error`` event whose payload holds its ``model_request`` (the same references,
+the status code) and its request view summary, before the error propagates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.decision import Decision, Observation
-from qitos.core.exchange import ExchangeLog
-from qitos.core.request_view import RequestView
+from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
+from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import ToolResult
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.kit.parsers.base import ParseError
@@ -41,6 +51,10 @@ class ModelContext:
         budget_policy: turns the adapter's declared capacity into a ContextBudget.
         selection_policy: orders and selects contributions (default: priority).
         unit_counter: counts units (default: characters, or as the budget's unit requires).
+        tool_use_policy: the tool use of each request (``auto``, ``required``, ``none`` or a tool's
+            name), or a function ``ContextRequest -> str`` deciding it per request. ``required``
+            and a tool's name are satisfied once a tool result is in the log (then ``auto``).
+        reasoning_policy: the reasoning effort (and replay mode) of every request.
     """
 
     contributors: Sequence[Any] = ()
@@ -48,6 +62,8 @@ class ModelContext:
     budget_policy: DeclaredContextBudgetPolicy = field(default_factory=DeclaredContextBudgetPolicy)
     selection_policy: Any = None
     unit_counter: Any = None
+    tool_use_policy: str | Callable[[ContextRequest], str] = "auto"
+    reasoning_policy: ReasoningPolicy | None = None
 
 
 @dataclass
@@ -95,6 +111,7 @@ class ModelPath:
         budget = self.context.budget_policy.budget_for(
             getattr(model, "max_input_units", None), getattr(model, "unit", None)
         )
+        tool_use = self.context.tool_use_policy
         view = RequestView.from_exchange_log(
             log,
             model=model,
@@ -106,7 +123,11 @@ class ModelPath:
             context_unit_counter=self.context.unit_counter,
             compaction_policy=self.context.compaction_policy,
             protocol_id=NATIVE_PROTOCOL_ID if native_tools else getattr(parser, "protocol_id", type(parser).__name__),
+            tool_use_policy=tool_use(request) if callable(tool_use) else tool_use,
+            tool_use_satisfied=bool(log.projection().category_or[-1] & CATEGORY_BITS["tool_results"]),
+            reasoning_policy=self.context.reasoning_policy,
         )
+        messages = run.writer.request_messages(view) if run.writer is not None else None
         for receipt in view.compaction_receipts:
             run.emit(
                 EngineEvent(EngineEventType.COMPACTION, step_id, phase=RuntimePhase.DECIDE, payload=receipt.to_dict())
@@ -120,14 +141,20 @@ class ModelPath:
                     EngineEvent(EngineEventType.MODEL_DELTA, step_id, phase=RuntimePhase.DECIDE, payload={"text": text})
                 )
 
-        response: ModelResponse = model.complete(view, on_delta=on_delta)
+        try:
+            response: ModelResponse = model.complete(view, on_delta=on_delta)
+        except Exception as exc:
+            self._record_failure(run, step_id, view, messages, exc)
+            raise
         log.record_output(exchange_id, response.message())
         decision = self._parse(run, log, exchange_id, response, parser, registry.names())
-        model_entry = {
+        model_entry: dict[str, Any] = {
             "request_id": view.request_id,
             "request_digest": request_digest(view),
             "response": response.to_dict(),
         }
+        if messages is not None:
+            model_entry["messages"] = messages
         return ModelOutcome(
             decision=decision,
             view=view,
@@ -207,6 +234,29 @@ class ModelPath:
         if decision.mode != "act":
             log.close(exchange_id)
         return decision
+
+    @staticmethod
+    def _record_failure(
+        run: _Run, step_id: int, view: RequestView, messages: list[list[int]] | None, exc: Exception
+    ) -> None:
+        """Record a request that got no answer (the error then propagates as before)."""
+        request = {
+            "request_id": view.request_id,
+            "request_digest": request_digest(view),
+            "messages": messages,
+            "status_code": getattr(exc, "status_code", None),
+            "reason": type(exc).__name__,
+        }
+        run.emit(
+            EngineEvent(
+                EngineEventType.ERROR,
+                step_id,
+                phase=RuntimePhase.DECIDE,
+                ok=False,
+                payload={"model_request": request, "request_view": view.summary(compact=True)},
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        )
 
     def _listen_for_retries(self, run: _Run, model: Any, step_id: int) -> None:
         subscribe = getattr(model, "subscribe", None)
