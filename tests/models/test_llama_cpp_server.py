@@ -27,11 +27,19 @@ from typing import Any
 import httpx
 import pytest
 
+from qitos.core.context import ContextRequest
 from qitos.core.errors import ModelError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
+from qitos.core.state import StopReason
+from qitos.core.tool import tool
+from qitos.engine.engine import Engine
+from qitos.engine.model_path import ModelContext
+from qitos.engine.runtime import RuntimeBudget
 from qitos.models.base import ModelResponse
 from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.trace.reader import RunTrace
+from qitos.viewer.data import run_request
 
 ADD_TOOL = {
     "name": "add",
@@ -300,3 +308,48 @@ def test_a_server_that_is_down_is_retried_then_reported() -> None:
     with pytest.raises(ModelError, match="gave up after 3 attempts"):
         model.complete(view(log, tools=False))
     assert len(retries) == 2 and all("ConnectError" in r for r in retries)
+
+
+# --------------------------------------------------------------------------- through the engine
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def test_an_agent_calls_a_tool_then_answers_through_the_engine(
+    llama_server: LlamaCppServer, policy_agent: Any, tmp_path: Path
+) -> None:
+    def tool_use(request: ContextRequest) -> str:
+        return "required" if request.step_id == 0 else "none"
+
+    agent = policy_agent(lambda state, obs: None, tools=[add], llm=model_for(llama_server))
+    engine = Engine(agent, context=ModelContext(tool_use_policy=tool_use), trace_logdir=str(tmp_path))
+    result = engine.run("What is 2 + 3? Use the add tool.")
+
+    assert result.state.stop_reason == StopReason.FINAL.value, result.state
+    assert isinstance(result.state.final_result, str) and result.state.final_result
+    assert result.records[0].decision.actions[0].name == "add"
+    # A reply cut at max_tokens is not an answer (the engine asks again), so there may be a repair turn.
+    sent = run_request(RunTrace(str(result.run_dir)), 1)["messages"]
+    assert [m["role"] for m in sent][:3] == ["user", "assistant", "tool"]
+    assert sent[1]["tool_calls"][0]["name"] == "add"
+    assert sent[2]["tool_call_id"] == sent[1]["tool_calls"][0]["id"]
+
+
+def test_a_token_budget_stops_a_streamed_run_although_the_server_reports_no_usage(
+    llama_server: LlamaCppServer, policy_agent: Any
+) -> None:
+    # The issue's `--max-tokens 5` run: streamed (a listener makes the run live), and this server
+    # sends no usage in a stream. The estimated usage of the first request exceeds the budget.
+    agent = policy_agent(lambda state, obs: None, tools=[add], llm=model_for(llama_server))
+    engine = Engine(agent, budget=RuntimeBudget(max_tokens=5), context=ModelContext(tool_use_policy="required"))
+    deltas: list[Any] = []
+    result = engine.run("What is 2 + 3? Use the add tool.", on_event=deltas.append)
+
+    assert result.state.stop_reason == StopReason.BUDGET_TOKENS.value
+    assert result.step_count == 1
+    usage = result.records[0].model["response"]["usage"]
+    assert usage["estimated"] is True and usage["input_tokens"] > 5
