@@ -55,7 +55,6 @@ __all__ = [
     "OneStepPerRun",
     "PauseAtStep",
     "PauseFirstTool",
-    "RacerAgent",
     "barrier",
     "finish_cli",
     "main",
@@ -260,32 +259,6 @@ def model_script(target: int, note_bytes: int = 16) -> list[Any]:
     return responses
 
 
-class RacerAgent(AgentModule[NotesState, Observation, Action]):
-    """Tool-free steps; ``decide`` waits at a file barrier until ``parties`` processes reach the same step.
-
-    Used to make two processes commit from the same head at the same time.
-    """
-
-    def __init__(self, barrier_dir: str, name: str, parties: int = 2) -> None:
-        super().__init__()
-        self.barrier_dir = Path(barrier_dir)
-        self.name = name
-        self.parties = parties
-
-    def init_state(self, task: str, **kwargs: Any) -> NotesState:
-        return NotesState(task=task, target=int(kwargs.get("target", 5)), max_steps=100)
-
-    def decide(self, state: NotesState, observation: Observation) -> Decision[Action] | None:
-        step = state.current_step
-        barrier(self.barrier_dir, f"step{step}", self.name, self.parties)
-        return Decision.wait(f"{self.name} at step {step}")
-
-    def reduce(self, state: NotesState, observation: Observation, decision: Decision[Action]) -> NotesState:
-        state.steps_done.append(state.current_step)
-        state.notes.append(self.name)
-        return state
-
-
 def barrier(directory: str | Path, point: str, name: str, parties: int = 2, timeout: float = 60.0) -> None:
     """Wait until ``parties`` processes (distinct ``name``) have reached ``point`` (a file barrier)."""
     root = Path(directory)
@@ -351,6 +324,7 @@ def make_composition(
     model: Any = None,
     hooks: Sequence[Any] = (),
     store: CheckpointStore | None = None,
+    lease_ttl: float = 30.0,
     **agent_kwargs: Any,
 ) -> Composition:
     """A composition of one of the test agents over a SQLite store at ``db`` (or ``store``)."""
@@ -359,8 +333,6 @@ def make_composition(
         factory = lambda: NotesAgent(side_log, **agent_kwargs)  # noqa: E731
     elif agent == "model":
         factory = lambda: NotesModelAgent(side_log, **agent_kwargs)  # noqa: E731
-    elif agent == "racer":
-        factory = lambda: RacerAgent(**agent_kwargs)  # noqa: E731
     else:
         raise ValueError(f"unknown test agent {agent!r}")
     extensions = {"policy": lifecycle} if lifecycle is not None else None
@@ -373,6 +345,7 @@ def make_composition(
         durability=durability,
         batch_steps=batch_steps,
         batch_ms=batch_ms,
+        lease_ttl=lease_ttl,
         hooks=list(hooks),
     )
 
@@ -438,7 +411,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--db", required=True)
     parser.add_argument("--log", default=os.devnull, help="side-effect log file")
     parser.add_argument("--session", help="session id (run without it creates a new session)")
-    parser.add_argument("--agent", default="notes", choices=["notes", "model", "racer"])
+    parser.add_argument("--agent", default="notes", choices=["notes", "model"])
     parser.add_argument("--target", type=int, default=20)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds each tool sleeps")
     parser.add_argument("--decide-sleep", type=float, default=0.0)
@@ -454,9 +427,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-steps", type=int, default=16)
     parser.add_argument("--batch-ms", type=float, default=50.0)
     parser.add_argument("--model-skip", type=int, help="model path: ScriptedModel from this response on")
-    parser.add_argument("--barrier", help="racer: barrier directory")
-    parser.add_argument("--name", default="p", help="racer: this process's name")
-    parser.add_argument("--rounds", type=int, default=1, help="racer: how many runs to attempt")
+    parser.add_argument("--barrier", help="a barrier directory: every round ends when --parties processes end it")
+    parser.add_argument("--name", default="p", help="this process's name at the barriers")
+    parser.add_argument("--rounds", type=int, default=1, help="how many runs to attempt")
+    parser.add_argument("--start-barrier", help="wait here until --parties processes are ready to run")
+    parser.add_argument("--parties", type=int, default=2)
+    parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--text", default="", help="reject: the reason")
     parser.add_argument("--call", help="approve/reject: the call id")
     return parser
@@ -468,23 +444,19 @@ def _composition(args: argparse.Namespace) -> Composition:
         lifecycle = PauseAtStep(args.pause_at)
     elif args.one_step:
         lifecycle = OneStepPerRun()
-    kwargs: dict[str, Any] = {}
     model = None
-    if args.agent == "racer":
-        kwargs = {"barrier_dir": args.barrier, "name": args.name}
-    else:
-        kwargs = {
-            "sleep": args.sleep,
-            "decide_sleep": args.decide_sleep,
-            "note_bytes": args.note_bytes,
-            "hang_at": args.hang_at,
-            "hang_marker": args.hang_marker,
-            "approval_at": args.approval_at,
-            "tools_every": args.tools_every,
-            "progress_log": args.progress_log,
-        }
-        if args.agent == "model":
-            model = ScriptedModel(model_script(args.target, args.note_bytes)[args.model_skip or 0 :])
+    kwargs: dict[str, Any] = {
+        "sleep": args.sleep,
+        "decide_sleep": args.decide_sleep,
+        "note_bytes": args.note_bytes,
+        "hang_at": args.hang_at,
+        "hang_marker": args.hang_marker,
+        "approval_at": args.approval_at,
+        "tools_every": args.tools_every,
+        "progress_log": args.progress_log,
+    }
+    if args.agent == "model":
+        model = ScriptedModel(model_script(args.target, args.note_bytes)[args.model_skip or 0 :])
     return make_composition(
         args.db,
         args.log,
@@ -494,6 +466,7 @@ def _composition(args: argparse.Namespace) -> Composition:
         batch_steps=args.batch_steps,
         batch_ms=args.batch_ms,
         model=model,
+        lease_ttl=args.lease_ttl,
         **kwargs,
     )
 
@@ -513,12 +486,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcomes = []
         for round_ in range(args.rounds):
             session = composition.restore(args.session)
+            if args.start_barrier:
+                barrier(args.start_barrier, f"start{round_}", args.name, args.parties)
             try:
                 outcomes.append({"ok": True, **summary(session.run())})
             except QitosError as exc:
                 outcomes.append({"ok": False, **_error(exc)})
             if args.barrier:  # let every racer finish this round before anyone starts the next
-                barrier(args.barrier, f"end{round_}", args.name)
+                barrier(args.barrier, f"end{round_}", args.name, args.parties)
         out = {"session_id": args.session, **outcomes[0]} if args.rounds == 1 else {"outcomes": outcomes}
     elif args.command == "approve":
         out = {"position": composition.restore(args.session).approve(args.call).position}

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from qitos.checkpoint.store import (
     PruneReport,
     SessionCommitReceipt,
     SessionHeadRecord,
+    SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
     SnapshotNotFoundError,
@@ -35,6 +38,8 @@ from qitos.core.errors import (
     CheckpointError,
     CodecError,
     HeadConflictError,
+    LeaseLostError,
+    SessionBusyError,
     SessionNotFoundError,
     SnapshotIntegrityError,
     UsageError,
@@ -81,6 +86,20 @@ class AsyncOnlyStore(CheckpointStore):
         self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
     ) -> list[ControlItem]:
         return self._inner.list_control(session_id, after=after, kinds=kinds)
+
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return self._inner.acquire_lease(session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from)
+
+    async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        return self._inner.renew_lease(lease, ttl_seconds=ttl_seconds)
+
+    async def arelease_lease(self, lease: SessionLease) -> None:
+        self._inner.release_lease(lease)
+
+    async def aget_lease(self, session_id: str) -> SessionLease | None:
+        return self._inner.get_lease(session_id)
 
     async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
         self._inner.put_blobs(blobs)
@@ -530,6 +549,95 @@ def test_a_write_batch_with_a_bad_write_stores_none_of_it(store: CheckpointStore
     assert store.put_writes([]) == []
 
 
+# --------------------------------------------------------------------------- leases and fencing
+
+
+def test_a_lease_has_one_owner_and_a_second_owner_is_told_who_holds_it(store: CheckpointStore) -> None:
+    create(store, "s")
+    lease = store.acquire_lease("s", "runner-a", ttl_seconds=30)
+    assert (lease.session_id, lease.owner, lease.token) == ("s", "runner-a", 1)
+    assert lease.expires_at > time.time() + 20
+    with pytest.raises(SessionBusyError, match="runner-a") as caught:
+        store.acquire_lease("s", "runner-b", ttl_seconds=30)
+    assert caught.value.owner == "runner-a" and caught.value.expires_at == pytest.approx(lease.expires_at)
+    again = store.acquire_lease("s", "runner-a", ttl_seconds=60)
+    assert again.token == lease.token and again.expires_at > lease.expires_at
+    assert store.get_lease("s") == again
+    assert store.get_lease("unknown") is None
+    with pytest.raises(SessionNotFoundError):
+        store.acquire_lease("unknown", "runner-a", ttl_seconds=30)
+    with pytest.raises(UsageError, match="ttl_seconds"):
+        store.acquire_lease("s", "runner-a", ttl_seconds=0)
+
+
+def test_an_expired_or_released_lease_is_taken_over_with_a_new_token(store: CheckpointStore) -> None:
+    create(store, "s")
+    first = store.acquire_lease("s", "runner-a", ttl_seconds=0.05)
+    time.sleep(0.08)
+    second = store.acquire_lease("s", "runner-b", ttl_seconds=30)
+    assert second.token == first.token + 1 and second.owner == "runner-b"
+    with pytest.raises(LeaseLostError, match="taken over"):
+        store.renew_lease(first, ttl_seconds=30)
+    store.release_lease(first)  # stale: changes nothing
+    assert store.get_lease("s") == second
+    store.release_lease(second)
+    third = store.acquire_lease("s", "runner-c", ttl_seconds=30)
+    assert third.token == second.token + 1
+
+
+def test_renewing_extends_a_live_lease_and_refuses_an_expired_one(store: CheckpointStore) -> None:
+    create(store, "s")
+    lease = store.acquire_lease("s", "runner-a", ttl_seconds=0.2)
+    renewed = store.renew_lease(lease, ttl_seconds=30)
+    assert renewed.token == lease.token and renewed.expires_at > lease.expires_at
+    short = store.renew_lease(renewed, ttl_seconds=0.05)
+    time.sleep(0.08)
+    with pytest.raises(LeaseLostError, match="expired"):
+        store.renew_lease(short, ttl_seconds=30)
+
+
+def test_commits_and_writes_carry_the_fencing_token_and_a_stale_one_is_refused(store: CheckpointStore) -> None:
+    head = create(store, "s")
+    stale = store.acquire_lease("s", "runner-a", ttl_seconds=0.05)
+    time.sleep(0.08)
+    live = store.acquire_lease("s", "runner-b", ttl_seconds=30)
+    with pytest.raises(LeaseLostError, match="taken over"):
+        advance(store, head, {"ops": [1]}, lease_token=stale.token)
+    with pytest.raises(LeaseLostError):
+        store.put_writes([replace(_write(head, "tool_started", "c1", {}), lease_token=stale.token)])
+    with pytest.raises(SessionBusyError, match="runner-b"):
+        advance(store, head, {"ops": [1]})  # no token while someone holds a live lease
+    with pytest.raises(SessionBusyError):
+        store.put_writes([_write(head, "tool_started", "c1", {})])
+    assert store.get_writes("s", head.snapshot_id) == []
+    current = store.get_session_head("s")
+    assert current is not None and current.snapshot_id == head.snapshot_id
+    assert store.put_writes([replace(_write(head, "tool_started", "c1", {}), lease_token=live.token)]) == [True]
+    moved = advance(store, head, {"ops": [1]}, lease_token=live.token)
+    assert store.get_session_head("s").snapshot_id == moved.snapshot_id  # type: ignore[union-attr]
+
+
+def test_a_runner_whose_lease_expired_cannot_commit_even_if_nobody_took_over(store: CheckpointStore) -> None:
+    head = create(store, "s")
+    lease = store.acquire_lease("s", "zombie", ttl_seconds=0.05)
+    time.sleep(0.08)
+    with pytest.raises(LeaseLostError, match="expired"):
+        advance(store, head, {"ops": [1]}, lease_token=lease.token)
+    with pytest.raises(LeaseLostError, match="expired"):
+        store.put_writes([replace(_write(head, "tool_started", "c1", {}), lease_token=lease.token)])
+    advance(store, head, {"ops": [1]})  # the lapsed lease no longer blocks a token-less writer
+
+
+def test_waiting_for_control_returns_new_items_or_nothing_after_the_timeout(store: CheckpointStore) -> None:
+    create(store, "s")
+    started = time.monotonic()
+    assert store.wait_for_control("s", after=0, timeout=0.1) == []
+    assert time.monotonic() - started >= 0.09
+    item = store.append_control("s", "steer", {"text": "go"})
+    assert store.wait_for_control("s", after=0, timeout=5) == [item]
+    assert asyncio.run(store.await_control("s", after=0, timeout=5)) == [item]
+
+
 # --------------------------------------------------------------------------- control items
 
 
@@ -734,6 +842,10 @@ def test_the_async_twins_do_what_the_sync_methods_do(store: CheckpointStore) -> 
         assert [w.key for w in await store.aget_writes("s", second.snapshot_id)] == ["d"]
         item = await store.aappend_control("s", "steer", {"text": "hi"})
         assert await store.alist_control("s", after=0, kinds=["steer"]) == [item]
+        lease = await store.aacquire_lease("s", "runner", ttl_seconds=30)
+        assert await store.aget_lease("s") == lease
+        assert (await store.arenew_lease(lease, ttl_seconds=60)).token == lease.token
+        await store.arelease_lease(lease)
         key, data = blob(b"async")
         await store.aput_blobs({key: data})
         assert await store.aget_blobs([key]) == {key: data}

@@ -273,7 +273,10 @@ def test_an_interrupt_inside_a_transaction_rolls_it_back(db: Path) -> None:
         store.list_sessions()
 
         def half_done(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO heads VALUES ('half', 'x', 0, 'running', 'now', '{}')")
+            conn.execute(
+                "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at) "
+                "VALUES ('half', 'x', 0, 'running', 'now')"
+            )
             raise KeyboardInterrupt
 
         with pytest.raises(KeyboardInterrupt):
@@ -360,10 +363,11 @@ def test_reads_leave_no_open_read_snapshot_behind(db: Path) -> None:
             lambda: store.get_blobs([hashlib.sha256(data).hexdigest()]),
         ]
         other = sqlite3.connect(db, isolation_level=None, timeout=0.2)
+        other.execute("CREATE TABLE probe (n INTEGER)")  # another process's writes, in a table of its own
         try:
             for position, read in enumerate(reads, start=100):
                 read()
-                other.execute("INSERT INTO control VALUES ('s', ?, 'pause', '{}', 'now')", (position,))
+                other.execute("INSERT INTO probe VALUES (?)", (position,))
                 busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 assert busy == 0, f"read #{position - 100} left a read snapshot open"
         finally:

@@ -99,3 +99,13 @@ def test_decisions_round_trip_through_their_dict_form() -> None:
         "choose",
     )
     assert Decision.from_dict(original.to_dict()) == original
+
+
+def test_two_calls_with_one_id_in_a_decision_are_refused_naming_the_id() -> None:
+    first = Action("append_note", {"text": "a"}, "call-1")
+    second = Action("index_note", {}, "call-1")
+    with pytest.raises(DecisionError, match=r"'call-1' is used by more than one call \(append_note, index_note\)"):
+        Decision.act([first, second])
+    with pytest.raises(DecisionError, match="call-1"):
+        Decision("act", (first, second))
+    assert len(Decision.act([first, Action("index_note", {}, "call-2")]).actions) == 2

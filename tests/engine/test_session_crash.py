@@ -441,3 +441,101 @@ def test_a_crash_in_batched_mode_loses_at_most_the_batch_and_never_repeats_a_sid
         by_call = {o["call"]: o for o in result.state.observed}
         assert sorted(by_call) == sorted(f"s{s}-{t}" for s in range(0, 30, 7) for t in ("append", "index"))
         composition.runtime.checkpoint_store.close()
+
+
+@pytest.mark.parametrize("hang_at", [1, 3])
+def test_a_batched_model_session_killed_mid_step_restores_and_finishes(tmp_path: Path, hang_at: int) -> None:
+    # The model's decision flushes the buffered boundaries; the kill lands in the step's first tool.
+    db, side, marker = str(tmp_path / "s.db"), str(tmp_path / "side.log"), str(tmp_path / "hang")
+    script = sa.model_script(5)
+    batched = ["--durability", "batched", "--batch-steps", "4", "--batch-ms", "60000"]
+    composition = sa.make_composition(db, side, agent="model", durability="batched", batch_steps=4, batch_ms=60_000)
+    sid = composition.session("Index notes", target=5).session_id.value
+    _hang_and_kill(db, side, sid, marker, hang_at, "--agent", "model", *batched)
+
+    model = ScriptedModel(script[hang_at + 1 :])  # the killed process used responses 0..hang_at
+    restored = sa.make_composition(
+        db, side, agent="model", model=model, durability="batched", batch_steps=4, batch_ms=60_000
+    )
+    session = restored.restore(sid)
+    assert session.inspect().snapshot_integrity == "verified"
+    result = session.run()
+
+    assert result.state.final_result == "done"
+    assert result.state.steps_done == list(range(5))
+    assert len(model.requests) == 5 - hang_at  # the killed step was not decided again
+    begins = Counter(call for event, tool, call in sa.read_side_log(side) if event == "begin" and tool == "append_note")
+    assert all(n == 1 for n in begins.values()), begins
+    interrupted = [o["call"] for o in result.state.observed if o["error_kind"] == "interrupted"]
+    assert interrupted == [f"s{hang_at}-append"]
+    again = restored.restore(sid)
+    assert again.inspect().snapshot_integrity == "verified"
+
+
+def _batched_soak_trial(root: Path, seed: int) -> tuple[str, str, str]:
+    """A batched session (the model agent on odd seeds, the scripted one on even) killed at a random
+    point; (session, agent, stderr)."""
+    db, side, progress = str(root / "s.db"), str(root / "side.log"), root / "progress.log"
+    agent = "model" if seed % 2 else "notes"
+    composition = sa.make_composition(db, side, agent=agent, durability="batched", batch_steps=4, batch_ms=60_000)
+    sid = composition.session("Index notes", target=12).session_id.value
+    composition.runtime.checkpoint_store.close()
+    rng = random.Random(seed)
+    kill_step = rng.randrange(1, 11)
+    proc = sa.start_cli(
+        "run", "--db", db, "--log", side, "--session", sid, "--target", "12", "--agent", agent,
+        "--durability", "batched", "--batch-steps", "4", "--batch-ms", "60000", "--tools-every", "3",
+        "--sleep", "0.004", "--progress-log", str(progress),
+    )  # fmt: skip
+
+    def reached() -> bool:
+        if agent == "model":  # the model path has no decide hook: count the steps' first tool calls
+            begun = sum(1 for e, tool, _ in sa.read_side_log(side) if e == "begin" and tool == "append_note")
+            return begun > kill_step
+        return kill_step in _decided(progress)
+
+    _wait_for(lambda: proc.poll() is not None or reached(), "the kill step")
+    time.sleep(rng.uniform(0.0, 0.012))
+    return sid, agent, _kill(proc)
+
+
+def _check_batched_soak(root: Path, sid: str, agent: str) -> None:
+    db, side = str(root / "s.db"), str(root / "side.log")
+    probe = sa.make_composition(db, side, agent=agent, tools_every=3)
+    inspection = probe.restore(sid).inspect()
+    assert inspection.snapshot_integrity == "verified", (root, inspection.snapshot_integrity)
+    model = None
+    if agent == "model":
+        decided = inspection.budget["used"].get("steps", 0) + (1 if inspection.tool_batch else 0)
+        model = ScriptedModel(sa.model_script(12)[decided:])
+    composition = sa.make_composition(
+        db, side, agent=agent, model=model, durability="batched", batch_steps=4, batch_ms=60_000, tools_every=3
+    )
+    result = composition.restore(sid).run()
+    where = f"{root.name} ({agent})"
+    assert result.state.steps_done == list(range(12)), where
+    begins = Counter(call for event, tool, call in sa.read_side_log(side) if event == "begin" and tool == "append_note")
+    assert all(n == 1 for n in begins.values()), (where, begins)
+    applied = Counter(o["call"] for o in result.state.observed)
+    assert all(n == 1 for n in applied.values()), (where, applied)
+    assert composition.restore(sid).inspect().snapshot_integrity == "verified", where
+    composition.runtime.checkpoint_store.close()
+
+
+def _batched_soak(tmp_path: Path, seeds: list[int]) -> None:
+    roots = [tmp_path / f"soak{seed}" for seed in seeds]
+    for root in roots:
+        root.mkdir()
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        trials = list(pool.map(_batched_soak_trial, roots, seeds))
+    for root, (sid, agent, _) in zip(roots, trials, strict=True):
+        _check_batched_soak(root, sid, agent)
+
+
+def test_batched_kill_9_soak_every_session_restorable_nothing_doubled(tmp_path: Path) -> None:
+    _batched_soak(tmp_path, seeds=list(range(5)))
+
+
+@pytest.mark.slow
+def test_batched_kill_9_soak_fifty_trials(tmp_path: Path) -> None:
+    _batched_soak(tmp_path, seeds=list(range(100, 150)))

@@ -6,6 +6,8 @@ session started in one process is paused, approved or resumed in others.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -156,41 +158,73 @@ def test_approving_a_call_that_is_not_waiting_fails_naming_the_waiting_calls(tmp
     assert session.inspect().lifecycle.value == "awaiting_approval"
 
 
-def test_two_processes_committing_from_the_same_head_one_wins_the_other_gets_a_head_conflict(
-    tmp_path: Path,
-) -> None:
+def test_four_processes_racing_run_on_one_session_exactly_one_executes(tmp_path: Path) -> None:
     db, side = _paths(tmp_path)
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    rounds = 4
-    composition = sa.make_composition(db, side, agent="racer", barrier_dir=str(barrier), name="t")
-    sid = composition.session("Race", target=rounds).session_id.value
-    store = composition.runtime.checkpoint_store
-    common = ["--db", db, "--session", sid, "--agent", "racer", "--one-step", "--barrier", str(barrier)]
-    common += ["--rounds", str(rounds)]
+    composition = sa.make_composition(db, side)
+    sid = composition.session("Race", target=6).session_id.value
+    racers = ["a", "b", "c", "d"]
+    common = ["--db", db, "--log", side, "--session", sid, "--sleep", "0.05", "--target", "6"]
+    common += ["--start-barrier", str(barrier), "--parties", str(len(racers))]
+    procs = [sa.start_cli("run", *common, "--name", name) for name in racers]
+    outcomes = [sa.finish_cli(p) for p in procs]
 
-    procs = [sa.start_cli("run", *common, "--name", name) for name in ("a", "b")]
-    outcomes = [sa.finish_cli(p)["outcomes"] for p in procs]
-
-    chain = list(reversed(store.list_session_snapshots(sid)))  # oldest first
-    # Each round: the winner commits its step and then its pause boundary (two snapshots).
-    assert len(chain) == 1 + 2 * rounds
-    for round_ in range(rounds):
-        pair = [outcomes[0][round_], outcomes[1][round_]]
-        winners = [o for o in pair if o["ok"]]
-        losers = [o for o in pair if not o["ok"]]
-        assert len(winners) == 1 and len(losers) == 1, pair
-        loser = losers[0]
-        assert loser["error"] == "HeadConflictError", loser
-        assert loser["module"] == "qitos.core.errors"
-        start = chain[2 * round_]
-        assert loser["expected_head"] == start
-        assert loser["actual_head"] in (chain[2 * round_ + 1], chain[2 * round_ + 2])
-        assert start in loser["message"] and loser["actual_head"] in loser["message"]
-        assert winners[0]["state"]["steps_done"] == list(range(round_ + 1))
+    winners = [o for o in outcomes if o["ok"]]
+    losers = [o for o in outcomes if not o["ok"]]
+    assert len(winners) == 1, outcomes
+    assert winners[0]["final_result"] == "6 notes"
+    assert len(losers) == 3
+    for loser in losers:
+        # Refused before anything executed, naming the runner that holds the session.
+        assert loser["error"] == "SessionBusyError", loser
+        assert loser["session_id"] == sid and loser["owner"] and loser["expires_at"] > 0
+        assert loser["owner"] in loser["message"]
+    log = sa.read_side_log(side)
+    begun = Counter(call for event, _, call in log if event == "begin")
+    assert begun and all(count == 1 for count in begun.values()), begun  # no side effect twice
+    assert len(begun) == 12
     final = composition.restore(sid).inspect()
     assert final.snapshot_integrity == "verified"
-    assert final.budget["used"]["steps"] == rounds
+    assert final.budget["used"]["steps"] == 7
+
+
+def test_a_stalled_runner_loses_its_lease_another_finishes_and_the_stalled_one_cannot_commit(
+    tmp_path: Path,
+) -> None:
+    db, side = _paths(tmp_path)
+    progress = str(tmp_path / "progress.log")
+    composition = sa.make_composition(db, side, lease_ttl=1.0)
+    sid = composition.session("Stall", target=6).session_id.value
+    zombie = sa.start_cli(
+        "run", "--db", db, "--log", side, "--session", sid, "--target", "6", "--sleep", "0.4",
+        "--lease-ttl", "1.0", "--progress-log", progress,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "decide 2 -" not in (Path(progress).read_text() if Path(progress).exists() else ""):
+            assert time.monotonic() < deadline, "the runner never reached step 2"
+            time.sleep(0.01)
+        time.sleep(0.1)  # inside step 2's first (non-idempotent) tool call
+        os.kill(zombie.pid, signal.SIGSTOP)  # alive, but it neither renews nor writes
+        time.sleep(1.3)  # the lease expires
+        taker = sa.make_composition(db, side, lease_ttl=1.0, sleep=0.0).restore(sid)
+        result = taker.run()
+        assert result.state.final_result == "6 notes"
+        assert result.state.steps_done == list(range(6))
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    out = sa.finish_cli(zombie)
+    assert not out["ok"] and out["error"] == "LeaseLostError", out  # the zombie's next write was refused
+    log = sa.read_side_log(side)
+    begun = Counter(call for event, _, call in log if event == "begin")
+    assert all(count == 1 for count in begun.values()), begun  # nothing ran twice
+    interrupted = [o for o in result.state.observed if o["error_kind"] == "interrupted"]
+    assert [o["call"] for o in interrupted] == ["s2-append"]  # reported to the agent, not repeated
+    head = composition.runtime.checkpoint_store.get_session_head(sid)
+    assert head is not None
+    assert composition.restore(sid).inspect().snapshot_integrity == "verified"
+    assert composition.restore(sid).run().state.steps_done == list(range(6))  # the zombie changed nothing
 
 
 def test_eight_processes_running_eight_sessions_on_one_file_all_complete(tmp_path: Path) -> None:

@@ -728,10 +728,10 @@ def test_a_thousand_steps_appending_a_kib_each_keep_the_database_small(db: str, 
     assert again.inspect().snapshot_integrity == "verified"
 
 
-def test_a_head_conflict_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_path: Path) -> None:
+def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_path: Path) -> None:
     from qitos import AgentModule, Decision, StateSchema, compose
     from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-    from qitos.core.errors import HeadConflictError
+    from qitos.core.errors import LeaseLostError
     from qitos.trace import list_runs
 
     race: list[Any] = []
@@ -742,23 +742,31 @@ def test_a_head_conflict_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp
 
         def decide(self, state: Any, observation: Any) -> Any:
             if state.current_step == 1 and race:
-                race.pop()()  # another writer moves the head while this step runs
+                race.pop()()  # another runner takes the session over while this step runs
             return Decision.wait()
 
         def reduce(self, state: Any, observation: Any, decision: Any) -> Any:
             return state
 
     logdir = tmp_path / "runs"
-    composition = compose(agent=Racer, store=SqliteCheckpointStore(str(tmp_path / "s.db")), trace_logdir=str(logdir))
+    store = SqliteCheckpointStore(str(tmp_path / "s.db"))
+    composition = compose(agent=Racer, store=store, trace_logdir=str(logdir))
     session = composition.session("race")
-    race.append(lambda: composition.restore(session.session_id.value).run())
+    sid = session.session_id.value
 
-    with pytest.raises(HeadConflictError):
+    def take_over() -> None:
+        holder = store.get_lease(sid)
+        assert holder is not None
+        store.acquire_lease(sid, "thief", ttl_seconds=30, take_over_from=holder.owner)
+
+    race.append(take_over)
+    with pytest.raises(LeaseLostError, match="taken over"):
         session.run()
 
-    manifests = [run.manifest() for run in list_runs(str(logdir))]
-    assert sorted(m["status"] for m in manifests) == ["failed", "stopped"]
-    loser = next(run for run in list_runs(str(logdir)) if run.manifest()["status"] == "failed")
-    events = [e["event_type"] for e in loser.events()]
+    head = store.get_session_head(sid)
+    assert head is not None and head.sequence == 1  # step 0 only: nothing after the lease was lost
+    (run,) = list_runs(str(logdir))
+    assert run.manifest()["status"] == "failed"
+    events = [e["event_type"] for e in run.events()]
     assert events[0] == "run_start" and events[-1] == "run_end" and events.count("run_end") == 1
-    assert "HeadConflictError" in (loser.manifest()["summary"]["error"] or "")
+    assert "LeaseLostError" in (run.manifest()["summary"]["error"] or "")

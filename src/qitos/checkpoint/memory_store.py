@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -20,6 +21,7 @@ from qitos.checkpoint.store import (
     PruneReport,
     SessionCommitReceipt,
     SessionHeadRecord,
+    SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
     SnapshotNotFoundError,
@@ -28,10 +30,14 @@ from qitos.checkpoint.store import (
     check_after,
     check_blobs,
     check_control,
+    check_fence,
+    check_lease_ttl,
     check_write_base,
     json_text,
     mentioned_digests,
     name_set,
+    next_lease,
+    renewed_lease,
     utc_now,
 )
 from qitos.core.errors import (
@@ -78,6 +84,7 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
         self._writes: dict[tuple[str, str], dict[tuple[str, str], tuple[int, str]]] = {}
         self._control: dict[str, list[tuple[str, str, str]]] = {}  # (kind, payload, created_at)
         self._blobs: dict[str, bytes] = {}
+        self._leases: dict[str, SessionLease] = {}
 
     async def _offload(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """In-memory work never blocks on I/O: run it inline instead of in a thread."""
@@ -113,6 +120,8 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
                 raise SessionNotFoundError(request.session_id)
             elif head.snapshot_id != request.expected_head:
                 raise HeadConflictError(request.session_id, request.expected_head, head.snapshot_id)
+            if head is not None:
+                check_fence(request.session_id, self._leases.get(request.session_id), request.lease_token, time.time())
             if request.operation_id is not None and request.operation_id in self._operations:
                 raise DuplicateOperationError(request.operation_id, self._operations[request.operation_id])
             if snapshot.parent_id is not None and snapshot.parent_id not in self._snapshots:
@@ -215,9 +224,11 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
         encoded = [(write, write.payload_json()) for write in writes]
         with self._lock:
             self._check_open()
+            now = time.time()
             for write, _ in encoded:
                 base = self._snapshots.get(write.base_snapshot_id)
                 check_write_base(write, None if base is None else base.session_id)
+                check_fence(write.session_id, self._leases.get(write.session_id), write.lease_token, now)
             stored: list[bool] = []
             for write, payload_json in encoded:
                 bucket = self._writes.setdefault((write.session_id, write.base_snapshot_id), {})
@@ -271,6 +282,46 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
                 for position, item in enumerate(self._control.get(session_id, [])[start:], start + 1)
                 if wanted is None or item[0] in wanted
             ]
+
+    # ---- leases
+
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
+        ttl = check_lease_ttl(ttl_seconds)
+        with self._lock:
+            self._check_open()
+            if session_id not in self._heads:
+                raise SessionNotFoundError(session_id)
+            lease = next_lease(self._leases.get(session_id), session_id, owner, ttl, time.time(), take_over_from)
+            self._leases[session_id] = lease
+            return lease
+
+    def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        """Extend a held lease; LeaseLostError if it expired or was taken over."""
+        ttl = check_lease_ttl(ttl_seconds)
+        with self._lock:
+            self._check_open()
+            renewed = renewed_lease(self._leases.get(lease.session_id), lease, ttl, time.time())
+            self._leases[lease.session_id] = renewed
+            return renewed
+
+    def release_lease(self, lease: SessionLease) -> None:
+        """Give the lease up now (a no-op if it is no longer current); its token stays used."""
+        with self._lock:
+            self._check_open()
+            current = self._leases.get(lease.session_id)
+            if current is not None and current.token == lease.token and current.owner == lease.owner:
+                self._leases[lease.session_id] = SessionLease(
+                    session_id=lease.session_id, owner=lease.owner, token=lease.token, expires_at=0.0
+                )
+
+    def get_lease(self, session_id: str) -> SessionLease | None:
+        """The session's current lease row (possibly lapsed), or None if it never had one."""
+        with self._lock:
+            self._check_open()
+            return self._leases.get(session_id)
 
     # ---- blobs
 
@@ -341,6 +392,7 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
             self._writes.clear()
             self._control.clear()
             self._blobs.clear()
+            self._leases.clear()
 
 
 def _snapshot(snapshot_id: str, row: _Row) -> SessionSnapshot:

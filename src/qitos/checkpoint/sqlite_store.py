@@ -37,7 +37,7 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
@@ -48,6 +48,7 @@ from qitos.checkpoint.store import (
     PruneReport,
     SessionCommitReceipt,
     SessionHeadRecord,
+    SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
     SnapshotNotFoundError,
@@ -57,17 +58,26 @@ from qitos.checkpoint.store import (
     check_after,
     check_blobs,
     check_control,
+    check_fence,
+    check_lease_ttl,
     check_write_base,
+    control_digest,
+    head_digest,
     json_text,
     mentioned_digests,
+    metadata_digest,
     name_set,
+    next_lease,
+    renewed_lease,
     utc_now,
+    write_digest,
 )
 from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,
     HeadConflictError,
+    IntegrityError,
     SessionNotFoundError,
     SnapshotIntegrityError,
 )
@@ -82,6 +92,30 @@ class _Migration:
     version: int
     name: str
     statements: tuple[str, ...]
+    # Run after the statements, in the same transaction: rewrites rows SQL alone cannot compute.
+    backfill: Callable[[sqlite3.Cursor], None] | None = None
+
+
+def _backfill_digests(cur: sqlite3.Cursor) -> None:
+    """Migration 3: digests for the rows written before rows carried them."""
+    for session_id, metadata in cur.execute("SELECT session_id, metadata FROM sessions").fetchall():
+        cur.execute(
+            "UPDATE sessions SET digest = ? WHERE session_id = ?", (metadata_digest(session_id, metadata), session_id)
+        )
+    rows = cur.execute("SELECT session_id, snapshot_id, sequence, lifecycle, updated_at FROM heads").fetchall()
+    for session_id, snapshot_id, sequence, lifecycle, updated_at in rows:
+        digest = head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at)
+        cur.execute("UPDATE heads SET digest = ? WHERE session_id = ?", (digest, session_id))
+    rows = cur.execute("SELECT rowid, session_id, base_snapshot_id, step_id, kind, key, payload FROM writes").fetchall()
+    for rowid, session_id, base, step_id, kind, key, payload in rows:
+        write = StepWrite(session_id=session_id, base_snapshot_id=base, step_id=step_id, kind=kind, key=key, payload={})
+        cur.execute("UPDATE writes SET digest = ? WHERE rowid = ?", (write_digest(write, payload), rowid))
+    rows = cur.execute("SELECT session_id, position, kind, payload, created_at FROM control").fetchall()
+    for session_id, position, kind, payload, created_at in rows:
+        digest = control_digest(session_id, position, kind, payload, created_at)
+        cur.execute(
+            "UPDATE control SET digest = ? WHERE session_id = ? AND position = ?", (digest, session_id, position)
+        )
 
 
 # Ordered schema history. Never edit an applied migration: append a new one.
@@ -114,6 +148,25 @@ _MIGRATIONS: Final[tuple[_Migration, ...]] = (
             "snapshot_id TEXT NOT NULL, created_at TEXT NOT NULL)",
         ),
     ),
+    _Migration(
+        3,
+        "session leases, verified rows, metadata written once",
+        (
+            # The metadata (with the task) moves out of the head row, which every commit rewrites.
+            "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, metadata TEXT NOT NULL, digest TEXT NOT NULL)",
+            "INSERT INTO sessions (session_id, metadata, digest) SELECT session_id, metadata, '' FROM heads",
+            "ALTER TABLE heads DROP COLUMN metadata",
+            "ALTER TABLE heads ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE heads ADD COLUMN control_seq INTEGER NOT NULL DEFAULT 0",
+            "UPDATE heads SET control_seq = "
+            "(SELECT COALESCE(MAX(position), 0) FROM control WHERE control.session_id = heads.session_id)",
+            "ALTER TABLE writes ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE control ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
+            "CREATE TABLE leases (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL, token INTEGER NOT NULL, "
+            "expires_at REAL NOT NULL)",
+        ),
+        _backfill_digests,
+    ),
 )
 SCHEMA_VERSION: Final[int] = _MIGRATIONS[-1].version
 """The schema version this code writes; older files are migrated to it on open."""
@@ -127,22 +180,29 @@ _SQL_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM schema_version"
 _SQL_SCHEMA_RECORD = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
 
 _SQL_HEAD_CREATE = (
-    "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at, metadata) "
+    "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
 )
 _SQL_HEAD_ADVANCE = (
-    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ? "
+    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, digest = ? "
     "WHERE session_id = ? AND snapshot_id = ?"
 )
-_SQL_HEAD_ADVANCE_METADATA = (
-    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, metadata = ? "
-    "WHERE session_id = ? AND snapshot_id = ?"
-)
+_SQL_METADATA_CREATE = "INSERT INTO sessions (session_id, metadata, digest) VALUES (?, ?, ?)"
+_SQL_METADATA_SET = "UPDATE sessions SET metadata = ?, digest = ? WHERE session_id = ?"
 _SQL_HEAD_ID = "SELECT snapshot_id FROM heads WHERE session_id = ?"
-_SQL_HEAD_GET = (
-    "SELECT session_id, snapshot_id, sequence, lifecycle, updated_at, metadata FROM heads WHERE session_id = ?"
+_HEAD_COLUMNS = (
+    "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, "
+    "CAST(m.metadata AS BLOB), m.digest FROM heads h LEFT JOIN sessions m ON m.session_id = h.session_id"
 )
-_SQL_HEAD_LIST = "SELECT session_id, snapshot_id, sequence, lifecycle, updated_at, metadata FROM heads ORDER BY rowid"
+_SQL_HEAD_GET = f"SELECT {_HEAD_COLUMNS} WHERE h.session_id = ?"
+_SQL_HEAD_LIST = f"SELECT {_HEAD_COLUMNS} ORDER BY h.rowid"
+_SQL_LEASE_GET = "SELECT owner, token, expires_at FROM leases WHERE session_id = ?"
+_SQL_LEASE_PUT = (
+    "INSERT INTO leases (session_id, owner, token, expires_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
+    "expires_at = excluded.expires_at"
+)
+_SQL_LEASE_RELEASE = "UPDATE leases SET expires_at = 0 WHERE session_id = ? AND token = ? AND owner = ?"
 _SQL_SNAPSHOT_SESSION = "SELECT session_id FROM snapshots WHERE snapshot_id = ?"
 _SQL_SNAPSHOT_INSERT = (
     "INSERT OR IGNORE INTO snapshots "
@@ -188,15 +248,22 @@ _SQL_SESSION_CHAIN = (
 _SQL_OPERATION_GET = "SELECT session_id FROM operations WHERE operation_id = ?"
 _SQL_OPERATION_INSERT = "INSERT INTO operations (operation_id, session_id, snapshot_id, created_at) VALUES (?, ?, ?, ?)"
 _SQL_WRITE_INSERT = (
-    "INSERT OR IGNORE INTO writes (session_id, base_snapshot_id, kind, key, step_id, payload) VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT OR IGNORE INTO writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _SQL_WRITE_LIST = (
-    "SELECT step_id, kind, key, payload FROM writes WHERE session_id = ? AND base_snapshot_id = ? ORDER BY rowid"
+    "SELECT step_id, CAST(kind AS BLOB), CAST(key AS BLOB), CAST(payload AS BLOB), digest FROM writes "
+    "WHERE session_id = ? AND base_snapshot_id = ? ORDER BY rowid"
 )
-_SQL_CONTROL_NEXT = "SELECT COALESCE(MAX(position), 0) + 1 FROM control WHERE session_id = ?"
-_SQL_CONTROL_INSERT = "INSERT INTO control (session_id, position, kind, payload, created_at) VALUES (?, ?, ?, ?, ?)"
+# Control positions come from a counter in the head row (never MAX()+1 over the items).
+_SQL_CONTROL_NEXT = "UPDATE heads SET control_seq = control_seq + 1 WHERE session_id = ? RETURNING control_seq"
+_SQL_CONTROL_SEQ = "SELECT control_seq FROM heads WHERE session_id = ?"
+_SQL_CONTROL_INSERT = (
+    "INSERT INTO control (session_id, position, kind, payload, created_at, digest) VALUES (?, ?, ?, ?, ?, ?)"
+)
 _SQL_CONTROL_LIST = (
-    "SELECT position, kind, payload, created_at FROM control WHERE session_id = ? AND position > ? ORDER BY position"
+    "SELECT position, CAST(kind AS BLOB), CAST(payload AS BLOB), CAST(created_at AS BLOB), digest FROM control "
+    "WHERE session_id = ? AND position > ? ORDER BY position"
 )
 _SQL_BLOB_INSERT = "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)"
 # One statement for any number of digests: they travel as one JSON array parameter.
@@ -411,22 +478,24 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         def commit(cur: sqlite3.Cursor) -> str:
             execute = cur.execute
             now = utc_now()
-            head = (snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
+            digest = head_digest(session_id, snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
+            head = (snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now, digest)
             if expected is None:
-                created = (session_id, *head, metadata_json or "{}")
-                if execute(_SQL_HEAD_CREATE, created).rowcount != 1:
+                if execute(_SQL_HEAD_CREATE, (session_id, *head)).rowcount != 1:
                     actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
                     raise HeadConflictError(session_id, None, None if actual is None else actual[0])
+                meta = metadata_json or "{}"
+                execute(_SQL_METADATA_CREATE, (session_id, meta, metadata_digest(session_id, meta)))
             else:
-                if metadata_json is None:
-                    moved = execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected))
-                else:
-                    moved = execute(_SQL_HEAD_ADVANCE_METADATA, (*head, metadata_json, session_id, expected))
+                check_fence(session_id, _lease(cur, session_id), request.lease_token, time.time())
+                moved = execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected))
                 if moved.rowcount != 1:
                     actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
                     if actual is None:
                         raise SessionNotFoundError(session_id)
                     raise HeadConflictError(session_id, expected, actual[0])
+                if metadata_json is not None:
+                    execute(_SQL_METADATA_SET, (metadata_json, metadata_digest(session_id, metadata_json), session_id))
             if operation_id is not None:
                 owner = _one(execute(_SQL_OPERATION_GET, (operation_id,)))
                 if owner is not None:
@@ -506,51 +575,69 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes in one transaction; per write, whether it was new (first wins)."""
-        rows = [(w.session_id, w.base_snapshot_id, w.kind, w.key, w.step_id, w.payload_json()) for w in writes]
+        rows = []
+        for w in writes:
+            payload_json = w.payload_json()
+            digest = write_digest(w, payload_json)
+            rows.append((w.session_id, w.base_snapshot_id, w.kind, w.key, w.step_id, payload_json, digest))
         if not rows:
             return []
 
         def put(cur: sqlite3.Cursor) -> list[bool]:
             checked: set[tuple[str, str]] = set()
+            fenced: set[str] = set()
+            now = time.time()
             for write in writes:
                 pair = (write.session_id, write.base_snapshot_id)
                 if pair not in checked:
                     base = _one(cur.execute(_SQL_SNAPSHOT_SESSION, (write.base_snapshot_id,)))
                     check_write_base(write, None if base is None else base[0])
                     checked.add(pair)
+                if write.session_id not in fenced:
+                    check_fence(write.session_id, _lease(cur, write.session_id), write.lease_token, now)
+                    fenced.add(write.session_id)
             return [cur.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
 
         return self._run(put, write=True)
 
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
-        """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
+        """Pending writes of the step that started at ``base_snapshot_id``, in write order, verified."""
         rows = self._run(
             lambda cur: cur.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall(), write=False
         )
-        return [
-            StepWrite(
+        out = []
+        for step_id, kind_raw, key_raw, payload_raw, digest in rows:
+            kind = _text(kind_raw, "writes", "?", session_id)
+            key = _text(key_raw, "writes", kind, session_id)
+            where = f"{kind}/{key}"
+            payload_json = _text(payload_raw, "writes", where, session_id)
+            write = StepWrite(
                 session_id=session_id,
                 base_snapshot_id=base_snapshot_id,
                 step_id=step_id,
                 kind=kind,
                 key=key,
-                payload=_loads(payload, f"write {kind}/{key}"),
+                payload={},
             )
-            for step_id, kind, key, payload in rows
-        ]
+            if digest != write_digest(write, payload_json):
+                raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
+            out.append(replace(write, payload=_loads(payload_json, "writes", where, session_id)))
+        return out
 
     # ---- control items
 
     def append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
-        """Durably append one control item; the store assigns its position."""
+        """Durably append one control item; the store assigns its position (a counter in the head row)."""
         payload_json = check_control(session_id, kind, payload)
 
         def append(cur: sqlite3.Cursor) -> tuple[int, str]:
-            if _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
+            row = _one(cur.execute(_SQL_CONTROL_NEXT, (session_id,)))
+            if row is None:
                 raise SessionNotFoundError(session_id)
-            position = int(_one(cur.execute(_SQL_CONTROL_NEXT, (session_id,)))[0])
+            position = int(row[0])
             now = utc_now()
-            cur.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now))
+            digest = control_digest(session_id, position, kind, payload_json, now)
+            cur.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now, digest))
             return position, now
 
         position, created_at = self._run(append, write=True)
@@ -558,32 +645,89 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             session_id=session_id,
             position=position,
             kind=kind,
-            payload=_loads(payload_json, f"control {kind}"),
+            payload=_loads(payload_json, "control", str(position), session_id),
             created_at=created_at,
         )
 
     def list_control(self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[ControlItem]:
-        """Control items with position > ``after`` (optionally only ``kinds``), by position."""
+        """Control items with position > ``after`` (optionally only ``kinds``), by position, verified.
+
+        The head row's counter says how many items exist: a missing item (a damaged or truncated
+        file) raises IntegrityError instead of being skipped silently.
+        """
         wanted = name_set(kinds, "kinds")
         start = check_after(after)
 
-        def read(cur: sqlite3.Cursor) -> list[Any]:
-            rows = cur.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
-            if not rows and _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
+        def read(cur: sqlite3.Cursor) -> tuple[int, list[Any]]:
+            seq = _one(cur.execute(_SQL_CONTROL_SEQ, (session_id,)))
+            if seq is None:
                 raise SessionNotFoundError(session_id)
-            return rows
+            return int(seq[0]), cur.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
 
-        return [
-            ControlItem(
-                session_id=session_id,
-                position=position,
-                kind=kind,
-                payload=_loads(payload, f"control item {position}"),
-                created_at=created_at,
+        count, rows = self._run(read, write=False)
+        items = []
+        expected = start
+        for position, kind_raw, payload_raw, created_raw, digest in rows:
+            where = str(position)
+            kind = _text(kind_raw, "control", where, session_id)
+            payload_json = _text(payload_raw, "control", where, session_id)
+            created_at = _text(created_raw, "control", where, session_id)
+            if digest != control_digest(session_id, position, kind, payload_json, created_at):
+                raise IntegrityError("control", where, "content does not match its digest", session_id=session_id)
+            expected += 1
+            if position != expected:
+                raise IntegrityError("control", str(expected), "the item is missing", session_id=session_id)
+            if wanted is None or kind in wanted:
+                items.append(
+                    ControlItem(
+                        session_id=session_id,
+                        position=position,
+                        kind=kind,
+                        payload=_loads(payload_json, "control", where, session_id),
+                        created_at=created_at,
+                    )
+                )
+        if expected < count:
+            raise IntegrityError(
+                "control", str(expected + 1), f"the item is missing ({count} were appended)", session_id=session_id
             )
-            for position, kind, payload, created_at in self._run(read, write=False)
-            if wanted is None or kind in wanted
-        ]
+        return items
+
+    # ---- leases
+
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
+        ttl = check_lease_ttl(ttl_seconds)
+
+        def acquire(cur: sqlite3.Cursor) -> SessionLease:
+            if _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
+                raise SessionNotFoundError(session_id)
+            lease = next_lease(_lease(cur, session_id), session_id, owner, ttl, time.time(), take_over_from)
+            cur.execute(_SQL_LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
+            return lease
+
+        return self._run(acquire, write=True)
+
+    def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        """Extend a held lease; LeaseLostError if it expired or was taken over."""
+        ttl = check_lease_ttl(ttl_seconds)
+
+        def renew(cur: sqlite3.Cursor) -> SessionLease:
+            renewed = renewed_lease(_lease(cur, lease.session_id), lease, ttl, time.time())
+            cur.execute(_SQL_LEASE_PUT, (renewed.session_id, renewed.owner, renewed.token, renewed.expires_at))
+            return renewed
+
+        return self._run(renew, write=True)
+
+    def release_lease(self, lease: SessionLease) -> None:
+        """Give the lease up now (a no-op if it is no longer current); its token stays used."""
+        self._run(lambda cur: cur.execute(_SQL_LEASE_RELEASE, (lease.session_id, lease.token, lease.owner)), write=True)
+
+    def get_lease(self, session_id: str) -> SessionLease | None:
+        """The session's current lease row (possibly lapsed), or None if it never had one."""
+        return self._run(lambda cur: _lease(cur, session_id), write=False)
 
     # ---- blobs
 
@@ -725,6 +869,8 @@ def _migrate(cur: sqlite3.Cursor, path: str) -> None:
             if _schema_version(cur, path) < migration.version:
                 for statement in migration.statements:
                     cur.execute(statement)
+                if migration.backfill is not None:
+                    migration.backfill(cur)
                 cur.execute(_SQL_SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
 
         _in_transaction(cur, apply)
@@ -820,22 +966,49 @@ def _stored_row(row: Any) -> StoredSnapshotRow:
 
 
 def _head_record(row: Any) -> SessionHeadRecord:
-    session_id, snapshot_id, sequence, lifecycle, updated_at, metadata = row
+    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest = row
+    if digest != head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at):
+        raise IntegrityError("heads", str(session_id), "content does not match its digest", session_id=session_id)
+    if metadata_raw is None:
+        raise IntegrityError(
+            "sessions", str(session_id), "the session's metadata row is missing", session_id=session_id
+        )
+    metadata_json = _text(metadata_raw, "sessions", session_id, session_id)
+    if meta_digest != metadata_digest(session_id, metadata_json):
+        raise IntegrityError("sessions", session_id, "content does not match its digest", session_id=session_id)
     return SessionHeadRecord(
         session_id=session_id,
         snapshot_id=snapshot_id,
         sequence=sequence,
         lifecycle=lifecycle,
         updated_at=updated_at,
-        metadata=_loads(metadata, f"session {session_id} metadata"),
+        metadata=_loads(metadata_json, "sessions", session_id, session_id),
     )
 
 
-def _loads(text: str, what: str) -> dict[str, Any]:
+def _lease(cur: sqlite3.Cursor, session_id: str) -> SessionLease | None:
+    row = _one(cur.execute(_SQL_LEASE_GET, (session_id,)))
+    if row is None:
+        return None
+    owner, token, expires_at = row
+    return SessionLease(session_id=session_id, owner=str(owner), token=int(token), expires_at=float(expires_at))
+
+
+def _text(raw: bytes | str, table: str, row: str, session_id: str) -> str:
+    """A stored text column read as bytes, decoded; a damaged one raises IntegrityError naming it."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return bytes(raw).decode("utf-8")
+    except (UnicodeDecodeError, TypeError) as exc:
+        raise IntegrityError(table, row, f"stored text is not valid UTF-8: {exc}", session_id=session_id) from exc
+
+
+def _loads(text: str, table: str, row: str, session_id: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{what}: stored JSON is unreadable: {exc}") from exc
+        raise IntegrityError(table, row, f"stored JSON is unreadable: {exc}", session_id=session_id) from exc
     if not isinstance(value, dict):
-        raise CheckpointError(f"{what}: stored JSON is not an object")
+        raise IntegrityError(table, row, "stored JSON is not an object", session_id=session_id)
     return value

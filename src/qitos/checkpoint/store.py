@@ -42,6 +42,9 @@ from qitos.core.codec import canonical_json
 from qitos.core.errors import (
     CheckpointError,
     CodecError,
+    IntegrityError,
+    LeaseLostError,
+    SessionBusyError,
     SnapshotIntegrityError,
     UsageError,
 )
@@ -54,6 +57,7 @@ __all__ = [
     "PruneReport",
     "SessionCommitReceipt",
     "SessionHeadRecord",
+    "SessionLease",
     "SessionSnapshot",
     "SessionSnapshotCommit",
     "SnapshotNotFoundError",
@@ -63,13 +67,21 @@ __all__ = [
     "check_after",
     "check_blobs",
     "check_control",
+    "check_fence",
+    "check_lease_ttl",
     "check_write_base",
+    "control_digest",
+    "head_digest",
     "json_text",
     "mentioned_digests",
+    "metadata_digest",
     "name_set",
+    "next_lease",
+    "renewed_lease",
     "snapshot_content_text",
     "snapshot_digest",
     "utc_now",
+    "write_digest",
 ]
 
 _T = TypeVar("_T")
@@ -109,13 +121,12 @@ class DuplicateOperationError(CheckpointError):
         return (self.__class__, (self.operation_id, self.session_id))
 
 
-class BlobIntegrityError(CheckpointError):
+class BlobIntegrityError(IntegrityError):
     """A blob's bytes do not hash to the SHA-256 digest it is stored under."""
 
     def __init__(self, digest: str, reason: str) -> None:
-        super().__init__(f"blob {digest}: {reason}")
+        super().__init__("blobs", digest, reason)
         self.digest = digest
-        self.reason = reason
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (self.__class__, (self.digest, self.reason))
@@ -141,6 +152,8 @@ def utc_now() -> str:
 
 
 _DECODE = json.JSONDecoder().decode
+# How often the default wait_for_control looks for new control items.
+_CONTROL_POLL_SECONDS = 0.05
 
 StoredSnapshotRow = tuple[str, Any, Any, Any, Any, Any, bytes | str]
 """A stored snapshot as a store reads it: id, session, parent, base, sequence, created_at, payload JSON."""
@@ -479,7 +492,8 @@ class SessionSnapshotCommit:
     ``expected_head`` None means "create the session" (HeadConflictError if it exists); otherwise
     the head must still be ``expected_head``. ``blobs`` (sha256 hex -> bytes) are stored in the
     same transaction. An ``operation_id`` may be used once per store (DuplicateOperationError
-    names the session it already created).
+    names the session it already created). ``lease_token`` is the committing runner's fencing
+    token (see :class:`SessionLease`): the store checks it in the same transaction.
     """
 
     session_id: str
@@ -489,6 +503,7 @@ class SessionSnapshotCommit:
     session_metadata: Mapping[str, Any] | None = None
     blobs: Mapping[str, bytes] = field(default_factory=dict)
     operation_id: str | None = None
+    lease_token: int | None = None
 
     def validate(self) -> str:
         """Check the request; return the snapshot's verified payload JSON."""
@@ -523,6 +538,7 @@ class StepWrite:
 
     Keyed by ``(session_id, base_snapshot_id, kind, key)``; the first write of a key is kept.
     ``base_snapshot_id`` is the snapshot the step started from and must belong to the session.
+    ``lease_token`` is the writing runner's fencing token, checked like a commit's (not stored).
     """
 
     session_id: str
@@ -531,6 +547,7 @@ class StepWrite:
     kind: str
     key: str
     payload: Mapping[str, Any]
+    lease_token: int | None = None
 
     def payload_json(self) -> str:
         """Validate the write; return its payload's canonical JSON."""
@@ -556,6 +573,22 @@ class ControlItem:
     kind: str
     payload: Mapping[str, Any]
     created_at: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SessionLease:
+    """A runner's exclusive, expiring claim on a session: one owner at a time.
+
+    ``token`` is the fencing token: it grows by one each time the lease changes hands (or lapses
+    and is taken again), and every commit and pending write of the holder carries it, so a runner
+    that lost the lease is refused by the store. ``expires_at`` is in seconds since the epoch by
+    the store's clock; the holder renews before then (:meth:`CheckpointStore.renew_lease`).
+    """
+
+    session_id: str
+    owner: str
+    token: int
+    expires_at: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -614,6 +647,91 @@ def check_control(session_id: str, kind: str, payload: Mapping[str, Any]) -> str
     _require_str(session_id, "session_id")
     _require_str(kind, "control kind")
     return json_text(payload, f"control {kind}.payload")
+
+
+def check_lease_ttl(ttl_seconds: float) -> float:
+    """A lease duration must be a positive number of seconds."""
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float) or not ttl_seconds > 0:
+        raise UsageError(f"ttl_seconds must be a positive number of seconds, got {ttl_seconds!r}")
+    return float(ttl_seconds)
+
+
+def next_lease(
+    current: SessionLease | None,
+    session_id: str,
+    owner: str,
+    ttl_seconds: float,
+    now: float,
+    take_over_from: str | None = None,
+) -> SessionLease:
+    """The lease ``owner`` gets when asking for ``session_id`` at ``now`` (store clock).
+
+    Free or lapsed: a new token. Held and live by the same owner: renewed with the same token.
+    Held and live by another owner: :class:`SessionBusyError` naming the holder, unless that holder
+    is ``take_over_from`` (a runner the caller knows is dead, e.g. a process of this host that no
+    longer exists): then it is taken over at once with a new token.
+    """
+    _require_str(owner, "lease owner")
+    if current is not None and current.expires_at > now and current.owner != take_over_from:
+        if current.owner != owner:
+            raise SessionBusyError(session_id, current.owner, current.expires_at)
+        token = current.token
+    else:
+        token = (current.token if current is not None else 0) + 1
+    return SessionLease(session_id=session_id, owner=owner, token=token, expires_at=now + ttl_seconds)
+
+
+def renewed_lease(current: SessionLease | None, lease: SessionLease, ttl_seconds: float, now: float) -> SessionLease:
+    """``lease`` extended to ``now + ttl_seconds``, or :class:`LeaseLostError` if it is not current and live."""
+    check_fence(lease.session_id, current, lease.token, now)
+    return SessionLease(session_id=lease.session_id, owner=lease.owner, token=lease.token, expires_at=now + ttl_seconds)
+
+
+def check_fence(session_id: str, current: SessionLease | None, token: int | None, now: float) -> None:
+    """Refuse a write by a runner that does not hold the session's live lease.
+
+    ``token`` None (a write by no runner, e.g. creating a session) is refused only while someone
+    holds a live lease (:class:`SessionBusyError`); a token must be the current one and unexpired
+    (:class:`LeaseLostError` says which it is not).
+    """
+    if token is None:
+        if current is not None and current.expires_at > now:
+            raise SessionBusyError(session_id, current.owner, current.expires_at)
+        return
+    if current is None:
+        raise LeaseLostError(session_id, token, "the session has no lease")
+    if current.token != token:
+        raise LeaseLostError(session_id, token, f"the lease was taken over (current token {current.token})")
+    if current.expires_at <= now:
+        raise LeaseLostError(session_id, token, "the lease expired before this write")
+
+
+# Row digests: what a store keeps beside each mutable row, and checks when reading it back. The
+# text each covers is built here, once for every store, with fields separated by U+001F.
+def _row_digest(*fields: object) -> str:
+    return hashlib.sha256("\x1f".join(map(str, fields)).encode("utf-8")).hexdigest()
+
+
+def head_digest(session_id: str, snapshot_id: str, sequence: int, lifecycle: str, updated_at: str) -> str:
+    """The digest of a head row (its session, snapshot, sequence, lifecycle and time)."""
+    return _row_digest("head", session_id, snapshot_id, sequence, lifecycle, updated_at)
+
+
+def metadata_digest(session_id: str, metadata_json: str) -> str:
+    """The digest of a session's metadata row (written once, at creation)."""
+    return _row_digest("metadata", session_id, metadata_json)
+
+
+def write_digest(write: StepWrite, payload_json: str) -> str:
+    """The digest of a pending-write row: its whole key, step and payload."""
+    return _row_digest(
+        "write", write.session_id, write.base_snapshot_id, write.step_id, write.kind, write.key, payload_json
+    )
+
+
+def control_digest(session_id: str, position: int, kind: str, payload_json: str, created_at: str) -> str:
+    """The digest of a control-item row."""
+    return _row_digest("control", session_id, position, kind, payload_json, created_at)
 
 
 # --------------------------------------------------------------------------- the contract
@@ -686,6 +804,38 @@ class CheckpointStore(abc.ABC):
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
 
     @abc.abstractmethod
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
+
+    @abc.abstractmethod
+    async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        """Extend a held lease; LeaseLostError if it expired or was taken over."""
+
+    @abc.abstractmethod
+    async def arelease_lease(self, lease: SessionLease) -> None:
+        """Give the lease up now (a no-op if it is no longer current); its token stays used."""
+
+    @abc.abstractmethod
+    async def aget_lease(self, session_id: str) -> SessionLease | None:
+        """The session's current lease row (possibly lapsed), or None if it never had one."""
+
+    async def await_control(self, session_id: str, *, after: int = 0, timeout: float = 1.0) -> list[ControlItem]:
+        """Wait up to ``timeout`` seconds for control items after ``after``; [] if none arrived.
+
+        This default polls ``alist_control``; a store that can be notified (PostgreSQL's
+        LISTEN/NOTIFY) overrides it to wake as soon as an item is appended.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            items = await self.alist_control(session_id, after=after)
+            remaining = deadline - time.monotonic()
+            if items or remaining <= 0:
+                return items
+            await asyncio.sleep(min(_CONTROL_POLL_SECONDS, remaining))
+
+    @abc.abstractmethod
     async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
 
@@ -751,6 +901,34 @@ class CheckpointStore(abc.ABC):
     def list_control(self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[ControlItem]:
         """Control items with position > ``after`` (optionally only ``kinds``), by position."""
         return _run_sync(self.alist_control(session_id, after=after, kinds=kinds), "list_control")
+
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it.
+
+        ``take_over_from`` names a holder the caller knows is dead: its live lease is taken over.
+        """
+        return _run_sync(
+            self.aacquire_lease(session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from),
+            "acquire_lease",
+        )
+
+    def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        """Extend a held lease; LeaseLostError if it expired or was taken over."""
+        return _run_sync(self.arenew_lease(lease, ttl_seconds=ttl_seconds), "renew_lease")
+
+    def release_lease(self, lease: SessionLease) -> None:
+        """Give the lease up now (a no-op if it is no longer current); its token stays used."""
+        return _run_sync(self.arelease_lease(lease), "release_lease")
+
+    def get_lease(self, session_id: str) -> SessionLease | None:
+        """The session's current lease row (possibly lapsed), or None if it never had one."""
+        return _run_sync(self.aget_lease(session_id), "get_lease")
+
+    def wait_for_control(self, session_id: str, *, after: int = 0, timeout: float = 1.0) -> list[ControlItem]:
+        """Wait up to ``timeout`` seconds for control items after ``after``; [] if none arrived."""
+        return _run_sync(self.await_control(session_id, after=after, timeout=timeout), "wait_for_control")
 
     def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
@@ -841,6 +1019,30 @@ class SyncCheckpointStore(CheckpointStore):
     ) -> list[ControlItem]: ...
 
     @abc.abstractmethod
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease: ...
+
+    @abc.abstractmethod
+    def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease: ...
+
+    @abc.abstractmethod
+    def release_lease(self, lease: SessionLease) -> None: ...
+
+    @abc.abstractmethod
+    def get_lease(self, session_id: str) -> SessionLease | None: ...
+
+    def wait_for_control(self, session_id: str, *, after: int = 0, timeout: float = 1.0) -> list[ControlItem]:
+        """Wait up to ``timeout`` seconds for control items after ``after`` (polling); [] if none arrived."""
+        deadline = time.monotonic() + timeout
+        while True:
+            items = self.list_control(session_id, after=after)
+            remaining = deadline - time.monotonic()
+            if items or remaining <= 0:
+                return items
+            time.sleep(min(_CONTROL_POLL_SECONDS, remaining))
+
+    @abc.abstractmethod
     def put_blobs(self, blobs: Mapping[str, bytes]) -> None: ...
 
     @abc.abstractmethod
@@ -891,6 +1093,22 @@ class SyncCheckpointStore(CheckpointStore):
         self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
     ) -> list[ControlItem]:
         return await self._offload(self.list_control, session_id, after=after, kinds=kinds)
+
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return await self._offload(
+            self.acquire_lease, session_id, owner, ttl_seconds=ttl_seconds, take_over_from=take_over_from
+        )
+
+    async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        return await self._offload(self.renew_lease, lease, ttl_seconds=ttl_seconds)
+
+    async def arelease_lease(self, lease: SessionLease) -> None:
+        await self._offload(self.release_lease, lease)
+
+    async def aget_lease(self, session_id: str) -> SessionLease | None:
+        return await self._offload(self.get_lease, session_id)
 
     async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
         await self._offload(self.put_blobs, blobs)

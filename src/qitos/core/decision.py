@@ -83,6 +83,8 @@ class Decision(Generic[ActionT]):
     ) -> None:
         if mode not in _MODES:
             raise DecisionError(f"Decision.mode must be one of {', '.join(_MODES)}, got {mode!r}")
+        if len(actions) > 1:
+            _check_unique_ids(actions)
         values = self.__dict__
         values["mode"] = mode
         values["actions"] = actions
@@ -161,6 +163,19 @@ class Decision(Generic[ActionT]):
             candidates=tuple(cls.from_dict(c) for c in data.get("candidates", ())),
             meta=dict(data.get("meta") or {}),
         )
+
+
+def _check_unique_ids(actions: tuple[Action, ...]) -> None:
+    """Each call of a decision is recorded, resumed and answered by its id: two calls may not share one."""
+    seen: set[str] = set()
+    for action in actions:
+        if action.id in seen:
+            names = [a.name for a in actions if a.id == action.id]
+            raise DecisionError(
+                f"Decision.act: action id {action.id!r} is used by more than one call ({', '.join(names)}); "
+                "every call of a decision needs its own id"
+            )
+        seen.add(action.id)
 
 
 @dataclass(frozen=True, init=False)

@@ -15,7 +15,10 @@ separate subtrees so callers can catch one without the other::
         ├── CheckpointError         durable storage
         │   ├── SessionNotFoundError
         │   ├── HeadConflictError   compare-and-swap on a session head lost
-        │   └── SnapshotIntegrityError   stored bytes do not match their digest
+        │   ├── SessionBusyError    another runner holds the session's lease
+        │   ├── LeaseLostError      this runner's lease expired or was taken over (fencing)
+        │   └── IntegrityError      a stored row does not match its digest (names table, row, session)
+        │       └── SnapshotIntegrityError   a snapshot's bytes do not match its identity
         └── (MemoryResourceError)   a bound memory root is missing; see qitos.core.memory
 
 Pausing and awaiting approval are *signals* reported through ``StopReason``, never errors.
@@ -24,6 +27,7 @@ Errors carry typed fields, do no work in ``__init__`` beyond storing them, and p
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
@@ -32,9 +36,12 @@ __all__ = [
     "ConfigurationError",
     "ContextError",
     "HeadConflictError",
+    "IntegrityError",
+    "LeaseLostError",
     "ModelError",
     "QitosError",
     "RunError",
+    "SessionBusyError",
     "SessionNotFoundError",
     "SnapshotIntegrityError",
     "StateValidationError",
@@ -145,13 +152,86 @@ class HeadConflictError(CheckpointError):
         return (self.__class__, (self.session_id, self.expected_head, self.actual_head))
 
 
-class SnapshotIntegrityError(CheckpointError):
-    """A snapshot's stored content does not match its identity digest, or cannot be read."""
+class SessionBusyError(CheckpointError):
+    """Another runner holds this session's lease; nothing was executed.
 
-    def __init__(self, snapshot_id: str, reason: str) -> None:
-        super().__init__(f"snapshot {snapshot_id}: {reason}")
-        self.snapshot_id = snapshot_id
+    ``owner`` is the holder's id and ``expires_at`` (seconds since the epoch, by the store's clock)
+    when the lease lapses unless renewed; after that another runner may take the session over.
+    """
+
+    def __init__(self, session_id: str, owner: str, expires_at: float) -> None:
+        super().__init__(
+            f"session {session_id!r} is being run by {owner!r} (lease until {_clock(expires_at)}); "
+            "wait for that run to end, or for its lease to expire if its runner died"
+        )
+        self.session_id = session_id
+        self.owner = owner
+        self.expires_at = expires_at
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.session_id, self.owner, self.expires_at))
+
+
+class LeaseLostError(CheckpointError):
+    """A write carried a fencing token that is no longer the session's current, unexpired lease.
+
+    The runner lost the session (its lease expired, or another runner took it over); the store
+    refused the write, so a stale runner can never record a step or start a tool.
+    """
+
+    def __init__(self, session_id: str, token: int, reason: str) -> None:
+        super().__init__(f"session {session_id!r}: lease token {token} is no longer valid ({reason})")
+        self.session_id = session_id
+        self.token = token
         self.reason = reason
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (self.__class__, (self.snapshot_id, self.reason))
+        return (self.__class__, (self.session_id, self.token, self.reason))
+
+
+class IntegrityError(CheckpointError):
+    """A stored row is damaged: its content does not match its digest, or it cannot be decoded.
+
+    ``table`` and ``row`` locate it (``writes``, ``tool_result/call-1``), ``session_id`` names the
+    session it belongs to when known. Restore never trusts such a row.
+    """
+
+    def __init__(self, table: str, row: str, reason: str, *, session_id: str | None = None) -> None:
+        where = f"{table} row {row}" + (f" of session {session_id!r}" if session_id else "")
+        super().__init__(f"{where}: {reason}")
+        self.table = table
+        self.row = row
+        self.reason = reason
+        self.session_id = session_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_integrity_error, (self.__class__, self.table, self.row, self.reason, self.session_id))
+
+
+def _rebuild_integrity_error(
+    cls: type[IntegrityError], table: str, row: str, reason: str, session_id: str | None
+) -> IntegrityError:
+    error = IntegrityError.__new__(cls)
+    IntegrityError.__init__(error, table, row, reason, session_id=session_id)
+    return error
+
+
+class SnapshotIntegrityError(IntegrityError):
+    """A snapshot's stored content does not match its identity digest, or cannot be read."""
+
+    def __init__(self, snapshot_id: str, reason: str, *, session_id: str | None = None) -> None:
+        super().__init__("snapshots", snapshot_id, reason, session_id=session_id)
+        self.snapshot_id = snapshot_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_snapshot_error, (self.__class__, self.snapshot_id, self.reason, self.session_id))
+
+
+def _rebuild_snapshot_error(
+    cls: type[SnapshotIntegrityError], snapshot_id: str, reason: str, session_id: str | None
+) -> SnapshotIntegrityError:
+    return cls(snapshot_id, reason, session_id=session_id)
+
+
+def _clock(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="milliseconds")

@@ -494,15 +494,17 @@ class ExchangeLog:
         """JSON-native entries from position ``start`` on (copies; safe to persist)."""
         return [json.loads(text) for text in self._texts_from(start, "entries")]
 
-    def entries_json(self, start: int = 0) -> str:
-        """The canonical JSON text of ``entries(start)``, without building the entries."""
-        return "[" + ",".join(self._texts_from(start, "entries_json")) + "]"
+    def entries_json(self, start: int = 0, stop: int | None = None) -> str:
+        """The canonical JSON text of the entries from ``start`` up to ``stop`` (default: the end),
+        without building the entries."""
+        return "[" + ",".join(self._texts_from(start, "entries_json", stop)) + "]"
 
-    def _texts_from(self, start: int, caller: str) -> list[str]:
+    def _texts_from(self, start: int, caller: str, stop: int | None = None) -> list[str]:
         texts = self._entry_texts
-        if start < 0 or start > len(texts):
-            raise ExchangeLogError(f"{caller}(start={start}): position outside 0..{len(texts)}")
-        return texts[start:]
+        end = len(texts) if stop is None else stop
+        if start < 0 or start > end or end > len(texts):
+            raise ExchangeLogError(f"{caller}(start={start}, stop={stop}): positions outside 0..{len(texts)}")
+        return texts[start:end]
 
     def projection(self) -> ExchangeProjection:
         """The projection index over the closed prefix (for request builders; do not mutate)."""

@@ -28,6 +28,7 @@ from qitos.core.task import Task
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy
+from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
 
@@ -55,6 +56,7 @@ class Runtime:
     durability: str = "sync"
     batch_steps: int = 16
     batch_ms: float = 50.0
+    lease_ttl: float = DEFAULT_LEASE_TTL
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,6 +111,7 @@ def compose(
     durability: str = "sync",
     batch_steps: int = 16,
     batch_ms: float = 50.0,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
     **engine_kwargs: Any,
 ) -> Composition:
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
@@ -116,12 +119,16 @@ def compose(
     ``store`` defaults to an in-process ``InMemoryCheckpointStore``. ``durability`` is ``"sync"``
     (commit every boundary) or ``"batched"`` (group commit every ``batch_steps`` boundaries or
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
+    ``lease_ttl`` is how many seconds a run's hold on its session lasts without renewal: how long a
+    session whose runner died waits before another runner may take it over (``qitos.sessions.lease``).
     Other keyword arguments go to the Engine (``budget=``, ``hooks=``, ``critics=`` ...).
     """
     if durability not in ("sync", "batched"):
         raise ConfigurationError(f"durability must be 'sync' or 'batched', got {durability!r}")
     if batch_steps < 1 or batch_ms <= 0:
         raise ConfigurationError("batch_steps must be >= 1 and batch_ms > 0")
+    if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or lease_ttl <= 0:
+        raise ConfigurationError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
     agent_factory = _agent_factory(agent)
     bound: dict[str, Any] = {}
     references: list[ResolverReference] = []
@@ -144,6 +151,7 @@ def compose(
         durability=durability,
         batch_steps=batch_steps,
         batch_ms=batch_ms,
+        lease_ttl=float(lease_ttl),
         engine_kwargs=dict(engine_kwargs),
     )
     return Composition(agent_factory, runtime)

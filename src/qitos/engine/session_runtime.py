@@ -68,6 +68,7 @@ from qitos.sessions.journal import (
     PendingStep,
     ResumePoint,
 )
+from qitos.sessions.lease import DEFAULT_LEASE_TTL, LeaseKeeper
 from qitos.sessions.step_journal import APPROVAL_KINDS, FORMAT, RestoredSession, SessionJournal, materialize, restore
 from qitos.sessions.stored_view import view_from_record
 
@@ -251,38 +252,50 @@ class Session:
     # ---- running
 
     def run(self, *, steering: str | None = None) -> EngineResult[Any]:
-        """Run or resume through the one canonical Engine loop."""
+        """Run or resume through the one canonical Engine loop.
+
+        The run takes the session's lease first: if another runner holds it, SessionBusyError
+        names that runner and nothing executes. The lease is renewed while the run goes on and
+        released when it ends (see ``qitos.sessions.lease``).
+        """
         if steering is not None:
             self.steer(steering)
         store = self.store
         sid = self.session_id.value
-        head = _require_head(store, sid)
-        restored = restore(store, sid, head.snapshot_id)
-        state = self.state_type.from_dict(restored.state_data)
-        self.run_id = RunIdentity.new()
-        self.attempt_id = AttemptIdentity.new()
         runtime = self._composition.runtime if self._composition is not None else None
-        journal = SessionJournal(
-            store,
-            sid,
-            restored,
-            run_id=self.run_id.value,
-            mode=runtime.durability if runtime else "sync",
-            batch_steps=runtime.batch_steps if runtime else 16,
-            batch_ms=runtime.batch_ms if runtime else 50.0,
-        )
-        self._journal = journal
-        resume = ResumePoint(
-            state=state,
-            log=restored.log,
-            budget_used={
-                **(restored.snapshot.payload.get("budget_used") or {}),
-                "control_position": restored.control_position,
-            },
-            pending=restored.pending,
-            carry_changes=restored.carry_changes,
-        )
-        return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
+        lease = LeaseKeeper(store, sid, ttl_seconds=runtime.lease_ttl if runtime else DEFAULT_LEASE_TTL)
+        lease.acquire()
+        try:
+            head = _require_head(store, sid)  # read under the lease: no other runner moves it now
+            restored = restore(store, sid, head.snapshot_id)
+            state = self.state_type.from_dict(restored.state_data)
+            self.run_id = RunIdentity.new()
+            self.attempt_id = AttemptIdentity.new()
+            journal = SessionJournal(
+                store,
+                sid,
+                restored,
+                run_id=self.run_id.value,
+                mode=runtime.durability if runtime else "sync",
+                batch_steps=runtime.batch_steps if runtime else 16,
+                batch_ms=runtime.batch_ms if runtime else 50.0,
+                lease=lease,
+            )
+            self._journal = journal
+            resume = ResumePoint(
+                state=state,
+                log=restored.log,
+                budget_used={
+                    **(restored.snapshot.payload.get("budget_used") or {}),
+                    "control_position": restored.control_position,
+                },
+                pending=restored.pending,
+                carry_changes=restored.carry_changes,
+            )
+            lease.start_heartbeat()
+            return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
+        finally:
+            lease.release()
 
     def pause(self) -> PauseReceipt:
         """Request cooperative pause; durable status is returned at a boundary."""

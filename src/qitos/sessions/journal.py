@@ -118,6 +118,10 @@ class BoundaryCommit:
     pending: PendingStep | None = None
     record: Any = None
     request_view: Any = None
+    # Where the exchange log stood at this boundary; a durable journal fills them in when the
+    # boundary is handed to it, so a boundary written later (batched) never takes newer entries.
+    log_position: int | None = None
+    log_digest: str | None = None
 
 
 class RunJournal:

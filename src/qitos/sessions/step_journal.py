@@ -35,11 +35,12 @@ from qitos.checkpoint.packing import pack_or_raw, unpack
 from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core.decision import Action
-from qitos.core.errors import CheckpointError, SnapshotIntegrityError
+from qitos.core.errors import CheckpointError, IntegrityError, SnapshotIntegrityError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
 from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
+from qitos.sessions.lease import LeaseKeeper
 from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 from qitos.sessions.stored_view import view_record
 
@@ -229,9 +230,17 @@ def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSe
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
-            pending = PendingStep.from_dict(write.payload)
-            restored.log.extend_entries(pending.log_entries)
-            apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            try:
+                pending = PendingStep.from_dict(write.payload)
+                restored.log.extend_entries(pending.log_entries)
+                apply_copied(restored.state_data, pending.state_changes, restored.copied)
+            except Exception as exc:
+                raise IntegrityError(
+                    "writes",
+                    f"decision/{write.key}",
+                    f"the unfinished step does not apply: {exc}",
+                    session_id=session_id,
+                ) from exc
             note_reshaped(restored.reshaped, pending.state_changes)
             restored.carry_changes.extend(pending.state_changes)
             restored.pending_from_writes = True
@@ -266,8 +275,12 @@ class SessionJournal(RunJournal):
         batch_steps: int = 16,
         batch_ms: float = 50.0,
         poll_interval: float = 0.005,
+        lease: LeaseKeeper | None = None,
     ) -> None:
         self.store = store
+        # The run's hold on the session: its token goes with every write, and a lost lease stops
+        # the journal before it writes anything (see qitos.sessions.lease).
+        self.lease = lease
         # Control items (pause, steer, approvals) are read from the store at a boundary at most every
         # poll_interval seconds (always at a run's first boundary and before an approval check), so a
         # run of sub-millisecond steps does not pay a query per step; a request lands within that time.
@@ -294,6 +307,7 @@ class SessionJournal(RunJournal):
         if restored.pending is not None and restored.pending_from_writes:
             self._log_position -= len(restored.pending.log_entries)
         self._log_chunks = list(restored.log_chunks)
+        self._restored_started = frozenset(restored.pending.started) if restored.pending else frozenset()
         self._request_view_id: str | None = restored.request_view
         self._request_view_obj: Any = None
         self._consumed = restored.control_position
@@ -344,7 +358,7 @@ class SessionJournal(RunJournal):
     def record_decision(self, pending: PendingStep) -> None:
         if not pending.decision.get("actions") and pending.model is None:
             return  # nothing to protect: re-deciding without a model or tools is free and has no effects
-        self._flush()
+        self._flush_inside_step()
         payload = pending.to_dict()
         payload["started"], payload["results"] = [], {}
         write = self._step_write(pending.step_id, "decision", "decision", payload)
@@ -357,9 +371,17 @@ class SessionJournal(RunJournal):
             self._put([write])  # a model's output is expensive to get again: durable at once
 
     def record_tool_started(self, step_id: int, action: Action) -> None:
-        self._put(
+        stored = self._put(
             [self._step_write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})]
         )
+        if not stored[-1] and action.id not in self._restored_started:
+            # First write wins: this call's start is already recorded but not by an attempt this
+            # run restored (which re-runs only idempotent calls), so another runner may be running
+            # it. Never start it a second time.
+            raise CheckpointError(
+                f"session {self.session_id!r}: tool call {action.id!r} of step {step_id} was already started "
+                "by another attempt; it is not started again"
+            )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
         self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict())])
@@ -372,15 +394,23 @@ class SessionJournal(RunJournal):
             kind=kind,
             key=key,
             payload=payload,
+            lease_token=self._token(),
         )
 
-    def _put(self, writes: list[StepWrite]) -> None:
+    def _token(self) -> int | None:
+        """The fencing token for the next write (renewing the lease when due), or None without a lease."""
+        if self.lease is None:
+            return None
+        self.lease.check()
+        return self.lease.token
+
+    def _put(self, writes: list[StepWrite]) -> list[bool]:
         """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
         self._raise_if_failed()
         if self._unwritten:
             writes = [*self._unwritten, *writes]
             self._unwritten = []
-        self.store.put_writes(writes)
+        return self.store.put_writes(writes)
 
     # ---- boundaries
 
@@ -389,6 +419,9 @@ class SessionJournal(RunJournal):
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
         self._consumed = max(self._consumed, boundary.control_position)
+        log = boundary.log
+        if log is not None and boundary.log_position is None:
+            boundary.log_position, boundary.log_digest = log.position, log.digest
         if self.mode == "sync":
             self._commit_now([boundary])
             return
@@ -405,6 +438,17 @@ class SessionJournal(RunJournal):
     def close(self) -> None:
         self._flush()
 
+    def _flush_inside_step(self) -> None:
+        """Write buffered boundaries from within a step (before its decision is recorded).
+
+        The step has already changed the live state, so the flush writes deltas only (each
+        boundary carries its own changes), never a base made from the state as it is now.
+        """
+        if self._buffer:
+            buffered, self._buffer = self._buffer, []
+            self._commit_now(buffered, base_allowed=False)
+        self._buffer_since = time.monotonic()
+
     @property
     def unflushed(self) -> int:
         """Boundaries buffered in batched mode and not yet durable."""
@@ -420,7 +464,7 @@ class SessionJournal(RunJournal):
         if self._failure is not None:
             raise self._failure
 
-    def _commit_now(self, boundaries: list[BoundaryCommit]) -> None:
+    def _commit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
         last = boundaries[-1]
         delta: list[dict[str, Any]] = []
         for boundary in boundaries:
@@ -449,15 +493,16 @@ class SessionJournal(RunJournal):
         if steps:
             payload["step"] = steps
         log: ExchangeLog | None = last.log
+        position = self._log_position if last.log_position is None else last.log_position
         chunk: str | None = None
-        if log is not None and log.position > self._log_position:
-            raw = pack_or_raw(log.entries_json(self._log_position).encode("utf-8"))
+        if log is not None and position > self._log_position:
+            raw = pack_or_raw(log.entries_json(self._log_position, position).encode("utf-8"))
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
         log_meta = {
             "log_id": log.log_id if log is not None else f"log-{self.session_id}",
-            "position": log.position if log is not None else self._log_position,
-            "digest": log.digest if log is not None else _EMPTY_LOG_DIGEST,
+            "position": position,
+            "digest": last.log_digest if last.log_digest is not None else _EMPTY_LOG_DIGEST,
         }
         if chunk is not None:
             payload["log"] = {**log_meta, "chunk": chunk}
@@ -468,8 +513,10 @@ class SessionJournal(RunJournal):
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
             payload["request_view"] = view_id
-        full = self._delta_bytes > _FULL_FACTOR * self._state_bytes and (
-            self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS
+        full = (
+            base_allowed
+            and self._delta_bytes > _FULL_FACTOR * self._state_bytes
+            and (self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS)
         )
         chunks: dict[str, list[ChunkRef]] = {}
         if full:
@@ -500,6 +547,7 @@ class SessionJournal(RunJournal):
             snapshot=snapshot,
             lifecycle=last.lifecycle,
             blobs=blobs,
+            lease_token=self._token(),
         )
         try:
             self.store.commit_session_snapshot(commit)
@@ -520,7 +568,7 @@ class SessionJournal(RunJournal):
             self._deltas += 1
         if chunk:
             self._log_chunks.append(chunk)
-        self._log_position = log.position if log is not None else self._log_position
+        self._log_position = position
         self.commits += 1
 
     def _full_state(
