@@ -824,7 +824,7 @@
               kv([
                 ["model", response.model || "–"],
                 ["finish", response.finish_reason || "–"],
-                ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out`],
+                ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out${(response.usage || {}).estimated ? " (estimated: the server reported none)" : ""}`],
                 ["request digest", el("span", { class: "mono small", text: step.model.request_digest || "–" })],
               ]),
               response.text ? longText(response.text, "answer") : null,
