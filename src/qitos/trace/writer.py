@@ -27,7 +27,7 @@ from qitos.trace.redact import Redactor
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
 
-__all__ = ["MESSAGES_FILE", "TraceWriter", "message_runs"]
+__all__ = ["MESSAGES_FILE", "TraceWriter", "displayed_messages", "message_runs"]
 
 MESSAGES_FILE = "messages.jsonl"
 
@@ -137,6 +137,19 @@ def message_runs(positions: Iterable[int]) -> list[list[int]]:
         else:
             runs.append([position, position])
     return runs
+
+
+def displayed_messages(view: RequestView) -> list[dict[str, Any]]:
+    """The messages ``view`` sends as the trace stores them: a secret context contribution becomes
+    a placeholder naming its id and digest (with ``"secret": true``)."""
+    out = []
+    for _, line in _request_lines(view):
+        record = json.loads(line)
+        message: dict[str, Any] = record["message"]
+        if record.get("secret"):
+            message["secret"] = True
+        out.append(message)
+    return out
 
 
 def _line(key: str, message_json: str, *, secret: bool = False) -> str:

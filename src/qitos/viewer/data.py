@@ -33,6 +33,7 @@ from qitos.core.agent_module import AgentModule
 from qitos.core.errors import CheckpointError, ConfigurationError, QitosError, UsageError
 from qitos.engine.composition import compose
 from qitos.trace.reader import RunTrace, TraceError, list_runs
+from qitos.trace.writer import displayed_messages
 
 __all__ = [
     "AmbiguousReferenceError",
@@ -321,7 +322,8 @@ def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
 
 
 def inspection_to_dict(inspection: Any) -> dict[str, Any]:
-    """A ``SessionInspection`` as JSON (the last request view as its ``summary()``)."""
+    """A ``SessionInspection`` as JSON (the last request view as its ``summary()``, and the
+    messages it sent, secret context as placeholders)."""
     view = inspection.last_request_view
     batch = inspection.tool_batch
     return {
@@ -332,6 +334,7 @@ def inspection_to_dict(inspection: Any) -> dict[str, Any]:
         "budget": to_jsonable(inspection.budget),
         "work_graph": to_jsonable(inspection.work_graph),
         "last_request_view": view.summary() if view is not None else None,
+        "last_request_messages": displayed_messages(view) if view is not None else None,
         "task": inspection.task,
         "tool_batch": None
         if batch is None

@@ -944,6 +944,7 @@
           if (ins.last_request_view) {
             app.appendChild(el("h2", { class: "section-title", text: "Last request" }));
             app.appendChild(requestView(ins.last_request_view));
+            if (ins.last_request_messages) app.appendChild(messagesSection(ins.last_request_messages));
           }
         }
         app.appendChild(
