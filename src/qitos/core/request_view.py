@@ -391,6 +391,14 @@ class RequestView:
     a tool, which fulfils a ``required`` or named policy: :meth:`tool_choice` is then ``auto``, so
     "required until a tool was used, then auto" is one policy. Adapters send :meth:`tool_choice`
     (the OpenAI-compatible adapter as ``tool_choice``; the local adapter as its grammar).
+
+    What the built-in adapters send: :meth:`messages`, :meth:`tools`, :meth:`tool_choice` and
+    ``reasoning_policy.effort`` (see :class:`ReasoningPolicy`). The other fields record how the
+    request was built and are not sent: ``context_budget``, ``selection``,
+    ``compaction_receipts``, ``provenance_json``, ``steering_boundary_json``,
+    ``correlation_facts_json`` and ``protocol_id`` are for traces and checks;
+    ``capability_requirements``, ``continuation`` (chat completions have no previous-response id)
+    and ``artifact_refs`` (bodies are not embedded) are ignored by both built-in adapters.
     """
 
     request_id: str
