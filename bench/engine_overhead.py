@@ -1,6 +1,6 @@
 """Engine overhead: the cost of one agent step in the qitos Engine vs a LangGraph 1.2 StateGraph.
 
-Run: .venv/bin/python bench/engine_overhead.py [--steps 1000] [--rounds 5] [--no-langgraph]
+Run: .venv/bin/python bench/engine_overhead.py [--steps 1000] [--rounds 5] [--no-langgraph] [--otel]
 
 Both sides do the same work per step, in-process, with no trace and no store/checkpointer:
 a scripted decide (one call of a no-op tool), the tool call, and a reduce that appends a 16-byte
@@ -22,6 +22,11 @@ steps after step 0 can be compared with the cost of the last 100 steps without a
 Rounds interleave qitos and LangGraph so a change in machine load hits both; medians are reported.
 The garbage collector stays on (its cost is part of a step) and each timed run starts after a
 ``gc.collect()``, on both sides.
+
+``--otel`` adds a third line in each round: the same qitos run with OpenTelemetry on
+(``Engine(otel=provider)``, an SDK ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
+``InMemorySpanExporter``, cleared after each run): the cost of a step span plus a tool span per step.
+The plain qitos line is the disabled path (no tracer provider), which must not change.
 
 Targets (issue 2): qitos <= 25 us/step; >= 10x less than LangGraph; qitos last 100 steps within
 1.5x of the first 100.
@@ -87,10 +92,10 @@ class BenchAgent(AgentModule[BenchState, Any, Any]):
         return state
 
 
-def qitos_once(steps: int) -> dict[str, float]:
-    """One timed qitos run of ``steps`` steps."""
+def qitos_once(steps: int, otel: Any = None) -> dict[str, float]:
+    """One timed qitos run of ``steps`` steps (with OpenTelemetry spans to ``otel`` when given)."""
     agent = BenchAgent(steps)
-    engine = Engine(agent)
+    engine = Engine(agent, otel=otel)
     gc.collect()  # every timed run starts from the same collector state (both sides do this)
     cpu_started, started = time.process_time(), time.perf_counter()
     result = engine.run("bench")
@@ -98,6 +103,29 @@ def qitos_once(steps: int) -> dict[str, float]:
     if result.step_count != steps or len(result.state.items) != steps:
         raise SystemExit(f"qitos run did {result.step_count} steps ({result.state.stop_reason}); expected {steps}")
     return _summary(total, cpu, agent.stamps, steps)
+
+
+def otel_provider() -> tuple[Any, Any]:
+    """A TracerProvider exporting synchronously into memory, and its exporter (needs qitos[otel])."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def qitos_otel_once(steps: int, provider: Any, exporter: Any) -> dict[str, float]:
+    """One timed qitos run with spans; checks the span count (run + a step and a tool span per step)."""
+    exporter.clear()
+    row = qitos_once(steps, otel=provider)
+    spans = len(exporter.get_finished_spans())
+    if spans != 1 + 2 * steps:
+        raise SystemExit(f"the traced qitos run made {spans} spans; expected {1 + 2 * steps}")
+    exporter.clear()
+    return row
 
 
 def _summary(total: float, cpu: float, stamps: list[float], steps: int) -> dict[str, float]:
@@ -232,6 +260,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=1000, help="agent steps per run (default 1000)")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds, each one qitos + one LangGraph run")
     parser.add_argument("--no-langgraph", action="store_true", help="measure qitos only (no anchor)")
+    parser.add_argument("--otel", action="store_true", help="also time qitos with OpenTelemetry spans (in memory)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
     if args.steps < 3:
@@ -240,11 +269,17 @@ def main() -> int:
     load_before = _load()
     python = None if args.no_langgraph else langgraph_python()
     qitos_once(args.steps)  # warm up imports and caches
+    otel = otel_provider() if args.otel else None
+    if otel is not None:
+        qitos_otel_once(args.steps, *otel)
     q_rows: list[dict[str, float]] = []
+    otel_rows: list[dict[str, float]] = []
     lg_rows: list[dict[str, float]] = []
     lg_version = LANGGRAPH_VERSION
     for _ in range(args.rounds):
         q_rows.append(qitos_once(args.steps))
+        if otel is not None:
+            otel_rows.append(qitos_otel_once(args.steps, *otel))
         if python is not None:
             lg_version, row = langgraph_once(python, args.steps)
             lg_rows.append(row)
@@ -257,6 +292,8 @@ def main() -> int:
     print()
     print(f"{'':<20}{'us/step':>9}{'min':>8}{'max':>8}{'cpu us':>8}{'first100':>10}{'last100':>9}{'last/first':>11}")
     lines = [("qitos Engine", q_rows)]
+    if otel_rows:
+        lines.append(("qitos Engine +otel", otel_rows))
     if lg_rows:
         lines.append((f"LangGraph {lg_version}", lg_rows))
     for name, rows in lines:
@@ -276,9 +313,14 @@ def main() -> int:
         "load_before": load_before,
         "load_after": load_after,
         "qitos": q_rows,
+        "qitos_otel": otel_rows,
         "langgraph": lg_rows,
     }
     checks = [(f"qitos <= {TARGET_US:g} us/step", q_us <= TARGET_US, f"{q_us:.1f} us")]
+    if otel_rows:
+        otel_us = _median(otel_rows, "us_per_step")
+        print(f"OpenTelemetry on: +{otel_us - q_us:.1f} us/step ({otel_us / q_us:.2f}x the disabled path)")
+        results["otel_extra_us"] = otel_us - q_us
     if lg_rows:
         lg_us = _median(lg_rows, "us_per_step")
         ratio = lg_us / q_us

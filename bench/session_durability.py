@@ -59,7 +59,7 @@ LANGGRAPH_VENV = HERE / ".venvs" / "langgraph"
 LANGGRAPH_PINS = {"langgraph": "1.2.24", "langgraph-checkpoint-sqlite": None}
 KIB = 1024
 MB = 1_000_000
-TARGETS = {"us_per_step": 100.0, "ratio": 30.0, "drift": 1.5, "db_mb": 2.5, "restore_ms": 2.0}
+TARGETS = {"us_per_step": 100.0, "ratio": 30.0, "drift": 1.5, "db_mb": 2.5, "restore_ms": 2.0, "floor_multiple": 2.5}
 
 
 def chunks(n: int) -> list[str]:
@@ -100,21 +100,67 @@ class BenchAgent(AgentModule[BenchState, Any, Any]):
         return state
 
 
+@dataclass
+class RecordState(StateSchema):
+    """The dict variant's state: one record (a dict with the chunk) per step."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RecordBenchAgent(AgentModule[RecordState, Any, Any]):
+    """Appends one dict per step (step number, the 1 KiB chunk, a tag list); no tool."""
+
+    def __init__(self, data: list[str] | None = None) -> None:
+        super().__init__()
+        self.data = data or []
+
+    def init_state(self, task: str, **kwargs: Any) -> RecordState:
+        return RecordState(task=task, max_steps=int(kwargs.get("n", len(self.data))) + 2)
+
+    def decide(self, state: RecordState, observation: Any) -> Decision[Any]:
+        step = state.current_step
+        if step >= len(self.data):
+            return Decision.final("done")
+        state.records.append({"step": step, "text": self.data[step], "tags": ["bench", f"s{step % 7}"]})
+        return Decision.wait()
+
+    def reduce(self, state: RecordState, observation: Any, decision: Decision[Any]) -> RecordState:
+        return state
+
+
 @tool
 def noop() -> str:
-    """Do nothing (the tool of the tool-step variant)."""
+    """Do nothing, once (the non-idempotent tool of the tool-step variant)."""
+    return "ok"
+
+
+@tool(idempotent=True)
+def noop_idempotent() -> str:
+    """Do nothing (safe to repeat: the idempotent tool-step variant)."""
     return "ok"
 
 
 class ToolBenchAgent(BenchAgent):
     """The same appends, each step also calling one no-op tool (a decision made without a model)."""
 
-    def __init__(self, data: list[str] | None = None) -> None:
-        super().__init__(data, ToolRegistry([noop]))
+    def __init__(self, data: list[str] | None = None, *, idempotent: bool = False) -> None:
+        super().__init__(data, ToolRegistry([noop_idempotent if idempotent else noop]))
+        self.tool_name = "noop_idempotent" if idempotent else "noop"
 
     def decide(self, state: BenchState, observation: Any) -> Decision[Any]:
         decision = super().decide(state, observation)
-        return Decision.act([Action("noop", {})]) if decision.mode == "wait" else decision
+        return Decision.act([Action(self.tool_name, {})]) if decision.mode == "wait" else decision
+
+
+class CountingStore(SqliteCheckpointStore):
+    """The SQLite store, counting its write transactions (the benchmark's instrument only)."""
+
+    writes = 0
+
+    def _run(self, fn: Any, *, write: bool) -> Any:
+        if write:
+            self.writes += 1
+        return super()._run(fn, write=write)
 
 
 class StepClock(EngineHook):
@@ -143,14 +189,16 @@ def run_qitos(n: int, data: list[str], workdir: Path, durability: str) -> dict[s
     """Run one durable session of N steps; per-step times, size, and restore in a fresh process."""
     path = workdir / f"qitos-{durability}.db"
     clock = StepClock()
-    store = SqliteCheckpointStore(path)
+    store = CountingStore(path)
     composition = compose(agent=lambda: BenchAgent(data), store=store, durability=durability, hooks=[clock])
     session = composition.session("bench", n=n)
+    before = store.writes
     cpu = time.process_time()
     start = time.perf_counter()
     result = session.run()
     total = time.perf_counter() - start
     cpu = time.process_time() - cpu
+    writes = store.writes - before
     if len(result.state.items) != n or result.state.final_result != "done":
         raise SystemExit(f"qitos {durability}: the run did not finish its {n} appends: {result.task_result}")
     snapshots = len(store.list_session_snapshots(session.session_id.value))
@@ -170,20 +218,39 @@ def run_qitos(n: int, data: list[str], workdir: Path, durability: str) -> dict[s
         "chain": restores[0]["chain"],
         "runs": restores[0]["runs"],
         "commits": snapshots - 1,
+        "writes_per_step": writes / n,
     }
 
 
-def run_qitos_tool_steps(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
+def run_qitos_tool_steps(n: int, data: list[str], workdir: Path, *, idempotent: bool) -> dict[str, Any]:
     """A sync session of :class:`ToolBenchAgent`: what a durable step that calls a tool costs."""
-    store = SqliteCheckpointStore(workdir / "qitos-tool-steps.db")
-    session = compose(agent=lambda: ToolBenchAgent(data), store=store).session("bench", n=n)
+    kind = "idempotent" if idempotent else "once"
+    store = CountingStore(workdir / f"qitos-tool-steps-{kind}.db")
+    composition = compose(agent=lambda: ToolBenchAgent(data, idempotent=idempotent), store=store)
+    session = composition.session("bench", n=n)
+    before = store.writes
+    start = time.perf_counter()
+    result = session.run()
+    total = time.perf_counter() - start
+    writes = store.writes - before
+    store.close()
+    if len(result.state.items) != n or result.state.final_result != "done":
+        raise SystemExit(f"qitos tool steps did not finish their {n} appends: {result.task_result}")
+    return {"mean_us": total / n * 1e6, "writes_per_step": writes / n}
+
+
+def run_qitos_records(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
+    """A sync session appending a dict per step: the database size with structured items."""
+    path = workdir / "qitos-records.db"
+    store = SqliteCheckpointStore(path)
+    session = compose(agent=lambda: RecordBenchAgent(data), store=store).session("bench", n=n)
     start = time.perf_counter()
     result = session.run()
     total = time.perf_counter() - start
     store.close()
-    if len(result.state.items) != n or result.state.final_result != "done":
-        raise SystemExit(f"qitos tool steps did not finish their {n} appends: {result.task_result}")
-    return {"mean_us": total / n * 1e6}
+    if len(result.state.records) != n or result.state.final_result != "done":
+        raise SystemExit(f"qitos records did not finish their {n} appends: {result.task_result}")
+    return {"mean_us": total / n * 1e6, "db_bytes": _db_size(path)}
 
 
 def run_qitos_volatile(n: int, data: list[str]) -> dict[str, Any]:
@@ -254,20 +321,27 @@ print(json.dumps({"ms": elapsed * 1e3, "items": len(items)}))
 """
 
 
-def _floor_commits(path: Path, data: list[str], *, autocheckpoint: int) -> float:
-    """µs per plain-sqlite3 durable step commit into a new file (see :func:`run_floors`)."""
+def _floor_commits(path: Path, data: list[str], *, autocheckpoint: int, pending_write: bool = False) -> float:
+    """µs per plain-sqlite3 durable step commit into a new file (see :func:`run_floors`); with
+    ``pending_write``, each step first writes one small keyed row in a transaction of its own (a tool
+    call's start, before the call runs), so a step is two transactions."""
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=NORMAL")
     con.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
     con.execute("CREATE TABLE heads (session_id TEXT PRIMARY KEY, snapshot_id TEXT NOT NULL)")
     con.execute("CREATE TABLE steps (snapshot_id TEXT PRIMARY KEY, parent_id TEXT, payload TEXT NOT NULL)")
+    con.execute("CREATE TABLE writes (base TEXT NOT NULL, key TEXT NOT NULL, payload TEXT, PRIMARY KEY (base, key))")
     con.execute("INSERT INTO heads VALUES ('floor', '')")
     cur = con.cursor()
     head = ""
     start = time.perf_counter()
     for item in data:
         step_id = hashlib.sha256(item.encode()).hexdigest()
+        if pending_write:
+            cur.execute("BEGIN IMMEDIATE")
+            cur.execute("INSERT INTO writes VALUES (?, 'call', '{\"name\":\"noop\"}')", (head,))
+            cur.execute("COMMIT")
         cur.execute("BEGIN IMMEDIATE")
         moved = cur.execute(
             "UPDATE heads SET snapshot_id = ? WHERE session_id = 'floor' AND snapshot_id = ?", (step_id, head)
@@ -294,6 +368,7 @@ def run_floors(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
       and parses it (no verification, no decompression, no typed state); median of three.
     """
     commit_us = _floor_commits(workdir / "floor-checkpointed.db", data[:n], autocheckpoint=1000)
+    two_us = _floor_commits(workdir / "floor-two.db", data[:n], autocheckpoint=1000, pending_write=True)
     commit_no_checkpoint_us = _floor_commits(workdir / "floor.db", data[:n], autocheckpoint=0)
     path = workdir / "floor-state.db"
     con = sqlite3.connect(path, isolation_level=None)
@@ -306,6 +381,7 @@ def run_floors(n: int, data: list[str], workdir: Path) -> dict[str, Any]:
         raise SystemExit(f"floor restore read the wrong state: {restores}")
     return {
         "commit_us": commit_us,
+        "two_commits_us": two_us,
         "commit_no_checkpoint_us": commit_no_checkpoint_us,
         "restore_ms": statistics.median(r["ms"] for r in restores),
     }
@@ -470,10 +546,17 @@ def report(
     print(f"  the same agent with no store (Engine.run, nothing durable)  {sync['no_store_us']:>8,.0f} µs")
     durability_us = sync["mean_us"] - sync["no_store_us"]
     print(f"  durability: the boundary's snapshot and its commit          {durability_us:>8,.0f} µs")
+    once, again = sync["tool_once"], sync["tool_idempotent"]
     print(
-        f"  a sync step that also calls one no-op tool                  {sync['tool_step_us']:>8,.0f} µs"
-        "   (+ the call's start and result as durable pending writes)"
+        f"  a sync step that also calls one no-op tool (not idempotent) {once['mean_us']:>8,.0f} µs"
+        "   (+ the call's start, durable before it runs)"
     )
+    print(f"  a sync step that also calls one idempotent no-op tool       {again['mean_us']:>8,.0f} µs")
+    print("\nwrite transactions per step (crash-safety minimum in brackets)")
+    print(f"  no tool                              {sync['writes_per_step']:>5.2f}  [1]")
+    print(f"  one idempotent tool call             {again['writes_per_step']:>5.2f}  [1]")
+    print(f"  one non-idempotent tool call         {once['writes_per_step']:>5.2f}  [2]")
+    print(f"  batched, no tool                     {batched['writes_per_step']:>5.2f}  [1/16]")
     state_mb = n * KIB / MB
     print("\nthis machine's floors (plain sqlite3, no framework; see run_floors)")
     print(
@@ -481,6 +564,14 @@ def report(
         f"   qitos sync is {sync['mean_us'] / floors['commit_us']:.1f}x it"
     )
     print(f"    the same with checkpoints off (unbounded log)        {floors['commit_no_checkpoint_us']:>8,.0f} µs")
+    print(
+        f"  two transactions (a call's start, then the commit)    {floors['two_commits_us']:>8,.0f} µs"
+        f"   qitos non-idempotent tool step is {once['mean_us'] / floors['two_commits_us']:.1f}x it"
+    )
+    print(
+        f"  dict items: database after {n} steps of a 1 KiB record   {sync['records']['db_bytes'] / MB:>8,.2f} MB"
+        f"   ({sync['records']['mean_us']:,.0f} µs per step)"
+    )
     print(
         f"  fresh-process read + parse of the state ({state_mb:.1f} MB)  {floors['restore_ms']:>8,.2f} ms"
         f"   qitos restore is {sync['restore_ms'] / floors['restore_ms']:.1f}x it"
@@ -499,6 +590,23 @@ def report(
         ),
         (f"last 100 within {TARGETS['drift']}x of first 100", sync["last_us"] <= TARGETS["drift"] * sync["first_us"]),
         (f"database <= {TARGETS['db_mb']} MB after {n} steps", sync["db_bytes"] <= TARGETS["db_mb"] * MB),
+        (
+            f"database <= {TARGETS['db_mb']} MB after {n} steps of a dict item",
+            sync["records"]["db_bytes"] <= TARGETS["db_mb"] * MB,
+        ),
+        (
+            "write transactions at the crash-safety minimum (1 / 1 / 2)",
+            # a run's own transactions (creating it, taking and releasing its lease, the end) are
+            # spread over its steps: allow 8 per run
+            sync["writes_per_step"] <= 1 + 8 / n
+            and again["writes_per_step"] <= 1 + 8 / n
+            and once["writes_per_step"] <= 2 + 8 / n,
+        ),
+        (
+            f"sync step within {TARGETS['floor_multiple']}x of its SQL floor (1 and 2 transactions)",
+            sync["mean_us"] <= TARGETS["floor_multiple"] * floors["commit_us"]
+            and once["mean_us"] <= TARGETS["floor_multiple"] * floors["two_commits_us"],
+        ),
         (f"restore <= {TARGETS['restore_ms']:.0f} ms after import", sync["restore_ms"] <= TARGETS["restore_ms"]),
     ]
     below_floor = {
@@ -529,7 +637,9 @@ def main() -> None:
         floors = run_floors(args.n, data, workdir)
         sync = run_qitos(args.n, data, workdir, "sync")
         sync["no_store_us"] = run_qitos_volatile(args.n, data)["mean_us"]
-        sync["tool_step_us"] = run_qitos_tool_steps(args.n, data, workdir)["mean_us"]
+        sync["tool_once"] = run_qitos_tool_steps(args.n, data, workdir, idempotent=False)
+        sync["tool_idempotent"] = run_qitos_tool_steps(args.n, data, workdir, idempotent=True)
+        sync["records"] = run_qitos_records(args.n, data, workdir)
         batched = run_qitos(args.n, data, workdir, "batched")
         lg = None if args.no_langgraph else run_langgraph(args.n, workdir)
         report(args.n, sync, batched, raw, floors, lg)

@@ -102,12 +102,25 @@ class NoteTools:
     """The tools; each writes its begin/end lines to the side-effect log."""
 
     def __init__(
-        self, side_log: str, *, sleep: float = 0.0, hang_at: int | None = None, hang_marker: str | None = None
+        self,
+        side_log: str,
+        *,
+        sleep: float = 0.0,
+        hang_at: int | None = None,
+        hang_marker: str | None = None,
+        hang_tool: str = "append_note",
     ) -> None:
         self.side_log = side_log
         self.sleep = sleep
         self.hang_at = hang_at
         self.hang_marker = hang_marker
+        self.hang_tool = hang_tool
+
+    def _maybe_hang(self, tool_name: str, step: int) -> None:
+        marker = self.hang_marker
+        if tool_name == self.hang_tool and step == self.hang_at and marker and not os.path.exists(marker):
+            Path(marker).write_text(str(os.getpid()), encoding="utf-8")
+            time.sleep(600)  # the test kills the process here
 
     @tool
     def append_note(self, call: str, step: int, text: str) -> str:
@@ -119,9 +132,7 @@ class NoteTools:
             text: the note.
         """
         _log(self.side_log, f"begin append_note {call}")
-        if step == self.hang_at and self.hang_marker and not os.path.exists(self.hang_marker):
-            Path(self.hang_marker).write_text(str(os.getpid()), encoding="utf-8")
-            time.sleep(600)  # the test kills the process here
+        self._maybe_hang("append_note", step)
         if self.sleep:
             time.sleep(self.sleep)
         _log(self.side_log, f"end append_note {call}")
@@ -136,6 +147,7 @@ class NoteTools:
             step: the step that made the call.
         """
         _log(self.side_log, f"begin index_note {call}")
+        self._maybe_hang("index_note", step)
         if self.sleep:
             time.sleep(self.sleep)
         _log(self.side_log, f"end index_note {call}")
@@ -170,13 +182,16 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         note_bytes: int = 16,
         hang_at: int | None = None,
         hang_marker: str | None = None,
+        hang_tool: str = "append_note",
         approval_at: int | None = None,
         tools_every: int = 1,
         progress_log: str | None = None,
         llm: Any = None,
     ) -> None:
         registry = ToolRegistry()
-        registry.include(NoteTools(side_log, sleep=sleep, hang_at=hang_at, hang_marker=hang_marker))
+        registry.include(
+            NoteTools(side_log, sleep=sleep, hang_at=hang_at, hang_marker=hang_marker, hang_tool=hang_tool)
+        )
         super().__init__(tool_registry=registry, llm=llm)
         self.note_bytes = note_bytes
         self.approval_at = approval_at
@@ -418,6 +433,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--note-bytes", type=int, default=16)
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--hang-marker")
+    parser.add_argument("--hang-tool", default="append_note")
     parser.add_argument("--approval-at", type=int)
     parser.add_argument("--tools-every", type=int, default=1, help="tools on every k-th step (0: never)")
     parser.add_argument("--progress-log")
@@ -451,6 +467,7 @@ def _composition(args: argparse.Namespace) -> Composition:
         "note_bytes": args.note_bytes,
         "hang_at": args.hang_at,
         "hang_marker": args.hang_marker,
+        "hang_tool": args.hang_tool,
         "approval_at": args.approval_at,
         "tools_every": args.tools_every,
         "progress_log": args.progress_log,

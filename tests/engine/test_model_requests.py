@@ -95,7 +95,7 @@ def test_the_trace_stores_each_request_message_once_and_the_inspector_reads_them
     trace = RunTrace(str(result.run_dir))
 
     steps = trace.steps()
-    assert [s["model"]["messages"] for s in steps] == [[[0, 0]], [[0, 2]]]  # the task, then +call +result
+    assert [s["model"]["message_refs"] for s in steps] == [[[0, 0]], [[0, 2]]]  # the task, then +call +result
     assert len(trace.messages()) == 3
     for step_id, view in enumerate(views):
         inspected = run_request(trace, step_id)
@@ -132,7 +132,10 @@ def test_a_failed_request_is_recorded_with_its_messages_and_every_failed_attempt
     assert inspected["messages"] == model.requests[0].messages()
     assert inspected["request_view"]["request_id"] == model.requests[0].request_id
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert any(e["event_type"] == "error" and e.get("phase") == "decide" for e in events)
+    [failed] = [e for e in events if e["event_type"] == "model_response"]
+    assert failed["ok"] is False and failed["payload"]["status_code"] == 400
+    [asked] = [e for e in events if e["event_type"] == "model_request"]
+    assert asked["payload"]["message_refs"] == failed["payload"]["message_refs"] == [[0, 0]]
 
 
 def test_a_step_without_a_model_request_is_not_found(policy_agent: Any, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineResult
 from qitos.engine.model_path import ModelContext
+from qitos.engine.otlp import otlp_export
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.viewer.data import load_agent
 
@@ -130,6 +131,9 @@ def demo(
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit.")] = None,
     db: Annotated[str, typer.Option("--db", help="SQLite session store the demo session is kept in.")] = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
+    otel: Annotated[
+        bool, typer.Option("--otel", help="Export OpenTelemetry spans over OTLP/HTTP (set by OTEL_EXPORTER_OTLP_*).")
+    ] = False,
 ) -> None:
     """Run the demo agent end to end, offline, as a durable session: it lists, reads and indexes a few notes.
 
@@ -159,16 +163,18 @@ def demo(
         what = f"policy {chosen}" + (f", model {model_spec}" if model_spec else "")
         console().print(f"workspace: {root} ({origin}); {what}", highlight=False)
     Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    composition = compose(
-        agent=lambda: NotesAgent(root, policy=chosen),  # type: ignore[arg-type]
-        store=SqliteCheckpointStore(db),
-        model=adapter,
-        hooks=hooks,
-        trace_logdir=trace_dir,
-        **compaction_extensions(True),
-    )
-    session = composition.session(Task(objective=DEMO_TASK, budget=TaskBudget(max_steps=max_steps)))
-    result = session.run()
+    with otlp_export(otel) as provider:
+        composition = compose(
+            agent=lambda: NotesAgent(root, policy=chosen),  # type: ignore[arg-type]
+            store=SqliteCheckpointStore(db),
+            model=adapter,
+            hooks=hooks,
+            trace_logdir=trace_dir,
+            otel=provider,
+            **compaction_extensions(True),
+        )
+        session = composition.session(Task(objective=DEMO_TASK, budget=TaskBudget(max_steps=max_steps)))
+        result = session.run()
     finish(
         result,
         json_out,
@@ -209,30 +215,35 @@ def run(
         bool, typer.Option(help="Let old closed exchanges be omitted (with receipts) when the context is full.")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
+    otel: Annotated[
+        bool, typer.Option("--otel", help="Export OpenTelemetry spans over OTLP/HTTP (set by OTEL_EXPORTER_OTLP_*).")
+    ] = False,
 ) -> None:
     """Run an agent on a task (API key from $QITOS_API_KEY or $OPENAI_API_KEY)."""
     factory = load_agent(agent)
     adapter = resolve_model(model, base_url=base_url, max_input_units=max_input_units)
     the_task = Task(objective=task, budget=TaskBudget(max_steps=max_steps, max_tokens=max_tokens))
     hooks, renderer = renderer_hooks(json_out, max_tokens=max_tokens)
-    if session_db:
-        Path(session_db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        store = SqliteCheckpointStore(session_db)
-        composition = compose(
-            agent=factory,
-            store=store,
-            model=adapter,
-            hooks=hooks,
-            trace_logdir=trace_dir,
-            **compaction_extensions(compact),
-        )
-        session = composition.session(the_task)
-        try:
-            result = session.run()
-        finally:
-            store.close()
-        finish(result, json_out, renderer, session_id=session.session_id.value)
-    instance = factory()
-    context = ModelContext(compaction_policy=ClosedExchangeWindowCompactor() if compact else None)
-    engine = Engine(instance, model=adapter, hooks=hooks, trace_logdir=trace_dir, context=context)
-    finish(engine.run(the_task), json_out, renderer)
+    with otlp_export(otel) as provider:
+        if session_db:
+            Path(session_db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            store = SqliteCheckpointStore(session_db)
+            composition = compose(
+                agent=factory,
+                store=store,
+                model=adapter,
+                hooks=hooks,
+                trace_logdir=trace_dir,
+                otel=provider,
+                **compaction_extensions(compact),
+            )
+            session = composition.session(the_task)
+            try:
+                result = session.run()
+            finally:
+                store.close()
+            finish(result, json_out, renderer, session_id=session.session_id.value)
+        instance = factory()
+        context = ModelContext(compaction_policy=ClosedExchangeWindowCompactor() if compact else None)
+        engine = Engine(instance, model=adapter, hooks=hooks, trace_logdir=trace_dir, context=context, otel=provider)
+        finish(engine.run(the_task), json_out, renderer)

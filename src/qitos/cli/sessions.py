@@ -22,6 +22,7 @@ from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_com
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks
 from qitos.engine.composition import Composition, compose
+from qitos.engine.otlp import otlp_export
 from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
@@ -195,11 +196,14 @@ def resume(
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     compact: Annotated[bool, typer.Option(help="Allow closed-window compaction with receipts.")] = False,
     json_out: JsonOption = False,
+    otel: Annotated[
+        bool, typer.Option("--otel", help="Export OpenTelemetry spans over OTLP/HTTP (set by OTEL_EXPORTER_OTLP_*).")
+    ] = False,
 ) -> None:
     """Run or resume a session from its durable head (after a pause, an approval, a crash)."""
     adapter = resolve_model(model, base_url=base_url, max_input_units=max_input_units)
     hooks, renderer = renderer_hooks(json_out)
-    with open_store(db) as store:
+    with open_store(db) as store, otlp_export(otel) as provider:
         composition = composition_for(
             store,
             session_id,
@@ -207,6 +211,7 @@ def resume(
             model=adapter,
             hooks=hooks,
             trace_logdir=trace_dir,
+            otel=provider,
             **compaction_extensions(compact),
         )
         session = composition.restore(session_id)

@@ -112,6 +112,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         trace_logdir: str = "./runs",
         trace_prefix: str | None = None,
         theme: str = "research",
+        otel: Any = None,
         **state_kwargs: Any,
     ) -> Any:
         """Build an Engine, run ``task``, and return ``state.final_result``
@@ -119,7 +120,9 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
         ``trace`` is None or True (write ``trace_logdir/<run_id>/``), False (no trace files), or a
         ``TraceWriter``. ``render`` is a render hook object (for example the CLI's live renderer) or
-        None; ``theme`` is passed to renderers that support themes. ``state_kwargs`` go to ``init_state``.
+        None; ``theme`` is passed to renderers that support themes. ``otel`` turns on OpenTelemetry
+        spans (``True``, a TracerProvider or ``OtelSettings``; see ``qitos.engine.telemetry``).
+        ``state_kwargs`` go to ``init_state``.
         """
         # The one place core reaches up to the engine: the convenience entry point of seed 004.
         engine_module = importlib.import_module("qitos.engine.engine")
@@ -137,6 +140,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
             ("critics", critics),
             ("stop_criteria", stop_criteria),
             ("history_policy", history_policy),
+            ("otel", otel),
         ):
             if value is not None:
                 kwargs.setdefault(name, value)

@@ -31,6 +31,7 @@ from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, Runt
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+from qitos.engine.telemetry import OtelOption, otel_hook
 from qitos.models.function import as_model
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
@@ -136,6 +137,8 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         context: model-path settings (contributors, budget policy, compactor); see ``qitos.engine.model_path``.
         checkpoint_store: the store used by ``Engine.session``.
         max_critic_retries: how often one step may be retried on a critic's request.
+        otel: OpenTelemetry spans: ``True`` (the global tracer provider), a TracerProvider, or
+            ``OtelSettings``; off when None/False (see ``qitos.engine.telemetry``).
     """
 
     def __init__(
@@ -158,6 +161,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         trace_logdir: str | None = None,
         trace_prefix: str | None = None,
         max_critic_retries: int = 2,
+        otel: OtelOption = None,
     ) -> None:
         if not isinstance(agent, AgentModule):
             raise ConfigurationError(f"Engine needs an AgentModule, got {type(agent).__name__}")
@@ -183,8 +187,14 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         # Plain flags (set from any thread; reads and writes of a bool are atomic in CPython).
         self._cancel = False
         self._cancel_immediate = False
+        telemetry = otel_hook(otel, engine=self)
+        if telemetry is not None:
+            self.hooks.append(telemetry)
+        self.model_content_events = any(getattr(h, "wants_model_content", False) for h in self.hooks)
         self._hook_table = self._build_hook_table()
         self._event_listeners = [h for h in self.hooks if _overrides(h, "on_event")]
+        # Streaming (model_delta events) only for listeners that want it: tracing must not change requests.
+        self._delta_listeners = [h for h in self._event_listeners if getattr(h, "wants_model_deltas", True)]
         self._model_path: Any = None
 
     # ------------------------------------------------------------------ public API
@@ -272,7 +282,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
-        run.live = on_event is not None or bool(self._event_listeners)
+        run.live = on_event is not None or bool(self._delta_listeners)
         stop: StopReason | None = None
         raised: BaseException | None = None
         try:
@@ -359,7 +369,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
             step_changes=list(resume.carry_changes) if resume else [],
         )
         if self._hook_table["on_run_start"]:
-            ctx = HookContext(run_id, state.current_step, state)
+            ctx = HookContext(run_id, state.current_step, state, journal=journal)
             self._call_hooks("on_run_start", run, ctx)
         return run
 

@@ -37,7 +37,11 @@ _now = time.time
 
 
 class EngineEventType(StrEnum):
-    """Kinds of engine events (seed 004 plus model_delta, pause, steer, compaction, checkpoint)."""
+    """Kinds of engine events (seed 004 plus model_delta, pause, steer, compaction, checkpoint).
+
+    ``model_request`` and ``model_response`` bracket each model call of the model path (the
+    response event has ``ok=False`` and ``error`` when the call raised).
+    """
 
     STEP_START = "step_start"
     STEP_END = "step_end"
@@ -54,6 +58,8 @@ class EngineEventType(StrEnum):
     RUN_END = "run_end"
     MODEL_DELTA = "model_delta"
     MODEL_RETRY = "model_retry"
+    MODEL_REQUEST = "model_request"
+    MODEL_RESPONSE = "model_response"
     TOOL_CALL = "tool_call"
     PAUSE = "pause"
     STEER = "steer"

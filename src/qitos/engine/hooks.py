@@ -35,13 +35,23 @@ class HookContext:
     observation: Any = None
     record: Any = None
     result: Any = None
+    journal: Any = None  # on_run_start: the run's RunJournal (a SessionJournal for a durable session)
 
 
 class EngineHook:
-    """Base class of engine hooks; every method is optional."""
+    """Base class of engine hooks; every method is optional.
+
+    ``wants_model_content``: set True in a hook that needs the prompt and the reply in the
+    ``model_request``/``model_response`` events (they carry only ids, model and usage otherwise).
+    ``wants_model_deltas``: set False in an ``on_event`` hook that ignores ``model_delta`` events, so
+    that it alone does not make the engine stream model replies.
+    """
+
+    wants_model_content: bool = False
+    wants_model_deltas: bool = True
 
     def on_run_start(self, ctx: HookContext) -> None:
-        """Before the first step."""
+        """Before the first step (``ctx.journal`` is the run's journal)."""
 
     def on_before_decide(self, ctx: HookContext) -> None:
         """Before DECIDE."""

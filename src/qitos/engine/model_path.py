@@ -13,10 +13,15 @@ function of the :class:`~qitos.core.context.ContextRequest`; the view's ``tool_u
 whether a tool result is already in the log, so ``"required"`` means "until a tool was used") and
 the reasoning effort (``reasoning_policy``).
 
-With a trace, the messages of every request are stored once in the run's ``messages.jsonl`` and
-the step's model entry refers to them (``messages``: runs of positions); a request that fails is
-recorded as an ``error`` event whose payload holds its ``model_request`` (the same references,
-the status code) and its request view summary, before the error propagates.
+Each call is bracketed by a ``model_request`` event (request id, provider, model) and a
+``model_response`` event (model, finish reason, usage, tool-call count; ``ok=False`` with the error
+when the call raised), which telemetry times its ``chat`` spans by. The prompt and the reply are
+added to them only when a hook asks for content (``EngineHook.wants_model_content``).
+
+With a trace, the messages of every request are stored once in the run's ``messages.jsonl``: the
+step's model entry and both events refer to them (``message_refs``: runs of line positions). A
+failed ``model_response`` also carries the ``status_code``, the ``error_type`` and the request
+view summary, so the request inspector shows a request that never got an answer.
 """
 
 from __future__ import annotations
@@ -141,11 +146,7 @@ class ModelPath:
                     EngineEvent(EngineEventType.MODEL_DELTA, step_id, phase=RuntimePhase.DECIDE, payload={"text": text})
                 )
 
-        try:
-            response: ModelResponse = model.complete(view, on_delta=on_delta)
-        except Exception as exc:
-            self._record_failure(run, step_id, view, messages, exc)
-            raise
+        response = self._call_model(run, model, view, step_id, on_delta, messages)
         log.record_output(exchange_id, response.message())
         decision = self._parse(run, log, exchange_id, response, parser, registry.names())
         model_entry: dict[str, Any] = {
@@ -154,7 +155,7 @@ class ModelPath:
             "response": response.to_dict(),
         }
         if messages is not None:
-            model_entry["messages"] = messages
+            model_entry["message_refs"] = messages
         return ModelOutcome(
             decision=decision,
             view=view,
@@ -185,6 +186,60 @@ class ModelPath:
         log.open([{"role": "user", "content": text}])
 
     # ------------------------------------------------------------------ internals
+
+    def _call_model(
+        self,
+        run: _Run,
+        model: Any,
+        view: RequestView,
+        step_id: int,
+        on_delta: Any,
+        message_refs: list[list[int]] | None,
+    ) -> ModelResponse:
+        # model_request / model_response bracket the call (telemetry times its span by them); the
+        # prompt and the reply are in them only when a hook asked for content (``model_content_events``).
+        content = self.engine.model_content_events
+        target = view.target
+        request: dict[str, Any] = {"request_id": view.request_id, "provider": target.provider, "model": target.model}
+        if message_refs is not None:
+            request["message_refs"] = message_refs
+        if content:
+            request["messages"] = view.messages()
+        run.emit(EngineEvent(EngineEventType.MODEL_REQUEST, step_id, phase=RuntimePhase.DECIDE, payload=request))
+        try:
+            response: ModelResponse = model.complete(view, on_delta=on_delta)
+        except BaseException as exc:
+            failed: dict[str, Any] = {
+                "request_id": view.request_id,
+                "request_digest": request_digest(view),
+                "status_code": getattr(exc, "status_code", None),
+                "error_type": type(exc).__name__,
+                "request_view": view.summary(compact=True),
+            }
+            if message_refs is not None:
+                failed["message_refs"] = message_refs
+            run.emit(
+                EngineEvent(
+                    EngineEventType.MODEL_RESPONSE,
+                    step_id,
+                    phase=RuntimePhase.DECIDE,
+                    ok=False,
+                    payload=failed,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            raise
+        reply: dict[str, Any] = {
+            "request_id": view.request_id,
+            "model": response.model,
+            "finish_reason": response.finish_reason,
+            "usage": response.usage.to_dict(),
+            "tool_calls": len(response.tool_calls),
+        }
+        if content:
+            reply["message"] = response.message()
+        run.emit(EngineEvent(EngineEventType.MODEL_RESPONSE, step_id, phase=RuntimePhase.DECIDE, payload=reply))
+        return response
 
     def _open_exchange(self, run: _Run, log: ExchangeLog) -> str:
         inputs: list[dict[str, Any]] = []
@@ -234,29 +289,6 @@ class ModelPath:
         if decision.mode != "act":
             log.close(exchange_id)
         return decision
-
-    @staticmethod
-    def _record_failure(
-        run: _Run, step_id: int, view: RequestView, messages: list[list[int]] | None, exc: Exception
-    ) -> None:
-        """Record a request that got no answer (the error then propagates as before)."""
-        request = {
-            "request_id": view.request_id,
-            "request_digest": request_digest(view),
-            "messages": messages,
-            "status_code": getattr(exc, "status_code", None),
-            "reason": type(exc).__name__,
-        }
-        run.emit(
-            EngineEvent(
-                EngineEventType.ERROR,
-                step_id,
-                phase=RuntimePhase.DECIDE,
-                ok=False,
-                payload={"model_request": request, "request_view": view.summary(compact=True)},
-                error=f"{type(exc).__name__}: {exc}",
-            )
-        )
 
     def _listen_for_retries(self, run: _Run, model: Any, step_id: int) -> None:
         subscribe = getattr(model, "subscribe", None)

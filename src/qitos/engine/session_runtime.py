@@ -49,8 +49,8 @@ from qitos.core.codec import sha256_hex
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,
+    IntegrityError,
     SessionNotFoundError,
-    SnapshotIntegrityError,
 )
 from qitos.core.exchange import ExchangeLog
 from qitos.core.identity import (
@@ -432,9 +432,11 @@ class Session:
         restored: RestoredSession | None = None
         try:
             restored = restore(store, sid, record.snapshot_id)
+            store.list_control(sid)  # control items are verified too (digests, none missing)
             integrity = "verified"
-        except SnapshotIntegrityError as exc:
+        except IntegrityError as exc:
             integrity = f"corrupt: {exc}"
+            restored = None
         payload = restored.snapshot.payload if restored else {}
         used = dict(payload.get("budget_used") or {})
         used["steps"] = int(payload.get("step_id", 0))

@@ -13,6 +13,9 @@ Snapshot payload (format 2), JSON::
     pending                                       a step that paused midway (decision, calls done)
     request_view                                  blob id of the last RequestView sent
     step                                          what this boundary's step did (for the work graph)
+    trace                                         {trace_id, span_id} of the run's OpenTelemetry span,
+                                                  written with run_id (only by a traced run; a later
+                                                  run of the session links to it)
 
 A snapshot holds the state *changes* of its step and a reference to a blob with the new exchange
 entries. A full state (a new base) is written once the deltas since the last one outgrow its
@@ -81,6 +84,7 @@ class RestoredSession:
     reshaped: set[str] = field(default_factory=set)
     lifecycle: str = "created"
     run_id: str | None = None
+    trace: dict[str, str] | None = None  # the trace context written with run_id (see the module docstring)
     # True when the unfinished step was rebuilt from pending writes: what its DECIDE appended to the
     # log and changed in the state is not in any snapshot yet.
     pending_from_writes: bool = False
@@ -109,11 +113,13 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     log_chunks: list[str] = list(log_meta.get("chunks") or [])
     view_id = base.payload.get("request_view")
     run_id = base.payload.get("run_id")
+    trace = base.payload.get("trace")
     delta_bytes = 0
     for snap in chain[1:]:
         payload = snap.payload
         delta_bytes += snap.payload_size
-        run_id = payload.get("run_id", run_id)
+        if "run_id" in payload:
+            run_id, trace = payload["run_id"], payload.get("trace")
         part = payload.get("state") or {}
         if "full" in part:
             raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
@@ -169,6 +175,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
         reshaped=reshaped,
         lifecycle=str(head.payload.get("lifecycle", "running")),
         run_id=run_id,
+        trace=dict(trace) if isinstance(trace, Mapping) else None,
     )
 
 
@@ -301,6 +308,11 @@ class SessionJournal(RunJournal):
         self._chunks = dict(restored.chunks)
         self._reshaped = set(restored.reshaped)
         self._run_recorded = False
+        # The trace context of the session's latest run before this one, and this run's (set by
+        # telemetry before the first commit; written beside run_id).
+        self.previous_trace: dict[str, str] | None = restored.trace
+        self.previous_run_id: str | None = restored.run_id
+        self.trace_context: dict[str, str] | None = None
         # The log position already in snapshots: entries an unfinished step re-applied from its
         # pending writes come after it and go into the next commit.
         self._log_position = restored.log.position
@@ -450,6 +462,11 @@ class SessionJournal(RunJournal):
         self._buffer_since = time.monotonic()
 
     @property
+    def head_id(self) -> str:
+        """The session's latest committed snapshot (as this journal last moved it)."""
+        return self._head_id
+
+    @property
     def unflushed(self) -> int:
         """Boundaries buffered in batched mode and not yet durable."""
         return len(self._buffer)
@@ -483,6 +500,8 @@ class SessionJournal(RunJournal):
         }
         if not self._run_recorded:
             payload["run_id"] = self.run_id
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
         if last.lifecycle != "running":
             payload["lifecycle"] = last.lifecycle
         if last.stop_reason is not None:
@@ -529,6 +548,8 @@ class SessionJournal(RunJournal):
                 log={**log_meta, "chunks": log_chunks},
                 request_view=self._request_view_id,
             )
+            if self.trace_context is not None:
+                payload["trace"] = self.trace_context
             base_id = None
         else:
             payload["state"] = {"delta": delta}

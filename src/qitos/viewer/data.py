@@ -220,9 +220,9 @@ def run_events(trace: RunTrace, *, after: int = 0) -> dict[str, Any]:
 def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
     """The request inspector of one model step: what was sent, what came back, the failed attempts.
 
-    A step whose request failed has no step record; its request is then read from the ``error``
-    event the model path wrote (``payload.model_request``). NotFoundError when the step sent no
-    model request."""
+    A step whose request failed has no step record; its request is then read from the failed
+    ``model_response`` event the model path wrote. NotFoundError when the step sent no model
+    request."""
     step = trace.step(step_id)
     events = [e for e in trace.events() if e.get("step_id") == step_id]
     attempts: list[dict[str, Any]] = []
@@ -239,27 +239,26 @@ def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
                     "final": False,
                 }
             )
-    failure = next(
-        (e for e in events if e.get("event_type") == "error" and (e.get("payload") or {}).get("model_request")), None
-    )
+    failures = [e for e in events if e.get("event_type") == "model_response" and e.get("ok") is False]
     if step is not None and step.get("model"):
         status, model, request_view = "ok", dict(step["model"]), step.get("request_view")
-    elif failure is not None:
-        payload = failure["payload"]
-        status, model, request_view = "failed", dict(payload["model_request"]), payload.get("request_view")
+    elif failures:
+        payload = dict(failures[-1].get("payload") or {})
+        request_view = payload.pop("request_view", None)
+        status, model = "failed", payload
         attempts.append(
             {
                 "attempt": len(attempts) + 1,
                 "status_code": model.get("status_code"),
-                "reason": model.get("reason"),
-                "error": failure.get("error"),
+                "reason": model.get("error_type"),
+                "error": failures[-1].get("error"),
                 "delay_s": None,
                 "final": True,
             }
         )
     else:
         raise NotFoundError(f"step {step_id} of run {trace.run_id} sent no model request")
-    refs = model.get("messages")
+    refs = model.get("message_refs")
     return {
         "step_id": step_id,
         "status": status,

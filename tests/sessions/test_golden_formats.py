@@ -1,0 +1,74 @@
+"""Sessions stored by earlier qitos versions still restore, inspect, resume and finish.
+
+``golden/format1.db`` was written by the code before snapshot format 2 (f2d125d^), and
+``golden/format2.db`` by the code before leases and verified rows (4bfd7d8); both are schema 2
+files (see ``golden/sessions.json``). Each holds a finished session, one awaiting approval with a
+steering item taken in, and one whose long list field is stored as runs. The test opens a copy (the
+store migrates it to today's schema, backfilling row digests) and checks every promise.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import session_agents as sa
+from qitos.checkpoint.sqlite_store import SCHEMA_VERSION
+
+GOLDEN = Path(__file__).with_name("golden")
+SESSIONS = json.loads((GOLDEN / "sessions.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(params=["format1", "format2"])
+def golden(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, dict[str, str]]:
+    db = tmp_path / f"{request.param}.db"
+    shutil.copyfile(GOLDEN / f"{request.param}.db", db)
+    return str(db), str(tmp_path / "side.log"), SESSIONS[request.param]
+
+
+def test_an_old_file_is_migrated_and_every_session_verifies(golden: tuple[str, str, dict[str, str]]) -> None:
+    db, side, ids = golden
+    composition = sa.make_composition(db, side)
+    for key in ("finished", "awaiting", "big"):
+        assert composition.restore(ids[key]).inspect().snapshot_integrity == "verified", key
+    composition.runtime.checkpoint_store.close()
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+    composition = sa.make_composition(db, side)
+    finished = composition.restore(ids["finished"]).inspect()
+    assert finished.lifecycle.value == "completed" and finished.task == "Index notes (finished)"
+    assert finished.budget["used"]["steps"] == 4
+
+
+def test_an_old_session_awaiting_approval_is_approved_and_finishes(golden: tuple[str, str, dict[str, str]]) -> None:
+    db, side, ids = golden
+    composition = sa.make_composition(db, side, approval_at=1)
+    session = composition.restore(ids["awaiting"])
+    inspection = session.inspect()
+    assert inspection.lifecycle.value == "awaiting_approval"
+    assert inspection.tool_batch is not None
+    assert [c.call_id for c in inspection.tool_batch.pending_approval] == ["s1-publish"]
+    session.approve("s1-publish")
+    result = session.run()
+    assert result.state.final_result == "3 notes"
+    assert result.state.steering_seen == ["mind the index"]  # taken in before it was stored, never again
+    assert [e for e in sa.read_side_log(side) if e[1] == "publish"] == [
+        ("begin", "publish", "s1-publish"),
+        ("end", "publish", "s1-publish"),
+    ]
+
+
+def test_an_old_session_with_runs_continues_and_forks(golden: tuple[str, str, dict[str, str]]) -> None:
+    db, side, ids = golden
+    composition = sa.make_composition(db, side, note_bytes=1500, tools_every=0)
+    session = composition.restore(ids["big"])
+    state = session.inspect()
+    assert state.budget["used"]["steps"] == 71
+    child = session.fork()
+    child.steer("one more look")
+    assert child.inspect().snapshot_integrity == "verified"
+    assert child.run().state.final_result == "70 notes"
