@@ -371,3 +371,63 @@ def test_a_long_list_of_scalars_decodes_to_a_copy_and_still_rejects_a_wrong_item
     with pytest.raises(CodecError, match=r"value\[2\]"):
         decode_value(["a", "b", 3], list[str])
     assert decode_value(["x", 1], list[Any]) == ["x", 1]
+
+
+# --------------------------------------------------------------------------- bad input (issue 16)
+
+
+def test_canonical_json_escapes_lone_surrogates_so_the_text_encodes_and_reads_back_the_same() -> None:
+    value = {"a": "x\ud800y", "b": "é", "k\udfff": 1}
+    text = canonical_json(value)
+    assert "\\ud800" in text and "\\udfff" in text and "é" in text
+    text.encode("utf-8")  # no UnicodeEncodeError
+    assert json.loads(text) == value
+    assert sha256_hex("\ud800") == sha256_hex("\ud800")  # raw text with a surrogate hashes too
+
+
+def _cyclic() -> dict[str, Any]:
+    d: dict[str, Any] = {"name": "loop"}
+    d["self"] = d
+    return d
+
+
+def _deep(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_a_cyclic_value_is_a_codec_error_naming_where_it_closes() -> None:
+    with pytest.raises(CodecError) as caught:
+        encode_value({"items": [1, _cyclic()]}, path="state.data")
+    assert caught.value.path == "state.data['items'][1]['self']" and "cyclic" in caught.value.message
+    with pytest.raises(CodecError, match=r"value\['self'\]: the value is cyclic"):
+        canonical_json(_cyclic())
+
+
+@dataclass
+class Node:
+    children: list[Node] = field(default_factory=list)
+
+
+def test_a_cyclic_dataclass_is_a_codec_error() -> None:
+    node = Node()
+    node.children.append(Node(children=[node]))
+    with pytest.raises(CodecError, match="cyclic") as caught:
+        encode_value(node, Node, path="state.tree")
+    assert caught.value.path == "state.tree.children[0].children[0]"
+
+
+def test_a_too_deeply_nested_value_is_a_codec_error_never_a_recursion_error() -> None:
+    deep = _deep(5000)
+    with pytest.raises(CodecError, match="nested 5001 levels deep") as caught:
+        encode_value({"x": deep}, path="state.data")
+    assert caught.value.path.startswith("state.data['x'][0][0]") and caught.value.path.endswith("...")
+    with pytest.raises(CodecError, match="levels deep"):
+        canonical_json(deep)
+    stored: dict[str, Any] = {"children": []}
+    for _ in range(3000):
+        stored = {"children": [stored]}
+    with pytest.raises(CodecError, match="levels deep"):
+        decode_value(stored, Node, path="stored")

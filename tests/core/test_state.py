@@ -339,3 +339,23 @@ def test_apply_changes_refuses_an_extend_that_does_not_follow_the_stored_value()
     changes = state.drain_changes()
     with pytest.raises(Exception, match=r"state\.items"):
         apply_changes({"items": [1]}, changes)
+
+
+def test_assigning_a_cyclic_or_too_deep_container_is_a_codec_error_naming_the_field() -> None:
+    @dataclass
+    class Holder(StateSchema):
+        data: Any = None
+        items: list[Any] = field(default_factory=list)
+
+    state = Holder()
+    loop: dict[str, Any] = {}
+    loop["again"] = loop
+    with pytest.raises(CodecError, match="cyclic") as caught:
+        state.data = loop
+    assert caught.value.path == "state.data['again']"
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(CodecError, match="levels deep") as caught:
+        state.items.append(deep)
+    assert caught.value.path.startswith("state.items")

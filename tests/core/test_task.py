@@ -173,3 +173,14 @@ def test_older_task_records_with_only_a_resource_location_still_load() -> None:
 
 def test_task_ids_are_unique_by_default() -> None:
     assert len({Task(objective="o").id for _ in range(50)}) == 50
+
+
+def test_a_task_whose_text_cannot_be_encoded_is_refused_naming_the_field() -> None:
+    from qitos.core.errors import CodecError
+
+    with pytest.raises(CodecError, match="lone surrogate") as caught:
+        Task.coerce("summarise \ud800 this")
+    assert caught.value.path == "Task.objective"
+    with pytest.raises(CodecError) as caught:
+        Task(objective="ok", inputs={"files": ["a.md", "b\udc80.md"]})
+    assert caught.value.path == "Task.inputs['files'][1]"

@@ -334,3 +334,75 @@ def test_an_enum_parameter_with_a_hand_written_schema_still_rejects_unknown_valu
     result = registry.call("run", {"mode": "fast"})
     assert result.error_kind == "invalid_arguments"
     assert result.error == "arguments.mode: 'fast' is not a valid Mode"
+
+
+# --------------------------------------------------------------------------- bad output and arguments (issue 16)
+
+
+def test_the_output_cap_applies_to_the_text_form_of_any_output() -> None:
+    @tool(max_output_chars=1000)
+    def many() -> list[str]:
+        """A long list."""
+        return ["a" * 100] * 50_000
+
+    @tool(max_output_chars=1000)
+    def small() -> dict[str, int]:
+        """A short dict."""
+        return {"n": 1}
+
+    registry = ToolRegistry([many, small])
+    result = registry.call("many", {})
+    assert result.ok and result.truncated and isinstance(result.output, str)
+    assert result.output.startswith('["aaaa') and len(result.output) < 1100
+    assert result.output.endswith("[truncated 5199000 of 5200000 characters]")  # 50,000 x len('"a...", ')
+    assert registry.call("small", {}).output == {"n": 1}  # under the cap: kept as it was returned
+
+
+def test_an_output_that_is_not_valid_text_becomes_a_tool_error() -> None:
+    @tool
+    def broken() -> str:
+        """A lone surrogate."""
+        return "ok \ud800 then"
+
+    @tool
+    def nested() -> dict[str, Any]:
+        """A surrogate inside structured output."""
+        return {"rows": ["fine", "bad\udc80"]}
+
+    @tool
+    def cyclic() -> list[Any]:
+        """A list that contains itself."""
+        loop: list[Any] = []
+        loop.append(loop)
+        return loop
+
+    registry = ToolRegistry([broken, nested, cyclic])
+    for name in ("broken", "nested"):
+        result = registry.call(name, {})
+        assert not result.ok and result.error_kind == "tool_error"
+        assert "lone surrogate" in (result.error or "") and "valid text" in (result.error or "")
+        (result.error or "").encode("utf-8")  # the message itself is valid text
+    result = registry.call("cyclic", {})
+    assert not result.ok and result.error_kind == "tool_error" and "cyclic" in (result.error or "")
+
+
+def test_arguments_holding_a_lone_surrogate_are_invalid_and_the_tool_does_not_run() -> None:
+    ran: list[str] = []
+
+    @tool
+    def echo(text: str, tags: list[str] | None = None) -> str:
+        """Echo.
+
+        Args:
+            text: the text.
+            tags: labels.
+        """
+        ran.append(text)
+        return text
+
+    registry = ToolRegistry([echo])
+    result = registry.call("echo", {"text": "a\ud800"})
+    assert result.error_kind == "invalid_arguments" and "arguments['text']" in (result.error or "")
+    result = registry.call("echo", {"text": "fine", "tags": ["x", "\udfff"]})
+    assert result.error_kind == "invalid_arguments" and "arguments['tags'][1]" in (result.error or "")
+    assert ran == [] and registry.call("echo", {"text": "ünïcode"}).output == "ünïcode"

@@ -11,7 +11,7 @@ import pytest
 
 from qitos.core.errors import ConfigurationError
 from qitos.core.tool import ToolRegistry
-from qitos.kit.tools.shell import shell_tool
+from qitos.kit.tools.shell import shell_environment, shell_tool
 
 PY = sys.executable
 
@@ -44,6 +44,25 @@ def test_shell_syntax_is_passed_literally_not_interpreted(tmp_path: Path) -> Non
     output = run(registry, "echo a; touch pwned && echo $HOME `id` | cat > out *")
     assert output == "exit code: 0\na; touch pwned && echo $HOME `id` | cat > out *\n"
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "echo hi; touch pwned",
+        "echo hi && touch pwned",
+        "echo hi || touch pwned",
+        "echo $(touch pwned)",
+        "echo `touch pwned`",
+        "echo hi > pwned",
+        "echo hi | tee pwned",
+    ],
+)
+def test_injection_attempts_run_one_program_with_literal_arguments(tmp_path: Path, command: str) -> None:
+    """Regression (issue 16): none of these reaches a shell, so no file is ever created."""
+    registry = ToolRegistry([shell_tool(cwd=tmp_path, allow=True)])
+    output = run(registry, command)
+    assert output.startswith("exit code: 0\n") and not (tmp_path / "pwned").exists()
 
 
 def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
@@ -89,12 +108,74 @@ def test_secret_looking_environment_variables_are_not_passed_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-leak")
-    monkeypatch.setenv("QITOS_PLAIN_SETTING", "visible")
+    monkeypatch.setenv("LC_QITOS_TEST", "visible")
     registry = ToolRegistry([shell_tool(cwd=tmp_path, allow=True)])
     output = run(registry, "env")
-    assert "QITOS_PLAIN_SETTING=visible" in output and "sk-should-not-leak" not in output
+    assert "LC_QITOS_TEST=visible" in output and "sk-should-not-leak" not in output
     explicit = ToolRegistry([shell_tool(cwd=tmp_path, allow=True, env={"ONLY": "this", "PATH": os.environ["PATH"]})])
     assert run(explicit, "env").splitlines()[1:] == ["ONLY=this", f"PATH={os.environ['PATH']}"]
+
+
+LEAKY = {
+    "DATABASE_URL": "postgresql://app:pg-pass-42@db.internal/app",
+    "GITHUB_PAT": "github-pat-value-1234",
+    "MY_PASSWD": "passwd-value-5678",
+    "AUTH_HEADER": "Basic dXNlcjpwYXNz",
+    "QITOS_PLAIN_SETTING": "plain-value",
+}
+
+
+def test_the_environment_is_an_allow_list_so_unlisted_credentials_never_reach_a_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in LEAKY.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    output = run(ToolRegistry([shell_tool(cwd=tmp_path, allow=True)]), "env")
+    names = {line.split("=", 1)[0] for line in output.splitlines()[1:] if "=" in line}
+    assert not names & set(LEAKY), output
+    assert f"PATH={os.environ['PATH']}" in output and "LANG=C.UTF-8" in output
+    assert names <= {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "COLORTERM",
+        "NO_COLOR",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+    } | {n for n in names if n.startswith("LC_")}
+
+
+def test_env_allow_passes_exact_names_even_secret_ones_and_patterns_only_harmless_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in LEAKY.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("QITOS_TOKEN", "tok-value-999")
+    tool = shell_tool(cwd=tmp_path, allow=True, env_allow=["DATABASE_URL", "QITOS_*"], extra_env={"MODE": "ci"})
+    output = run(ToolRegistry([tool]), "env")
+    assert f"DATABASE_URL={LEAKY['DATABASE_URL']}" in output  # named exactly: the user asked for it
+    assert "QITOS_PLAIN_SETTING=plain-value" in output and "MODE=ci" in output
+    assert "tok-value-999" not in output  # matched only by a pattern and looks secret
+    assert "github-pat-value" not in output and "passwd-value" not in output and "dXNlcjpwYXNz" not in output
+
+
+def test_env_allow_must_be_a_list_of_names(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="env_allow"):
+        shell_tool(cwd=tmp_path, env_allow="PATH")
+
+
+def test_shell_environment_picks_from_the_given_parent() -> None:
+    parent = {"PATH": "/bin", "LC_ALL": "C", "LC_API_KEY": "x", "GITHUB_PAT": "p", "OTHER": "o"}
+    assert shell_environment(parent) == {"PATH": "/bin", "LC_ALL": "C"}
+    assert shell_environment(parent, allow=["GITHUB_PAT"]) == {"PATH": "/bin", "LC_ALL": "C", "GITHUB_PAT": "p"}
 
 
 @pytest.mark.parametrize(

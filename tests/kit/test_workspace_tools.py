@@ -37,7 +37,7 @@ def ok(registry: ToolRegistry, name: str, **args: object) -> str:
 def refused(registry: ToolRegistry, name: str, **args: object) -> str:
     result = registry.call(name, args, call_id="t")
     assert not result.ok and result.error_kind == "tool_error"
-    assert result.error is not None and result.error.startswith("WorkspacePathError")
+    assert result.error is not None and result.error.startswith(("WorkspacePathError", "HardLinkError"))
     return result.error
 
 
@@ -161,3 +161,80 @@ def test_large_files_are_capped_by_the_tool_output_limit(workspace: Path) -> Non
 def test_paths_are_reported_relative_to_the_root(registry: ToolRegistry, workspace: Path) -> None:
     output = ok(registry, "search_files", query="top")
     assert output == "top.txt:1: top" and os.sep + "ws" not in output
+
+
+# --------------------------------------------------------------------------- hard links
+
+
+def test_a_hard_link_to_a_file_outside_is_not_read_searched_or_written(
+    registry: ToolRegistry, workspace: Path, tmp_path: Path
+) -> None:
+    os.link(tmp_path / "secret.txt", workspace / "hard.txt")
+    for name, args in [
+        ("read_file", {"path": "hard.txt"}),
+        ("write_file", {"path": "hard.txt", "content": "overwritten"}),
+        ("edit_file", {"path": "hard.txt", "old": "outside", "new": "pwned"}),
+    ]:
+        assert "2 hard links" in refused(registry, name, **args)
+    assert (tmp_path / "secret.txt").read_text() == "outside secret\n"
+    found = ok(registry, "search_files", query="outside")
+    assert "outside secret" not in found and "1 file(s) with several hard links skipped" in found
+    assert "outside secret" not in ok(registry, "search_files", query="outside", path="hard.txt")
+    assert "hard.txt" in ok(registry, "list_files")  # a name alone reveals nothing
+
+
+def test_allow_hard_links_trusts_multiply_linked_files(workspace: Path) -> None:
+    os.link(workspace / "top.txt", workspace / "twin.txt")
+    registry = ToolRegistry(workspace_tools(workspace, allow_hard_links=True))
+    assert ok(registry, "read_file", path="twin.txt") == "top\n"
+    ok(registry, "write_file", path="twin.txt", content="both\n")
+    assert (workspace / "top.txt").read_text() == "both\n"
+
+
+def test_writes_create_new_files_and_overwrite_in_place(registry: ToolRegistry, workspace: Path) -> None:
+    inode = (workspace / "top.txt").stat().st_ino
+    ok(registry, "write_file", path="top.txt", content="short\n")
+    assert (workspace / "top.txt").read_text() == "short\n" and (workspace / "top.txt").stat().st_ino == inode
+    ok(registry, "write_file", path="deep/new/file.txt", content="new\n")
+    assert (workspace / "deep" / "new" / "file.txt").read_text() == "new\n"
+
+
+def test_a_fifo_is_refused_without_hanging(registry: ToolRegistry, workspace: Path) -> None:
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    os.mkfifo(workspace / "pipe")
+    assert "no file 'pipe'" in (registry.call("read_file", {"path": "pipe"}).error or "")
+    assert not registry.call("write_file", {"path": "pipe", "content": "x"}).ok
+
+
+def test_a_symlink_swapped_in_while_tools_run_never_leaks_or_changes_the_outside_file(
+    registry: ToolRegistry, workspace: Path, tmp_path: Path
+) -> None:
+    """Regression: another process flips a workspace file to a symlink pointing outside, over and over."""
+    import threading
+
+    victim = workspace / "victim.txt"
+    victim.write_text("inside\n")
+    stop = threading.Event()
+
+    def swap() -> None:
+        spare = workspace / "spare.lnk"
+        real = workspace / "real.tmp"
+        while not stop.is_set():
+            spare.unlink(missing_ok=True)
+            spare.symlink_to(tmp_path / "secret.txt")
+            os.replace(spare, victim)  # victim is now a symlink to the outside
+            real.write_text("inside\n")
+            os.replace(real, victim)  # and a regular file again
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    try:
+        for i in range(400):
+            read = registry.call("read_file", {"path": "victim.txt"})
+            assert not (read.ok and "outside" in str(read.output))
+            registry.call("write_file", {"path": "victim.txt", "content": f"write {i}\n"})
+    finally:
+        stop.set()
+        swapper.join(timeout=5)
+    assert (tmp_path / "secret.txt").read_text() == "outside secret\n"

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from qitos.checkpoint.store import SnapshotNotFoundError
 from qitos.core.errors import QitosError, SessionNotFoundError, UsageError
+from qitos.core.redaction import redact_text
 from qitos.viewer.data import NotFoundError
 
 __all__ = [
@@ -87,7 +88,7 @@ def exit_code_for(exc: BaseException) -> int:
 
 def _message(exc: BaseException) -> str:
     text = str(exc) if isinstance(exc, CliError | QitosError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split()) or type(exc).__name__
+    return redact_text(" ".join(text.split())) or type(exc).__name__
 
 
 _DEBUG = {"on": False}

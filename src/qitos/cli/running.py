@@ -25,6 +25,7 @@ from qitos.cli.common import (
 )
 from qitos.cli.models import MODEL_FORMS, load_local_model, resolve_model
 from qitos.cli.render import LiveRenderer
+from qitos.core.redaction import Redactor
 from qitos.core.task import Task, TaskBudget
 from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
@@ -55,11 +56,13 @@ DEMO_TASK = "Index the notes in this workspace: list them, read each one, and wr
 DEMO_SCRIPTED_CAPACITY = 2400
 
 _NORMAL_STOPS = frozenset({"paused", "awaiting_approval"})
+_SHOWN = Redactor()
 _COMPACTION = {"closed_window": ClosedExchangeWindowCompactor}
 
 
 def outcome(result: EngineResult[Any], **extra: Any) -> dict[str, Any]:
-    """The JSON shape of a finished run (``--json`` of demo, run and sessions resume)."""
+    """The JSON shape of a finished run (``--json`` of demo, run and sessions resume), redacted
+    like everything qitos shows (``qitos.core.redaction``)."""
     task_result = result.task_result
     data: dict[str, Any] = {
         "run_id": result.run_id,
@@ -73,7 +76,8 @@ def outcome(result: EngineResult[Any], **extra: Any) -> dict[str, Any]:
         "error": task_result.error if task_result else None,
     }
     data.update(extra)
-    return data
+    shown: dict[str, Any] = _SHOWN.redact_value(data)
+    return shown
 
 
 def exit_code_for_result(result: EngineResult[Any]) -> int:

@@ -1,13 +1,18 @@
 """Canonical JSON, SHA-256 digests and the strict value codec.
 
 ``canonical_json`` is the one byte form used for every digest in qitos: sorted keys, no
-insignificant whitespace, UTF-8, no NaN or infinity.
+insignificant whitespace, UTF-8, no NaN or infinity. A lone surrogate (``"\\ud800"``, which has no
+UTF-8 form) is written as its JSON escape ``\\ud800``, so the text always encodes as UTF-8 and
+``json.loads`` gives the same string back; :func:`check_text` finds such strings where a value must
+be refused instead (a task, see :class:`~qitos.core.task.Task`).
 
 ``encode_value`` / ``decode_value`` turn typed Python values into JSON-native data and back, guided
 by type hints. They round-trip dataclasses (nested, subclassed as declared), enums, tuples, lists,
 sets, dicts, datetimes and ``Optional``/``Union``/``Literal`` fields. Anything they cannot bring back
 exactly raises :class:`~qitos.core.errors.CodecError` naming the field path; nothing is silently
-turned into ``None`` or a plain dict.
+turned into ``None`` or a plain dict. That includes a cyclic value (a list or dict that contains
+itself) and one nested deeper than the interpreter's recursion limit allows: the error names the
+path where the cycle closes or the nesting gets too deep, never a bare ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -18,21 +23,26 @@ import enum
 import hashlib
 import json
 import math
+import re
+import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Union
 
 from qitos.core.errors import CodecError
 
 __all__ = [
     "canonical_json",
+    "check_text",
     "decode_key",
     "decode_value",
     "digest",
     "encode_key",
     "encode_value",
+    "escape_surrogates",
     "field_hints",
+    "recursion_error",
     "sha256_hex",
 ]
 
@@ -44,13 +54,118 @@ _CANONICAL_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensu
 
 
 def canonical_json(value: Any) -> str:
-    """The canonical JSON text of a JSON-native value (sorted keys, compact, no NaN)."""
-    return _CANONICAL_ENCODE(value)
+    """The canonical JSON text of a JSON-native value (sorted keys, compact, no NaN; lone
+    surrogates escaped). A cyclic or too deeply nested value raises CodecError."""
+    try:
+        text: str = _CANONICAL_ENCODE(value)
+    except RecursionError:
+        raise recursion_error(value, "value") from None
+    except ValueError as exc:
+        if "Circular reference" in str(exc):
+            raise recursion_error(value, "value") from None
+        raise
+    return escape_surrogates(text)
+
+
+def escape_surrogates(json_text: str) -> str:
+    """JSON text with every lone surrogate written as its ``\\uXXXX`` escape: the same JSON value,
+    now encodable as UTF-8 (the text itself when it has none, checked in O(1) for ASCII)."""
+    if json_text.isascii():  # O(1) for most texts: CPython flags pure-ASCII strings
+        return json_text
+    try:
+        json_text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(_escape_surrogate, json_text)
+    return json_text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def check_text(value: Any, path: str) -> None:
+    """Raise CodecError naming the path of the first string (or string key) in ``value`` holding a
+    lone surrogate: text that cannot be written as UTF-8 and must be refused where it enters."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                match = _SURROGATE.search(item)
+                if match is not None:
+                    raise CodecError(
+                        where,
+                        f"contains a lone surrogate ({match.group()!a} at index {match.start()}), which is not "
+                        "valid Unicode text and cannot be stored as UTF-8",
+                    )
+        elif isinstance(item, Mapping):
+            for key, sub in item.items():
+                if isinstance(key, str):
+                    stack.append((key, f"{where} (key {key!a})"))
+                stack.append((sub, f"{where}[{key!r}]"))
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(item))
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack.extend((getattr(item, f.name), f"{where}.{f.name}") for f in dataclasses.fields(item))
+
+
+def recursion_error(value: Any, path: str) -> CodecError:
+    """The CodecError for a value whose encoding hit the recursion limit: it names the path where
+    ``value`` refers back to a container it is inside (a cycle), else the path where its nesting
+    exceeds what the interpreter's recursion limit allows. Walks iteratively (never recurses); paths
+    are spelled out for the first 32 levels, and ``...`` stands for the levels below."""
+    on_path: set[int] = set()
+    deepest = (0, path)
+    # (item, path, depth, leaving): leaving=True marks the exit from a container.
+    stack: list[tuple[Any, str, int, bool]] = [(value, path, 0, False)]
+    while stack:
+        item, where, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(item))
+            continue
+        if not isinstance(item, Mapping | list | tuple | set | frozenset) and not (
+            dataclasses.is_dataclass(item) and not isinstance(item, type)
+        ):
+            continue
+        if id(item) in on_path:
+            return CodecError(where, "the value is cyclic: it contains itself here, so it has no JSON form")
+        if depth > deepest[0]:
+            deepest = (depth, where)
+        on_path.add(id(item))
+        stack.append((item, where, depth, True))
+        children = list(_children(item, where, depth < _SPELLED_LEVELS))
+        stack.extend((sub, sub_path, depth + 1, False) for sub, sub_path in reversed(children))
+    depth, where = deepest
+    return CodecError(
+        where,
+        f"the value is nested {depth} levels deep, deeper than the interpreter's recursion limit "
+        f"({sys.getrecursionlimit()}) allows to encode; flatten it",
+    )
+
+
+_SPELLED_LEVELS = 32
+
+
+def _children(item: Any, where: str, spell: bool) -> Iterator[tuple[Any, str]]:
+    """The items of a container with their paths (``where...`` for all of them once not ``spell``)."""
+    below = where if where.endswith("...") else f"{where}..."
+    if isinstance(item, Mapping):
+        for key, sub in item.items():
+            yield sub, f"{where}[{key!r}]" if spell else below
+    elif isinstance(item, list | tuple | set | frozenset):
+        for i, sub in enumerate(item):
+            yield sub, f"{where}[{i}]" if spell else below
+    else:
+        for f in dataclasses.fields(item):
+            yield getattr(item, f.name), f"{where}.{f.name}" if spell else below
 
 
 def sha256_hex(text: str | bytes) -> str:
-    """SHA-256 of text (UTF-8) or bytes, as 64 hex digits."""
-    data = text.encode("utf-8") if isinstance(text, str) else text
+    """SHA-256 of text (UTF-8; a lone surrogate as its 3-byte form) or bytes, as 64 hex digits."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     return hashlib.sha256(data).hexdigest()
 
 
@@ -79,8 +194,16 @@ def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
     """Encode ``value`` (declared as ``hint``) into JSON-native data, or raise CodecError.
 
     A value that does not fit its declared type (an ``int`` field holding ``"3"``, a ``date`` field
-    holding a ``datetime``) fails here, naming the path, rather than when the data is decoded.
+    holding a ``datetime``) fails here, naming the path, rather than when the data is decoded. So
+    does a cyclic or too deeply nested value (see the module docstring).
     """
+    try:
+        return _encode(value, hint, path)
+    except RecursionError:
+        raise recursion_error(value, path) from None
+
+
+def _encode(value: Any, hint: Any, path: str) -> Any:
     if value is None:
         return None
     kind = type(value)
@@ -132,7 +255,7 @@ def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
             raise CodecError(path, _wrong_type(expected, value))
         key_hint = args[0] if args else Any
         value_hint = args[1] if len(args) > 1 else Any
-        return {encode_key(k, key_hint, path): encode_value(v, value_hint, f"{path}[{k!r}]") for k, v in value.items()}
+        return {encode_key(k, key_hint, path): _encode(v, value_hint, f"{path}[{k!r}]") for k, v in value.items()}
     raise CodecError(path, f"cannot encode {type(value).__qualname__}")
 
 
@@ -156,12 +279,12 @@ def _encode_sequence(value: Any, origin: Any, args: tuple[Any, ...], path: str) 
     if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
         if len(args) != len(value):
             raise CodecError(path, f"expected a tuple of {len(args)} items, got {len(value)}")
-        return [encode_value(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value, args, strict=True))]
+        return [_encode(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value, args, strict=True))]
     item_hint = args[0] if args else Any
     items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
     if item_hint in _PLAIN_ITEM_TYPES and all(type(v) is item_hint for v in items):
         return list(items)  # each item is its own JSON form: nothing to convert or check
-    return [encode_value(v, item_hint, f"{path}[{i}]") for i, v in enumerate(items)]
+    return [_encode(v, item_hint, f"{path}[{i}]") for i, v in enumerate(items)]
 
 
 # Item types encoded as themselves (float is not: NaN and infinities are refused per item).
@@ -200,7 +323,7 @@ def _encode_union(value: Any, hint: Any, path: str) -> Any:
     arms = [a for a in typing.get_args(hint) if a is not type(None)]
     for arm in arms:
         if _matches(value, arm):
-            return encode_value(value, arm, path)
+            return _encode(value, arm, path)
     raise CodecError(path, f"{type(value).__qualname__} matches no member of {hint}")
 
 
@@ -237,14 +360,22 @@ def encode_key(key: Any, hint: Any, path: str) -> str:
 
 def _encode_dataclass(value: Any, path: str) -> dict[str, Any]:
     hints = field_hints(type(value))
-    return {name: encode_value(getattr(value, name), hint, f"{path}.{name}") for name, hint in hints.items()}
+    return {name: _encode(getattr(value, name), hint, f"{path}.{name}") for name, hint in hints.items()}
 
 
 # --------------------------------------------------------------------------- decode
 
 
 def decode_value(data: Any, hint: Any = Any, path: str = "value") -> Any:
-    """Decode JSON-native ``data`` into a value of type ``hint``, or raise CodecError."""
+    """Decode JSON-native ``data`` into a value of type ``hint``, or raise CodecError (also for
+    data nested too deeply to decode)."""
+    try:
+        return _decode(data, hint, path)
+    except RecursionError:
+        raise recursion_error(data, path) from None
+
+
+def _decode(data: Any, hint: Any, path: str) -> Any:
     if hint is Any or hint is object:
         return data
     origin = typing.get_origin(hint)
@@ -270,7 +401,7 @@ def decode_value(data: Any, hint: Any = Any, path: str = "value") -> Any:
         args = typing.get_args(hint)
         key_hint = args[0] if args else Any
         value_hint = args[1] if len(args) > 1 else Any
-        return {decode_key(k, key_hint, path): decode_value(v, value_hint, f"{path}[{k!r}]") for k, v in data.items()}
+        return {decode_key(k, key_hint, path): _decode(v, value_hint, f"{path}[{k!r}]") for k, v in data.items()}
     raise CodecError(path, f"unsupported declared type {hint!r}")
 
 
@@ -283,7 +414,7 @@ def _decode_class(data: Any, cls: type, path: str) -> Any:
     if dataclasses.is_dataclass(cls):
         if not isinstance(data, dict):
             raise CodecError(path, f"expected an object for {cls.__qualname__}, got {type(data).__qualname__}")
-        return decode_dataclass(cls, data, path)
+        return _decode_dataclass(cls, data, path)
     if cls is bool:
         if not isinstance(data, bool):
             raise CodecError(path, f"expected a bool, got {data!r}")
@@ -316,6 +447,13 @@ def _decode_class(data: Any, cls: type, path: str) -> Any:
 
 def decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
     """Build dataclass ``cls`` from encoded field data, checking for unknown fields."""
+    try:
+        return _decode_dataclass(cls, data, path)
+    except RecursionError:
+        raise recursion_error(data, path) from None
+
+
+def _decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
     hints = field_hints(cls)
     unknown = set(data) - set(hints)
     if unknown:
@@ -324,7 +462,7 @@ def decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
     late: dict[str, Any] = {}
     init_names = {f.name for f in dataclasses.fields(cls) if f.init}
     for name, raw in data.items():
-        value = decode_value(raw, hints[name], f"{path}.{name}")
+        value = _decode(raw, hints[name], f"{path}.{name}")
         (init_kwargs if name in init_names else late)[name] = value
     try:
         obj = cls(**init_kwargs)
@@ -345,7 +483,7 @@ def _decode_sequence(data: Any, origin: Any, args: tuple[Any, ...], path: str) -
     if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
         if len(args) != len(data):
             raise CodecError(path, f"expected {len(args)} items, got {len(data)}")
-        return tuple(decode_value(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(data, args, strict=True)))
+        return tuple(_decode(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(data, args, strict=True)))
     item_hint = args[0] if args else Any
     if (
         item_hint is Any
@@ -354,7 +492,7 @@ def _decode_sequence(data: Any, origin: Any, args: tuple[Any, ...], path: str) -
     ):
         items = list(data)  # nothing to convert or check per item (a long list of strings, say)
     else:
-        items = [decode_value(v, item_hint, f"{path}[{i}]") for i, v in enumerate(data)]
+        items = [_decode(v, item_hint, f"{path}[{i}]") for i, v in enumerate(data)]
     if origin is list:
         return items
     return origin(items)
@@ -371,7 +509,7 @@ def _decode_union(data: Any, hint: Any, path: str) -> Any:
     first: tuple[Any] | None = None
     for arm in candidates:
         try:
-            value = decode_value(data, arm, path)
+            value = _decode(data, arm, path)
         except CodecError as exc:
             errors.append(exc.message)
             continue

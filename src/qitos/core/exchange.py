@@ -38,6 +38,7 @@ from typing import Any, Literal, Protocol, cast, overload
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import UsageError
 from qitos.core.identity import new_id
+from qitos.core.redaction import Redactor
 
 __all__ = [
     "CATEGORY_BITS",
@@ -449,6 +450,11 @@ class ExchangeLog:
         self._open: int | None = None
         self._projection = ExchangeProjection()
         self._exchanges_cache: tuple[Exchange, ...] | None = ()
+        # Applied to every message and tool result recorded from now on (never to replayed
+        # entries, which were redacted when first recorded): the log is what the model is sent and
+        # what a session stores, so a secret redacted here is in neither (see qitos.core.redaction).
+        self.redactor: Redactor | None = None
+        self._replaying = False
 
     # ------------------------------------------------------------------ reading
 
@@ -520,7 +526,7 @@ class ExchangeLog:
             )
         if isinstance(inputs, Mapping | Message):
             raise ExchangeLogError("inputs: expected a list of messages, got a single message")
-        messages = tuple(Message.from_value(m, f"inputs[{i}]") for i, m in enumerate(inputs))
+        messages = tuple(self._redacted(Message.from_value(m, f"inputs[{i}]")) for i, m in enumerate(inputs))
         for i, message in enumerate(messages):
             if message.role not in _INPUT_ROLES or message.tool_calls:
                 raise ExchangeLogError(
@@ -541,7 +547,7 @@ class ExchangeLog:
     def record_output(self, exchange_id: str, message: Message | Mapping[str, Any]) -> Exchange:
         """Record the model's output message (an assistant message) of an open exchange."""
         exchange = self._require_open(exchange_id, "record_output")
-        parsed = Message.from_value(message, "message")
+        parsed = self._redacted(Message.from_value(message, "message"))
         if parsed.role != "assistant":
             raise ExchangeLogError(f"message.role: a model output is an assistant message, got {parsed.role!r}")
         if exchange.output is not None:
@@ -570,6 +576,8 @@ class ExchangeLog:
                 content = canonical_json(content)
             except (TypeError, ValueError) as exc:
                 raise ExchangeLogError(f"content: not a string or JSON-native value ({exc})") from exc
+        if content is not None and self.redactor is not None and not self._replaying:
+            content = self.redactor(content)
         result = Message(role="tool", content=content, tool_call_id=tool_call_id)
         updated = replace(exchange, tool_results=(*exchange.tool_results, result))
         self._replace(updated)
@@ -604,7 +612,15 @@ class ExchangeLog:
         return log
 
     def extend_entries(self, entries: Iterable[Mapping[str, Any]]) -> None:
-        """Apply entries (as produced by :meth:`entries`) after the current position."""
+        """Apply entries (as produced by :meth:`entries`) after the current position (as they are:
+        the redactor is not applied again, so the digest chain comes out the same)."""
+        self._replaying = True
+        try:
+            self._extend_entries(entries)
+        finally:
+            self._replaying = False
+
+    def _extend_entries(self, entries: Iterable[Mapping[str, Any]]) -> None:
         for offset, entry in enumerate(entries):
             where = f"entries[{offset}] (position {self.position})"
             if not isinstance(entry, Mapping):
@@ -634,6 +650,13 @@ class ExchangeLog:
         if exchange.closed:
             raise ExchangeLogError(f"{operation}: exchange {exchange_id!r} is closed; closed exchanges never change")
         return exchange
+
+    def _redacted(self, message: Message) -> Message:
+        if self.redactor is None or self._replaying:
+            return message
+        data = message.to_dict()
+        clean = self.redactor.redact_value(data)
+        return message if clean is data else Message.from_value(clean, "message")
 
     def _replace(self, exchange: Exchange) -> None:
         self._exchanges[exchange.index] = exchange

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Optional, Self, SupportsIndex, Union
 
-from qitos.core.codec import decode_dataclass, encode_key, encode_value, field_hints
+from qitos.core.codec import decode_dataclass, encode_key, encode_value, field_hints, recursion_error
 from qitos.core.errors import CodecError, StateValidationError
 
 __all__ = [
@@ -81,7 +81,15 @@ class _Tracked:
 
 
 def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> Any:
-    """Wrap plain lists/dicts (recursively) as tracked containers bound to ``owner.name``."""
+    """Wrap plain lists/dicts (recursively) as tracked containers bound to ``owner.name``; a cyclic
+    or too deeply nested value raises CodecError naming the field (see ``qitos.core.codec``)."""
+    try:
+        return _adopt_tree(value, owner, name, nested)
+    except RecursionError:
+        raise recursion_error(value, f"state.{name}") from None
+
+
+def _adopt_tree(value: Any, owner: StateSchema | None, name: str, nested: bool) -> Any:
     if type(value) in _SCALARS:
         return value
     if isinstance(value, _Tracked):
@@ -89,11 +97,11 @@ def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> An
             return value
         value = list(value) if isinstance(value, list) else dict(typing.cast(dict[Any, Any], value))
     if isinstance(value, list):
-        tracked_list = TrackedList(_adopt(v, owner, name, True) for v in value)
+        tracked_list = TrackedList(_adopt_tree(v, owner, name, True) for v in value)
         tracked_list._q_bind(owner, name, nested)
         return tracked_list
     if isinstance(value, dict):
-        tracked_dict = TrackedDict((k, _adopt(v, owner, name, True)) for k, v in value.items())
+        tracked_dict = TrackedDict((k, _adopt_tree(v, owner, name, True)) for k, v in value.items())
         tracked_dict._q_bind(owner, name, nested)
         return tracked_dict
     return value

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from qitos.core.codec import check_text
 from qitos.core.errors import UsageError
 
 __all__ = [
@@ -141,6 +142,9 @@ class Task:
                 raise TaskValidationError(f"Task.resources takes TaskResource items, got {resource!r}")
         if not isinstance(self.budget, TaskBudget):
             raise TaskValidationError(f"Task.budget must be a TaskBudget, got {type(self.budget).__name__}")
+        # Text that has no UTF-8 form (a lone surrogate) could never be stored or sent: refuse it here.
+        for key, value in self.to_dict().items():
+            check_text(value, f"Task.{key}")
 
     @classmethod
     def coerce(cls, task: str | Task) -> Task:

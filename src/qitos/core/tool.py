@@ -8,6 +8,15 @@ how the engine should run it: ``timeout`` seconds, ``idempotent`` (safe to re-ru
 ``ToolRegistry.call`` never raises for a tool's own failure: unknown tools, invalid arguments,
 exceptions and timeouts all become a ``ToolResult`` with ``ok=False`` and an ``error_kind`` that the
 agent can read and react to.
+
+Outputs: ``max_output_chars`` caps the output's *text form* (the string itself, or the JSON text
+of any other output): an output whose text form is longer becomes that text cut to the cap plus a
+``[truncated N of M characters]`` note, with ``truncated=True`` (so a 50 MB list never reaches the
+store or the model whole). An output that is not valid Unicode text (a lone surrogate such as
+``"\\ud800"``, in the string or anywhere in its JSON text) cannot be stored or sent to a model: the
+call becomes a ``tool_error`` result saying where, not an escaped or altered output. So does an
+output that is cyclic or nested too deeply to have a text form. Arguments holding a lone surrogate
+are ``invalid_arguments`` (the tool does not run).
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Union, overload
 
-from qitos.core.errors import ToolDefinitionError
+from qitos.core.codec import check_text
+from qitos.core.errors import CodecError, ToolDefinitionError
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
@@ -508,6 +518,11 @@ class ToolRegistry:
         self._validators[name](args, "arguments", problems)
         if problems:
             return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+        if not _plain_text_values(args):
+            try:
+                check_text(args, "arguments")
+            except CodecError as exc:
+                return _failure(call_id, name, "invalid_arguments", str(exc))
         converters = self._converters.get(name)
         if converters is not None:  # only tools with Enum-annotated parameters
             try:
@@ -526,8 +541,23 @@ class ToolRegistry:
             return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
         truncated = False
         cap = spec.max_output_chars
-        if cap is not None and isinstance(output, str) and len(output) > cap:
-            output = f"{output[:cap]}\n...[truncated {len(output) - cap} of {len(output)} characters]"
+        if type(output) is str:
+            text = output
+        elif output is None or type(output) in (int, bool, float):
+            text = ""
+        else:
+            try:
+                text = _to_text(output)
+            except RecursionError:
+                message = "the output is cyclic or nested too deeply to have a text form"
+                return _failure(call_id, name, "tool_error", message, started)
+        if not text.isascii():
+            try:
+                check_text(text, "output")
+            except CodecError as exc:
+                return _failure(call_id, name, "tool_error", f"{exc}; the tool must return valid text", started)
+        if cap is not None and len(text) > cap:
+            output = f"{text[:cap]}\n...[truncated {len(text) - cap} of {len(text)} characters]"
             truncated = True
         duration = (time.perf_counter() - started) * 1000.0
         return ToolResult(call_id=call_id, name=name, ok=True, output=output, duration_ms=duration, truncated=truncated)
@@ -691,6 +721,19 @@ async def _with_timeout(coro: Any, timeout: float) -> Any:
 def _failure(call_id: str, name: str, kind: ToolErrorKind, message: str, started: float | None = None) -> ToolResult:
     duration = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
     return ToolResult(call_id=call_id, name=name, ok=False, error=message, error_kind=kind, duration_ms=duration)
+
+
+def _plain_text_values(args: Mapping[str, Any]) -> bool:
+    """Whether every argument is ASCII text, a number, a bool or None (the common case, and then no
+    argument can hold a lone surrogate; anything else is checked by ``check_text``)."""
+    for value in args.values():
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return False
+        elif kind is not int and kind is not bool and kind is not float and value is not None:
+            return False
+    return True
 
 
 def _jsonable(value: Any) -> Any:

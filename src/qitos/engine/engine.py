@@ -24,9 +24,11 @@ from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Action, Decision, Observation
 from qitos.core.errors import ConfigurationError, ContextError, UsageError
 from qitos.core.identity import RunIdentity
+from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.state import StateSchema, StopReason
 from qitos.core.task import Env, Task, TaskResult
 from qitos.core.tool import ToolResult
+from qitos.engine.event_redaction import redact_event, redacting_sink
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
@@ -866,13 +868,7 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         if writer is None and self.trace_logdir is not None:
             writer = TraceWriter(self.trace_logdir, prefix=self.trace_prefix)
         if writer is not None:
-            key = getattr(self.model, "api_key", None)
-            if isinstance(key, str):
-                writer.redact.add(key)
-            secrets = getattr(self.model, "secrets", None)
-            if callable(secrets):
-                for secret in secrets():
-                    writer.redact.add(secret)
+            writer.redact.add_all(model_credentials(self.model))
         return writer
 
     def _event_sinks(
@@ -882,8 +878,9 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
         on_event: Callable[[EngineEvent], None] | None,
     ) -> Callable[[EngineEvent], None]:
         listeners = self._event_listeners
+        redactor = writer.redact if writer is not None else Redactor(model_credentials(self.model))
         if writer is None and on_event is None and not listeners:
-            return events.append
+            return redacting_sink(events.append, redactor)
 
         def record(event: EngineEvent) -> None:
             events.append(event)
@@ -899,14 +896,13 @@ class Engine(Generic[StateT, ObservationT, ActionT]):
                     hook.on_event(event)
                 except Exception as exc:
                     error = f"hook {type(hook).__name__}.on_event raised {type(exc).__name__}: {exc}"
-                    record(
-                        EngineEvent(
-                            E.ERROR, event.step_id, ok=False, error=error, payload={"hook": type(hook).__name__}
-                        )
+                    failure = EngineEvent(
+                        E.ERROR, event.step_id, ok=False, error=error, payload={"hook": type(hook).__name__}
                     )
+                    record(redact_event(failure, redactor))
             record(event)
 
-        return emit
+        return redacting_sink(emit, redactor)
 
     def _build_hook_table(self) -> dict[str, list[Any]]:
         return {name: [h for h in self.hooks if _overrides(h, name)] for name in HOOK_METHODS}

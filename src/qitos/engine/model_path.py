@@ -3,6 +3,8 @@
 Each model turn is one exchange of the run's ExchangeLog: its inputs (the task on the first turn,
 steering, environment observations, repair feedback), the model's output, and the results of its
 tool calls. The request sent is ``RequestView.from_exchange_log`` under the model's declared budget.
+The log redacts what it records (token shapes and the model's configured credentials, see
+``qitos.core.redaction``), so the model is sent, and a session stores, the redacted text.
 
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.decision import Decision, Observation
 from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
+from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import ToolResult
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
@@ -97,6 +100,8 @@ class ModelPath:
         if run.log is None:
             run.log = ExchangeLog(f"log-{run.run_id}")
         log: ExchangeLog = run.log
+        if log.redactor is None:  # what the model is sent and a session stores passes the policy
+            log.redactor = Redactor(model_credentials(model))
         start = log.position
         exchange_id = self._open_exchange(run, log)
         state = run.state

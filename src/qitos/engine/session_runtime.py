@@ -61,6 +61,7 @@ from qitos.core.identity import (
     SnapshotIdentity,
     WorkItemIdentity,
 )
+from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import RequestView
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
@@ -280,6 +281,7 @@ class Session:
                 batch_steps=runtime.batch_steps if runtime else 16,
                 batch_ms=runtime.batch_ms if runtime else 50.0,
                 lease=lease,
+                redactor=self._redactor(),
             )
             self._journal = journal
             resume = ResumePoint(
@@ -297,6 +299,10 @@ class Session:
         finally:
             lease.release()
 
+    def _redactor(self) -> Redactor:
+        """The redaction policy for what this session writes: patterns plus the model's credentials."""
+        return Redactor(model_credentials(self.engine.model))
+
     def pause(self) -> PauseReceipt:
         """Request cooperative pause; durable status is returned at a boundary."""
         item = self.store.append_control(self.session_id.value, "pause", {"requested_at": utc_now()})
@@ -306,7 +312,7 @@ class Session:
         """Durably submit one canonical steering item to this Session."""
         if not isinstance(text, str) or not text.strip():
             raise ConfigurationError("steering text must be a non-empty string")
-        item = self.store.append_control(self.session_id.value, "steer", {"text": text})
+        item = self.store.append_control(self.session_id.value, "steer", {"text": self._redactor().redact_value(text)})
         return SteeringReceipt(
             session_id=item.session_id,
             position=item.position,
@@ -331,7 +337,8 @@ class Session:
                 f"(awaiting: {sorted(waiting) or 'none'})"
             )
         kind = "approve" if approved else "reject"
-        item = self.store.append_control(self.session_id.value, kind, {"call_id": call_id, "reason": reason})
+        payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
+        item = self.store.append_control(self.session_id.value, kind, payload)
         return ApprovalReceipt(
             session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
         )
@@ -609,7 +616,8 @@ def new_session(
         state.task = the_task.objective
     state.drain_changes()
     session_id = SessionIdentity.new()
-    full = state.to_dict()
+    redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
+    full = redactor.redact_value(state.to_dict())
     log = ExchangeLog(f"log-{session_id.value}")
     payload: dict[str, Any] = {
         "format": FORMAT,
@@ -634,7 +642,7 @@ def new_session(
         "agent_id": agent_id.value,
         "agent": f"{type(engine.agent).__module__}:{type(engine.agent).__qualname__}",
         "state_type": _state_type_name(type(state)),
-        "task": the_task.to_dict(),
+        "task": redactor.redact_value(the_task.to_dict()),
         "created_at": created_at,
         "parent_session_id": None,
         "fork_snapshot_id": None,

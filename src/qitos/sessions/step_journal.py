@@ -23,6 +23,13 @@ payload by ``_FULL_FACTOR`` and are either ``_MIN_BASE_DELTA_BYTES`` long or ``_
 snapshots deep. Because long lists are stored as shared runs, a base costs what is new since the
 last one plus its references, so bases stay frequent and a restore reads a short chain: the base,
 its runs and at most a few dozen deltas. Format 1 payloads (no ``chunks``) are read the same way.
+
+Redaction: every payload and blob the journal writes (pending writes, snapshot payloads, state runs,
+the stored request view) passes its ``redactor`` (``qitos.core.redaction``: token shapes plus the
+model's configured credentials) in :meth:`SessionJournal._clean`, so no secret reaches the store;
+the exchange-log entries were redacted when recorded. A snapshot payload's other keys hold only
+counters, ids, digests and kinds, so only its ``state`` and ``pending`` parts are cleaned. A
+restored session sees the marker.
 Durability modes and crash safety are described in ``qitos.engine.session_runtime``.
 """
 
@@ -40,6 +47,7 @@ from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_h
 from qitos.core.decision import Action
 from qitos.core.errors import CheckpointError, IntegrityError, SnapshotIntegrityError
 from qitos.core.exchange import ExchangeLog
+from qitos.core.redaction import Redactor
 from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
 from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
@@ -283,8 +291,10 @@ class SessionJournal(RunJournal):
         batch_ms: float = 50.0,
         poll_interval: float = 0.005,
         lease: LeaseKeeper | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.store = store
+        self.redactor = redactor if redactor is not None else Redactor()
         # The run's hold on the session: its token goes with every write, and a lost lease stops
         # the journal before it writes anything (see qitos.sessions.lease).
         self.lease = lease
@@ -398,6 +408,10 @@ class SessionJournal(RunJournal):
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
         self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict())])
 
+    def _clean(self, value: Any) -> Any:
+        """``value`` as it may be stored: redacted (see the module docstring)."""
+        return self.redactor.redact_value(value)
+
     def _step_write(self, step_id: int, kind: str, key: str, payload: Mapping[str, Any]) -> StepWrite:
         return StepWrite(
             session_id=self.session_id,
@@ -405,7 +419,7 @@ class SessionJournal(RunJournal):
             step_id=step_id,
             kind=kind,
             key=key,
-            payload=payload,
+            payload=self._clean(payload),
             lease_token=self._token(),
         )
 
@@ -507,7 +521,7 @@ class SessionJournal(RunJournal):
         if last.stop_reason is not None:
             payload["stop_reason"] = last.stop_reason
         if last.pending is not None:
-            payload["pending"] = last.pending.to_dict()
+            payload["pending"] = self._clean(last.pending.to_dict())
         steps = _step_summary(boundaries)
         if steps:
             payload["step"] = steps
@@ -527,7 +541,7 @@ class SessionJournal(RunJournal):
             payload["log"] = {**log_meta, "chunk": chunk}
         view = last.request_view
         if view is not None and view is not self._request_view_obj:
-            raw_view = pack_or_raw(canonical_json(view_record(view, log)).encode("utf-8"))
+            raw_view = pack_or_raw(canonical_json(self._clean(view_record(view, log))).encode("utf-8"))
             view_id = sha256_hex(raw_view)
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
@@ -552,7 +566,7 @@ class SessionJournal(RunJournal):
                 payload["trace"] = self.trace_context
             base_id = None
         else:
-            payload["state"] = {"delta": delta}
+            payload["state"] = {"delta": self._clean(delta)}
             base_id = self._base_id
         snapshot = SessionSnapshot.create(
             session_id=self.session_id,
@@ -610,7 +624,7 @@ class SessionJournal(RunJournal):
             if isinstance(value, list) and name not in self._reshaped:
                 kept = reusable_runs(self._chunks.get(name), len(value))
             start = sum(ref.count for ref in kept)
-            encoded = encode_value(value[start:] if start else value, hint, path)
+            encoded = self._clean(encode_value(value[start:] if start else value, hint, path))
             cut = chunk_list(encoded, kept) if type(encoded) is list else None
             if cut is None:
                 inline[name] = encoded

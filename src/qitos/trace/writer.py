@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core.codec import canonical_json, escape_surrogates, sha256_hex
 from qitos.trace.redact import Redactor
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ MESSAGES_FILE = "messages.jsonl"
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=repr, separators=(",", ":"))
+    return escape_surrogates(json.dumps(value, ensure_ascii=False, default=repr, separators=(",", ":")))
 
 
 class TraceWriter:
@@ -99,7 +99,7 @@ class TraceWriter:
                     path = os.path.join(self.run_dir, MESSAGES_FILE)
                     self._messages = open(path, "a", encoding="utf-8")  # noqa: SIM115
                 position = self._message_positions[key] = len(self._message_positions)
-                self._messages.write(self.redact(line) + "\n")
+                self._messages.write(self.redact(escape_surrogates(line)) + "\n")
             positions.append(position)
         if self._messages is not None:
             self._messages.flush()
@@ -124,7 +124,9 @@ class TraceWriter:
         path = os.path.join(self.run_dir, "manifest.json")
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(self.redact(json.dumps(self._manifest, ensure_ascii=False, default=repr, indent=2)))
+            fh.write(
+                self.redact(escape_surrogates(json.dumps(self._manifest, ensure_ascii=False, default=repr, indent=2)))
+            )
         os.replace(tmp, path)
 
 

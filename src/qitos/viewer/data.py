@@ -2,7 +2,9 @@
 
 Everything here reads through the library (the trace reader, a ``CheckpointStore`` and
 ``Session.inspect``) and returns JSON-native dicts with stable shapes. No SQL, no loop logic, and
-no third-party imports: the viewer runs on the standard library alone.
+no third-party imports: the viewer runs on the standard library alone. Every view passes the
+redaction policy (:mod:`qitos.core.redaction`: token shapes and secret fields) on its way out, so a
+key that reached a store or trace before it was redacted there is still not shown.
 
 Shapes (every key is always present; missing values are ``null``):
 
@@ -31,6 +33,7 @@ from typing import Any
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.agent_module import AgentModule
 from qitos.core.errors import CheckpointError, ConfigurationError, QitosError, UsageError
+from qitos.core.redaction import Redactor
 from qitos.engine.composition import compose
 from qitos.trace.reader import RunTrace, TraceError, list_runs
 from qitos.trace.writer import displayed_messages
@@ -55,6 +58,14 @@ __all__ = [
 _FINAL_PREVIEW = 300
 _MAX_SNAPSHOTS = 200
 _MAX_LINEAGE = 200
+
+
+_SHOWN = Redactor()
+
+
+def _shown(view: dict[str, Any]) -> dict[str, Any]:
+    shown: dict[str, Any] = _SHOWN.redact_value(view)
+    return shown
 
 
 class NotFoundError(QitosError, LookupError):
@@ -141,23 +152,25 @@ def run_summary(trace: RunTrace, *, steps: list[dict[str, Any]] | None = None) -
         final = final[: _FINAL_PREVIEW - 3] + "..."
     task = manifest.get("task")
     objective = task.get("objective") if isinstance(task, Mapping) else task
-    return {
-        "run_id": str(manifest.get("run_id") or os.path.basename(trace.run_dir)),
-        "dir": os.path.basename(trace.run_dir),
-        "status": manifest.get("status"),
-        "task": objective,
-        "agent": manifest.get("agent"),
-        "steps": step_count,
-        "stop_reason": summary.get("stop_reason"),
-        "tokens": tokens,
-        "duration_s": round(float(duration), 3) if duration is not None else None,
-        "started_at": manifest.get("started_at"),
-        "ended_at": manifest.get("ended_at"),
-        "final_result": final,
-        "error": summary.get("error"),
-        "model_steps": stats["model_steps"],
-        "receipts": stats["receipts"],
-    }
+    return _shown(
+        {
+            "run_id": str(manifest.get("run_id") or os.path.basename(trace.run_dir)),
+            "dir": os.path.basename(trace.run_dir),
+            "status": manifest.get("status"),
+            "task": objective,
+            "agent": manifest.get("agent"),
+            "steps": step_count,
+            "stop_reason": summary.get("stop_reason"),
+            "tokens": tokens,
+            "duration_s": round(float(duration), 3) if duration is not None else None,
+            "started_at": manifest.get("started_at"),
+            "ended_at": manifest.get("ended_at"),
+            "final_result": final,
+            "error": summary.get("error"),
+            "model_steps": stats["model_steps"],
+            "receipts": stats["receipts"],
+        }
+    )
 
 
 def runs_board(logdir: str) -> list[dict[str, Any]]:
@@ -208,13 +221,13 @@ def find_run(logdir: str, ref: str) -> RunTrace:
 def run_detail(trace: RunTrace) -> dict[str, Any]:
     """A run page: ``{"run": summary, "manifest": ..., "steps": [...]}``."""
     steps = trace.steps()
-    return {"run": run_summary(trace, steps=steps), "manifest": trace.manifest(), "steps": steps}
+    return _shown({"run": run_summary(trace, steps=steps), "manifest": trace.manifest(), "steps": steps})
 
 
 def run_events(trace: RunTrace, *, after: int = 0) -> dict[str, Any]:
     """Events after the first ``after`` ones: ``{"events": [...], "next": n}`` (poll with ``after=next``)."""
     events = trace.events()
-    return {"events": events[after:], "next": len(events)}
+    return _shown({"events": events[after:], "next": len(events)})
 
 
 def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
@@ -259,14 +272,16 @@ def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
     else:
         raise NotFoundError(f"step {step_id} of run {trace.run_id} sent no model request")
     refs = model.get("message_refs")
-    return {
-        "step_id": step_id,
-        "status": status,
-        "request_view": request_view,
-        "model": model,
-        "messages": trace.request_messages(refs) if refs is not None else None,
-        "attempts": attempts,
-    }
+    return _shown(
+        {
+            "step_id": step_id,
+            "status": status,
+            "request_view": request_view,
+            "model": model,
+            "messages": trace.request_messages(refs) if refs is not None else None,
+            "attempts": attempts,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- sessions
@@ -276,18 +291,20 @@ def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
     """One row of the sessions board (see the module docstring for the shape)."""
     meta = head.metadata or {}
     task = meta.get("task")
-    return {
-        "session_id": head.session_id,
-        "lifecycle": head.lifecycle,
-        "sequence": head.sequence,
-        "snapshot_id": head.snapshot_id,
-        "updated_at": head.updated_at,
-        "created_at": meta.get("created_at"),
-        "task": task.get("objective") if isinstance(task, Mapping) else task,
-        "agent": meta.get("agent"),
-        "parent_session_id": meta.get("parent_session_id"),
-        "fork_snapshot_id": meta.get("fork_snapshot_id"),
-    }
+    return _shown(
+        {
+            "session_id": head.session_id,
+            "lifecycle": head.lifecycle,
+            "sequence": head.sequence,
+            "snapshot_id": head.snapshot_id,
+            "updated_at": head.updated_at,
+            "created_at": meta.get("created_at"),
+            "task": task.get("objective") if isinstance(task, Mapping) else task,
+            "agent": meta.get("agent"),
+            "parent_session_id": meta.get("parent_session_id"),
+            "fork_snapshot_id": meta.get("fork_snapshot_id"),
+        }
+    )
 
 
 def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
@@ -325,20 +342,22 @@ def inspection_to_dict(inspection: Any) -> dict[str, Any]:
     messages it sent, secret context as placeholders)."""
     view = inspection.last_request_view
     batch = inspection.tool_batch
-    return {
-        "head": to_jsonable(inspection.head),
-        "lifecycle": to_jsonable(inspection.lifecycle),
-        "capabilities": list(inspection.capabilities),
-        "snapshot_integrity": inspection.snapshot_integrity,
-        "budget": to_jsonable(inspection.budget),
-        "work_graph": to_jsonable(inspection.work_graph),
-        "last_request_view": view.summary() if view is not None else None,
-        "last_request_messages": displayed_messages(view) if view is not None else None,
-        "task": inspection.task,
-        "tool_batch": None
-        if batch is None
-        else {"step_id": batch.step_id, "calls": [to_jsonable(c) for c in batch.calls]},
-    }
+    return _shown(
+        {
+            "head": to_jsonable(inspection.head),
+            "lifecycle": to_jsonable(inspection.lifecycle),
+            "capabilities": list(inspection.capabilities),
+            "snapshot_integrity": inspection.snapshot_integrity,
+            "budget": to_jsonable(inspection.budget),
+            "work_graph": to_jsonable(inspection.work_graph),
+            "last_request_view": view.summary() if view is not None else None,
+            "last_request_messages": displayed_messages(view) if view is not None else None,
+            "task": inspection.task,
+            "tool_batch": None
+            if batch is None
+            else {"step_id": batch.step_id, "calls": [to_jsonable(c) for c in batch.calls]},
+        }
+    )
 
 
 def _chain_integrity(store: CheckpointStore, snapshot_id: str) -> str:
@@ -391,7 +410,7 @@ def lineage(
             "children": [node(c) for c in kids if budget[0] > 0],
         }
 
-    return node(root)
+    return _shown(node(root))
 
 
 def session_detail(store: CheckpointStore, session_id: str, *, agent: str | None = None) -> dict[str, Any]:
@@ -427,13 +446,15 @@ def session_detail(store: CheckpointStore, session_id: str, *, agent: str | None
             run_id = attempt.get("run_id")
             if run_id and run_id not in runs:
                 runs.append(run_id)
-    return {
-        "session": session_summary(head),
-        "inspection": inspection,
-        "inspection_error": error,
-        "integrity": integrity,
-        "snapshots": snapshot_ids[:_MAX_SNAPSHOTS],
-        "snapshot_count": len(snapshot_ids),
-        "lineage": lineage(store, session_id, heads=heads),
-        "runs": runs,
-    }
+    return _shown(
+        {
+            "session": session_summary(head),
+            "inspection": inspection,
+            "inspection_error": error,
+            "integrity": integrity,
+            "snapshots": snapshot_ids[:_MAX_SNAPSHOTS],
+            "snapshot_count": len(snapshot_ids),
+            "lineage": lineage(store, session_id, heads=heads),
+            "runs": runs,
+        }
+    )

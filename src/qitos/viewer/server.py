@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.errors import QitosError, UsageError
+from qitos.core.redaction import Redactor
 from qitos.trace.reader import TraceError
 from qitos.viewer.data import (
     NotFoundError,
@@ -54,6 +55,7 @@ _STATIC = {
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/app.css": ("app.css", "text/css; charset=utf-8"),
 }
+_ERRORS_SHOWN = Redactor()
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -218,6 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(HTTPStatus.OK, payload)
 
     def _send_json(self, status: HTTPStatus, payload: Any) -> None:
+        if status != HTTPStatus.OK:  # an error message may quote what it failed on (views redact themselves)
+            payload = _ERRORS_SHOWN.redact_value(payload)
         body = json.dumps(payload, ensure_ascii=False, default=repr).encode("utf-8")
         self._send(status, body, "application/json; charset=utf-8")
 

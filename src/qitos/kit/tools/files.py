@@ -18,14 +18,25 @@ is refused, with :class:`WorkspacePathError`, when it is absolute, contains a ``
 NUL byte, or resolves (following symlinks) outside the root. Listings and searches do not descend
 into symlinked directories, and skip symlinked files that point outside the root.
 
-Checks happen when a tool is called; a symlink swapped in by another process between the check and
-the open is not defended against (the workspace is assumed not to be shared with an adversary).
+Hard links: a second name for a file cannot be told apart from the first, and the other name may
+be outside the workspace (``ln /etc/app.conf ws/app.conf``). So a file with more than one hard link
+(``st_nlink > 1``) is refused by ``read_file``, ``write_file`` and ``edit_file`` and skipped (and
+counted) by ``search_files``, unless ``allow_hard_links=True`` says every link to the workspace's
+files is trusted. Listings show such files (a name reveals nothing of the content).
+
+How a file is opened: the checked real path is opened with ``O_NOFOLLOW`` (a symlink swapped in
+for the last component after the check fails to open) and ``O_NONBLOCK`` (a FIFO cannot hang the
+tool); what was opened is then ``fstat``-ed: it must be a regular file, have one link (see above),
+and be the same file (device and inode) as the path checked afresh after the open, so a directory
+swapped for a symlink meanwhile is caught too. ``write_file`` creates a new file with ``O_EXCL`` and
+writes an existing one in place through the checked descriptor (it never follows a link to write).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -33,7 +44,7 @@ from typing import Any
 from qitos.core.errors import RunError
 from qitos.core.tool import DEFAULT_MAX_OUTPUT_CHARS, ToolRegistry, ToolSpec, tool
 
-__all__ = ["WorkspacePathError", "resolve_in_workspace", "workspace_tools"]
+__all__ = ["HardLinkError", "WorkspacePathError", "resolve_in_workspace", "workspace_tools"]
 
 _MAX_LIST_ENTRIES = 1_000
 _MAX_SEARCH_RESULTS = 200
@@ -68,11 +79,14 @@ def workspace_tools(
     *,
     writable: bool = True,
     max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
+    allow_hard_links: bool = False,
 ) -> list[ToolSpec]:
-    """File tools confined to ``root`` (which must be an existing directory)."""
+    """File tools confined to ``root`` (which must be an existing directory); ``allow_hard_links``
+    lets them use files with several hard links (see the module docstring)."""
     base = Path(root).resolve(strict=False)
     if not base.is_dir():
         raise WorkspacePathError(f"workspace root {str(root)!r} is not an existing directory")
+    opener = _Opener(base, allow_hard_links=allow_hard_links)
 
     def rel(p: Path) -> str:
         return p.relative_to(base).as_posix() or "."
@@ -107,8 +121,7 @@ def workspace_tools(
             raise ValueError(f"start_line must be >= 1, got {start_line}")
         if max_lines is not None and max_lines < 1:
             raise ValueError(f"max_lines must be >= 1, got {max_lines}")
-        target = resolve_in_workspace(base, path)
-        text = _read_text(target, path)
+        text = opener.read_text(path)
         if start_line == 1 and max_lines is None:
             return text
         lines = text.splitlines(keepends=True)
@@ -129,12 +142,14 @@ def workspace_tools(
         target = resolve_in_workspace(base, path)
         files = [target] if target.is_file() else [p for p in _walk(target, base, True) if p.is_file()]
         hits: list[str] = []
+        linked = 0
         for file in files:
-            if file.stat().st_size > _MAX_SEARCH_FILE_BYTES:
-                continue
             try:
-                text = file.read_text(encoding="utf-8")
-            except (UnicodeDecodeError, OSError):
+                text = opener.read_text(rel(file), max_bytes=_MAX_SEARCH_FILE_BYTES)
+            except HardLinkError:
+                linked += 1
+                continue
+            except (ValueError, OSError):  # too large, not UTF-8, unreadable, or changed meanwhile
                 continue
             for lineno, line in enumerate(text.splitlines(), start=1):
                 if pattern.search(line):
@@ -142,6 +157,8 @@ def workspace_tools(
                     if len(hits) >= _MAX_SEARCH_RESULTS:
                         hits.append(f"... (stopped after {_MAX_SEARCH_RESULTS} matches)")
                         return "\n".join(hits)
+        if linked:
+            hits.append(f"({linked} file(s) with several hard links skipped)")
         return "\n".join(hits) if hits else f"no matches for {query!r}"
 
     def write_file(path: str, content: str) -> str:
@@ -155,9 +172,7 @@ def workspace_tools(
         if target == base or target.is_dir():
             raise IsADirectoryError(f"{path!r} is a directory")
         target.parent.mkdir(parents=True, exist_ok=True)
-        # Re-check after creating parents: a parent may have been a symlink created meanwhile.
-        resolve_in_workspace(base, path)
-        target.write_text(content, encoding="utf-8")
+        opener.write_text(path, content)
         return f"wrote {len(content)} characters to {rel(target)}"
 
     def edit_file(path: str, old: str, new: str, replace_all: bool = False) -> str:
@@ -173,7 +188,7 @@ def workspace_tools(
         if not old:
             raise ValueError("old must not be empty")
         target = resolve_in_workspace(base, path)
-        text = _read_text(target, path)
+        text = opener.read_text(path)
         count = text.count(old)
         if count == 0:
             raise ValueError(f"the text to replace was not found in {path!r}")
@@ -182,7 +197,7 @@ def workspace_tools(
                 f"the text to replace occurs {count} times in {path!r}; give a longer, unique snippet "
                 "or set replace_all"
             )
-        target.write_text(text.replace(old, new) if replace_all else text.replace(old, new, 1), encoding="utf-8")
+        opener.write_text(path, text.replace(old, new) if replace_all else text.replace(old, new, 1))
         return f"replaced {count if replace_all else 1} occurrence(s) in {rel(target)}"
 
     read_only: list[tuple[Callable[..., Any], bool]] = [(list_files, True), (read_file, True), (search_files, True)]
@@ -198,13 +213,88 @@ def _spec(fn: Callable[..., Any], *, idempotent: bool, max_output_chars: int | N
     return ToolRegistry().register(tool(idempotent=idempotent, max_output_chars=max_output_chars)(fn))
 
 
-def _read_text(target: Path, path: str) -> str:
-    if not target.is_file():
-        raise FileNotFoundError(f"no file {path!r} in the workspace")
-    try:
-        return target.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path!r} is not a UTF-8 text file") from exc
+class HardLinkError(WorkspacePathError):
+    """A file has more than one hard link, so its other names may lie outside the workspace."""
+
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = _O_NOFOLLOW | _O_NONBLOCK | _O_BINARY | _O_CLOEXEC
+
+
+class _Opener:
+    """Opens workspace files by the rules of the module docstring."""
+
+    def __init__(self, base: Path, *, allow_hard_links: bool) -> None:
+        self.base = base
+        self.allow_hard_links = allow_hard_links
+
+    def read_text(self, path: str, *, max_bytes: int | None = None) -> str:
+        """The UTF-8 text of workspace file ``path``."""
+        target = resolve_in_workspace(self.base, path)
+        if not target.is_file():
+            raise FileNotFoundError(f"no file {path!r} in the workspace")
+        fd = self._open(target, path, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as fh:
+            if max_bytes is not None and os.fstat(fh.fileno()).st_size > max_bytes:
+                raise ValueError(f"{path!r} is larger than {max_bytes} bytes")
+            data = fh.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path!r} is not a UTF-8 text file") from exc
+
+    def write_text(self, path: str, content: str) -> None:
+        """Create workspace file ``path`` or overwrite it in place (never through a link)."""
+        data = content.encode("utf-8")
+        target = resolve_in_workspace(self.base, path)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o666)
+        except FileExistsError:
+            fd = self._open(target, path, os.O_WRONLY)
+            os.ftruncate(fd, 0)
+        else:
+            try:
+                self._check_opened(fd, target, path)
+            except BaseException:
+                os.close(fd)
+                raise
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+
+    def _open(self, target: Path, path: str, flags: int) -> int:
+        try:
+            fd = os.open(target, flags | _OPEN_FLAGS)
+        except OSError as exc:
+            if target.is_symlink():  # the checked path became a symlink after the check
+                raise WorkspacePathError(f"{path!r} changed while it was being opened") from exc
+            raise
+        try:
+            self._check_opened(fd, target, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_opened(self, fd: int, target: Path, path: str) -> None:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise WorkspacePathError(f"{path!r} is not a regular file")
+        if opened.st_nlink > 1 and not self.allow_hard_links:
+            raise HardLinkError(
+                f"{path!r} has {opened.st_nlink} hard links; a file with several names may also live outside "
+                "the workspace, so it is not used (workspace_tools(allow_hard_links=True) trusts them)"
+            )
+        # The path checked afresh must still name what was opened (nothing was swapped meanwhile).
+        again = resolve_in_workspace(self.base, path)
+        try:
+            current = os.stat(again, follow_symlinks=False)
+        except OSError as exc:
+            raise WorkspacePathError(f"{path!r} changed while it was being opened") from exc
+        if again != target or (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
+            raise WorkspacePathError(f"{path!r} changed while it was being opened")
 
 
 def _walk(directory: Path, base: Path, recursive: bool) -> Iterator[Path]:

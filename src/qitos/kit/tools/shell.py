@@ -17,30 +17,59 @@ reading, so a chatty command cannot fill memory). After ``timeout`` seconds the 
 group is killed (SIGKILL) and the call fails with a timeout. A command that exits non-zero is not
 a tool failure: its output starts with ``exit code: N``.
 
-The environment is the parent's minus variables whose names look secret (containing KEY, TOKEN,
-SECRET, PASSWORD or CREDENTIAL), unless ``env`` is given. This is not a sandbox: an approved command
-can do anything the user running qitos can.
+The environment is an allow-list, never the parent's whole environment: by default only
+``PATH``, ``HOME``, ``USER``, ``LOGNAME``, ``SHELL``, ``LANG``, ``LANGUAGE``, ``LC_*``, ``TERM``,
+``COLORTERM``, ``NO_COLOR``, ``TZ``, ``TMPDIR``, ``TEMP`` and ``TMP`` are passed on from the parent.
+``env_allow`` adds names: an exact name (``"DATABASE_URL"``) is passed even when it looks secret,
+since the user listed it; a pattern (``"MYAPP_*"``, shell-style) passes the names it matches except
+those that look secret (containing KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH, a ``PAT``
+word, or ending in ``_URL``/``_DSN``). ``extra_env`` sets fixed values on top. ``env`` replaces the
+inherited part entirely (``extra_env`` still applies). So ``DATABASE_URL``, ``GITHUB_PAT``,
+``MY_PASSWD`` or ``AUTH_HEADER`` reach a command only when named. This is not a sandbox: an approved
+command can do anything the user running qitos can.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import io
 import os
+import re
 import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import cast
 
 from qitos.core.errors import ConfigurationError
 from qitos.core.tool import ToolSpec
 
-__all__ = ["shell_tool"]
+__all__ = ["DEFAULT_ENV_ALLOW", "shell_environment", "shell_tool"]
 
-_SECRET_ENV = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+DEFAULT_ENV_ALLOW: tuple[str, ...] = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TERM",
+    "COLORTERM",
+    "NO_COLOR",
+    "TZ",
+    "TMPDIR",
+    "TEMP",
+    "TMP",
+)
+"""Names (and shell-style patterns) the shell tool inherits from the parent environment by default."""
+
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|(?:^|_)PAT(?:_|$)|_(?:URL|DSN)$")
+_PATTERN_CHARS = frozenset("*?[")
 _READ_CHUNK = 65_536
 
 
@@ -51,6 +80,8 @@ def shell_tool(
     timeout: float = 30.0,
     max_output_chars: int = 20_000,
     env: Mapping[str, str] | None = None,
+    env_allow: Iterable[str] = (),
+    extra_env: Mapping[str, str] | None = None,
     name: str = "shell",
 ) -> ToolSpec:
     """The ``shell`` tool; see the module docstring for exactly how commands are run."""
@@ -61,7 +92,10 @@ def shell_tool(
         raise ConfigurationError(f"shell_tool timeout must be > 0 seconds, got {timeout}")
     if max_output_chars < 1:
         raise ConfigurationError(f"shell_tool max_output_chars must be >= 1, got {max_output_chars}")
-    child_env = dict(env) if env is not None else _safe_environment()
+    if isinstance(env_allow, str):
+        raise ConfigurationError("shell_tool env_allow must be a list of names, not one string")
+    base_env = dict(env) if env is not None else shell_environment(os.environ, allow=env_allow)
+    child_env = {**base_env, **(extra_env or {})}
 
     def run(command: str) -> str:
         argv = shlex.split(command)
@@ -93,8 +127,25 @@ def shell_tool(
     )
 
 
-def _safe_environment() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not any(word in k.upper() for word in _SECRET_ENV)}
+def shell_environment(parent: Mapping[str, str], *, allow: Iterable[str] = ()) -> dict[str, str]:
+    """The part of ``parent`` a command inherits: :data:`DEFAULT_ENV_ALLOW` plus ``allow``.
+
+    Exact names in ``allow`` pass as listed; a pattern (default or given) passes a matching name
+    unless the name looks secret (see the module docstring).
+    """
+    names: set[str] = set()
+    patterns: list[str] = []
+    for item in (*DEFAULT_ENV_ALLOW, *allow):
+        if _PATTERN_CHARS.isdisjoint(item):
+            names.add(item)
+        else:
+            patterns.append(item)
+    out: dict[str, str] = {}
+    for key, value in parent.items():
+        listed = key in names
+        if listed or (not _SECRET_NAME.search(key.upper()) and any(fnmatch.fnmatchcase(key, p) for p in patterns)):
+            out[key] = value
+    return out
 
 
 def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float, max_chars: int) -> str:
