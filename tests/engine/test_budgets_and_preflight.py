@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
+import driven
 from qitos import Action, Decision, Engine, Task, TaskBudget, TaskResource, tool
 from qitos.core.task import EnvSpec, TaskValidationError
 from qitos.engine.runtime import RuntimeBudget
 from qitos.models.scripted import ScriptedModel
+
+pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 
 
 @tool
@@ -25,7 +28,7 @@ def act_forever(state: Any, observation: Any) -> Decision[Any]:
 
 
 def _run(agent: Any, task: Any, budget: RuntimeBudget | None = None, **kwargs: Any) -> Any:
-    return Engine(agent, budget=budget).run(task, **kwargs)
+    return driven.run(Engine(agent, budget=budget), task, **kwargs)
 
 
 # --------------------------------------------------------------------------- step limit
@@ -205,6 +208,6 @@ def test_a_task_needing_missing_env_capabilities_names_them(policy_agent: Any) -
             return None
 
     task = Task(objective="t", env_spec=EnvSpec(kind="host", capabilities=("read", "write")))
-    result = Engine(policy_agent(lambda s, o: Decision.final("no")), env=Env()).run(task)
+    result = driven.run(Engine(policy_agent(lambda s, o: Decision.final("no")), env=Env()), task)
     assert result.state.stop_reason == "task_validation_failed"
     assert "write" in (result.task_result.error or "") and result.step_count == 0

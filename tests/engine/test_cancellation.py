@@ -7,9 +7,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import driven
 from qitos import Action, Decision, Engine, tool
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.trace.reader import open_run
+
+pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 
 ran: list[str] = []
 
@@ -54,7 +59,7 @@ def _engine(policy_agent: Any, hook: CancelAt, **kwargs: Any) -> Engine[Any, Any
 
 def test_cancel_after_the_step_commits_the_current_step(policy_agent: Any) -> None:
     ran.clear()
-    result = _engine(policy_agent, CancelAt("on_after_decide", 1, immediate=False)).run("t")
+    result = driven.run(_engine(policy_agent, CancelAt("on_after_decide", 1, immediate=False)), "t")
     assert result.state.stop_reason == "cancelled"
     assert ran == ["work 0", "work 1"]  # step 1 finished
     assert result.step_count == 2 and len(result.records) == 2
@@ -64,7 +69,7 @@ def test_cancel_after_the_step_commits_the_current_step(policy_agent: Any) -> No
 
 def test_cancel_immediate_after_decide_runs_no_tool_and_commits_nothing(policy_agent: Any) -> None:
     ran.clear()
-    result = _engine(policy_agent, CancelAt("on_after_decide", 1, immediate=True)).run("t")
+    result = driven.run(_engine(policy_agent, CancelAt("on_after_decide", 1, immediate=True)), "t")
     assert result.state.stop_reason == "cancelled_immediate"
     assert ran == ["work 0"]
     assert result.step_count == 1 and len(result.records) == 1
@@ -73,7 +78,7 @@ def test_cancel_immediate_after_decide_runs_no_tool_and_commits_nothing(policy_a
 
 def test_cancel_immediate_after_act_skips_reduce(policy_agent: Any) -> None:
     ran.clear()
-    result = _engine(policy_agent, CancelAt("on_after_act", 0, immediate=True)).run("t")
+    result = driven.run(_engine(policy_agent, CancelAt("on_after_act", 0, immediate=True)), "t")
     assert result.state.stop_reason == "cancelled_immediate"
     assert ran == ["work 0"]
     assert result.state.log == [] and result.step_count == 0
@@ -83,7 +88,7 @@ def test_cancelled_immediate_is_written_to_state_result_end_event_and_manifest(
     policy_agent: Any, tmp_path: Path
 ) -> None:
     engine = _engine(policy_agent, CancelAt("on_after_decide", 0, immediate=True), trace_logdir=str(tmp_path))
-    result = engine.run("t")
+    result = driven.run(engine, "t")
     assert result.state.stop_reason == "cancelled_immediate"
     assert result.task_result.stop_reason == "cancelled_immediate"
     assert result.task_result.status == "stopped"
@@ -115,7 +120,7 @@ def test_cancel_from_another_thread_stops_a_long_run(policy_agent: Any) -> None:
         )
     )
     results: list[Any] = []
-    worker = threading.Thread(target=lambda: results.append(engine.run("t")))
+    worker = threading.Thread(target=lambda: results.append(driven.run(engine, "t")))
     worker.start()
     assert third_step.wait(5)
     engine.cancel()
@@ -130,7 +135,7 @@ def test_cancel_from_another_thread_stops_a_long_run(policy_agent: Any) -> None:
 def test_an_engine_can_run_again_after_a_cancelled_run(policy_agent: Any) -> None:
     hook = CancelAt("on_step_end", 0, immediate=False)
     engine = _engine(policy_agent, hook)
-    assert engine.run("t").state.stop_reason == "cancelled"
+    assert driven.run(engine, "t").state.stop_reason == "cancelled"
     hook.engine = None
-    second = engine.run("t")
+    second = driven.run(engine, "t")
     assert second.state.stop_reason == "max_steps_reached" and second.step_count == 10

@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+import driven
 from qitos import Action, AgentModule, Decision, Engine, EngineResult, StateSchema, tool
 from qitos.core.errors import ConfigurationError
 from qitos.core.state import apply_changes
 from qitos.engine.events import StepRecord
 from qitos.models.scripted import ScriptedModel
+
+pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 
 
 @tool
@@ -56,7 +59,7 @@ def _scripted(decisions: Sequence[Decision[Any]]) -> Any:
 
 def test_a_multi_step_run_returns_the_engine_result(policy_agent: Any) -> None:
     policy = _scripted([Decision.act([Action("echo", {"text": "a"})]), Decision.act([Action("echo", {"text": "b"})])])
-    result = Engine(policy_agent(policy, tools=[echo])).run("t")
+    result = driven.run(Engine(policy_agent(policy, tools=[echo])), "t")
     assert isinstance(result, EngineResult)
     assert {f.name for f in dataclasses.fields(result)} >= {"state", "records", "events", "step_count", "task_result"}
     assert result.state.log == ["a", "b"]
@@ -76,7 +79,7 @@ def test_the_observation_of_one_step_is_given_to_the_next_decide(policy_agent: A
             return Decision.act([Action("echo", {"text": f"s{state.current_step}"})])
         return Decision.final("done")
 
-    Engine(policy_agent(policy, tools=[echo])).run("t")
+    driven.run(Engine(policy_agent(policy, tools=[echo])), "t")
     assert seen == [None, ["s0"], ["s1"]]
 
 
@@ -84,11 +87,12 @@ def test_several_actions_run_in_order_in_one_step(policy_agent: Any) -> None:
     decision = Decision.act(
         [Action("echo", {"text": "1"}), Action("echo", {"text": "2"}), Action("echo", {"text": "3"})]
     )
-    result = Engine(policy_agent(_scripted([decision]), tools=[echo])).run("t")
+    result = driven.run(Engine(policy_agent(_scripted([decision]), tools=[echo])), "t")
     assert result.state.log == ["1", "2", "3"]
 
 
 def test_tool_failures_become_observations_and_the_run_continues(policy_agent: Any) -> None:
+    _release.clear()  # set by an earlier run of this test (the other driver)
     decisions = [
         Decision.act([Action("nope", {})]),
         Decision.act([Action("echo", {})]),
@@ -101,7 +105,7 @@ def test_tool_failures_become_observations_and_the_run_continues(policy_agent: A
     ]
     agent = policy_agent(_scripted(decisions), tools=[echo, explode, sleepy, chatty], max_steps=20)
     started = time.perf_counter()
-    result = Engine(agent).run("t")
+    result = driven.run(Engine(agent), "t")
     elapsed = time.perf_counter() - started
     _release.set()
     agent.tool_registry.close()
@@ -135,7 +139,7 @@ def test_branch_resolves_to_the_first_candidate_by_default(policy_agent: Any) ->
     branch = Decision.branch(
         [Decision.act([Action("echo", {"text": "first"})]), Decision.act([Action("echo", {"text": "second"})])]
     )
-    result = Engine(policy_agent(_scripted([branch]), tools=[echo])).run("t")
+    result = driven.run(Engine(policy_agent(_scripted([branch]), tools=[echo])), "t")
     assert result.state.log == ["first"]
     assert result.records[0].decision.mode == "act"
     fanout = [e for e in result.events if e.event_type.value == "fanout"]
@@ -153,7 +157,7 @@ def test_a_custom_branch_selector_chooses(policy_agent: Any) -> None:
 
 
 def test_wait_takes_no_action(policy_agent: Any) -> None:
-    result = Engine(policy_agent(_scripted([Decision.wait("later")]), tools=[echo])).run("t")
+    result = driven.run(Engine(policy_agent(_scripted([Decision.wait("later")]), tools=[echo])), "t")
     assert result.records[0].observation.results == ()
     assert result.step_count == 2
 
@@ -162,9 +166,10 @@ def test_reduce_may_return_a_new_state_object(policy_agent: Any) -> None:
     def reduce(state: Any, observation: Any, decision: Any) -> Any:
         return dataclasses.replace(state, log=[*state.log, "new"])
 
-    result = Engine(
-        policy_agent(_scripted([Decision.act([Action("echo", {"text": "x"})])]), tools=[echo], reduce=reduce)
-    ).run("t")
+    result = driven.run(
+        Engine(policy_agent(_scripted([Decision.act([Action("echo", {"text": "x"})])]), tools=[echo], reduce=reduce)),
+        "t",
+    )
     assert result.state.log == ["new", "new"]
 
 
@@ -172,13 +177,13 @@ def test_reduce_returning_another_type_is_a_configuration_error(policy_agent: An
     events: list[Any] = []
     engine = Engine(policy_agent(_scripted([]), reduce=lambda s, o, d: StateSchema()))
     with pytest.raises(ConfigurationError, match="reduce must return a LogState, got StateSchema"):
-        engine.run("t", on_event=events.append)
+        driven.run(engine, "t", on_event=events.append)
     assert events[-1].event_type.value == "run_end" and events[-1].payload["stop_reason"] == "unrecoverable_error"
 
 
 def test_decide_returning_something_else_is_a_configuration_error(policy_agent: Any) -> None:
     with pytest.raises(ConfigurationError, match="must return a Decision or None"):
-        Engine(policy_agent(lambda s, o: "final answer")).run("t")
+        driven.run(Engine(policy_agent(lambda s, o: "final answer")), "t")
 
 
 def test_init_state_returning_something_else_is_a_configuration_error() -> None:
@@ -190,7 +195,7 @@ def test_init_state_returning_something_else_is_a_configuration_error() -> None:
             return state
 
     with pytest.raises(ConfigurationError, match="init_state must return a StateSchema"):
-        Engine(Bad()).run("t")
+        driven.run(Engine(Bad()), "t")
 
 
 def test_engine_needs_an_agent_module() -> None:
@@ -200,7 +205,7 @@ def test_engine_needs_an_agent_module() -> None:
 
 def test_no_model_configured_is_a_clear_error(policy_agent: Any) -> None:
     with pytest.raises(ConfigurationError, match="no model is configured"):
-        Engine(policy_agent(lambda s, o: None)).run("t")
+        driven.run(Engine(policy_agent(lambda s, o: None)), "t")
 
 
 def test_step_diffs_replay_to_the_final_state(policy_agent: Any) -> None:
@@ -212,7 +217,7 @@ def test_step_diffs_replay_to_the_final_state(policy_agent: Any) -> None:
             state.metrics[f"seen_{output}"] = True
         return state
 
-    result = Engine(policy_agent(_scripted(decisions), tools=[echo], reduce=reduce)).run("t")
+    result = driven.run(Engine(policy_agent(_scripted(decisions), tools=[echo], reduce=reduce)), "t")
     data: dict[str, Any] = {}
     for record in result.records:
         apply_changes(data, record.state_diff)
@@ -229,7 +234,7 @@ def test_the_model_path_runs_tool_calls_then_takes_text_as_the_final_answer(poli
             "The notes are indexed.",
         ]
     )
-    result = Engine(policy_agent(lambda s, o: None, tools=[echo], llm=model)).run("index the notes")
+    result = driven.run(Engine(policy_agent(lambda s, o: None, tools=[echo], llm=model)), "index the notes")
     assert result.state.log == ["from the model"]
     assert result.state.final_result == "The notes are indexed."
     assert result.records[0].decision.actions[0].id == "m1"
@@ -239,7 +244,7 @@ def test_the_model_path_runs_tool_calls_then_takes_text_as_the_final_answer(poli
 
 def test_an_unusable_model_reply_becomes_wait_with_feedback_never_a_final_answer(policy_agent: Any) -> None:
     model = ScriptedModel([{"tool_calls": [{"name": "missing_tool", "arguments": {}}]}, "ok, done"])
-    result = Engine(policy_agent(lambda s, o: None, tools=[echo], llm=model)).run("t")
+    result = driven.run(Engine(policy_agent(lambda s, o: None, tools=[echo], llm=model)), "t")
     first = result.records[0].decision
     assert first.mode == "wait" and "missing_tool" in first.meta["feedback"]
     assert result.state.final_result == "ok, done" and result.step_count == 2
@@ -248,7 +253,7 @@ def test_an_unusable_model_reply_becomes_wait_with_feedback_never_a_final_answer
 def test_sync_events_are_framed_and_each_step_is_bracketed(policy_agent: Any) -> None:
     policy = _scripted([Decision.act([Action("echo", {"text": "a"})]), Decision.wait()])
     streamed: list[Any] = []
-    result = Engine(policy_agent(policy, tools=[echo])).run("t", on_event=streamed.append)
+    result = driven.run(Engine(policy_agent(policy, tools=[echo])), "t", on_event=streamed.append)
     types = [e.event_type.value for e in result.events]
     assert [e.event_type.value for e in streamed] == types
     assert types[0] == "run_start" and types[-1] == "run_end"
@@ -274,7 +279,7 @@ def test_an_init_state_error_propagates_after_the_stream_ended_with_run_end() ->
 
     streamed: list[Any] = []
     with pytest.raises(KeyError, match="missing corpus"):
-        Engine(Broken()).run("t", on_event=streamed.append)
+        driven.run(Engine(Broken()), "t", on_event=streamed.append)
     types = [e.event_type.value for e in streamed]
     assert types == ["run_start", "error", "run_end"]
     assert streamed[-1].ok is False and "missing corpus" in (streamed[-1].error or "")

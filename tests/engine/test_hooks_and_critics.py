@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+import driven
 from qitos import Action, Decision, Engine, tool
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine.policies import CriticVerdict
 from qitos.trace.reader import open_run
+
+pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 
 
 @tool
@@ -68,7 +73,7 @@ class Recorder(EngineHook):
 
 def test_every_hook_point_is_called_in_order(policy_agent: Any) -> None:
     recorder = Recorder()
-    Engine(policy_agent(two_steps, tools=[count]), hooks=[recorder]).run("t")
+    driven.run(Engine(policy_agent(two_steps, tools=[count]), hooks=[recorder]), "t")
     step = [
         ("on_before_decide", ""),
         ("on_after_decide", "d"),
@@ -98,7 +103,7 @@ def test_hooks_run_in_the_order_they_were_given(policy_agent: Any) -> None:
         def on_run_start(self, ctx: HookContext) -> None:
             order.append(self.tag)
 
-    Engine(policy_agent(two_steps, tools=[count]), hooks=[Tag("a"), Tag("b"), Tag("c")]).run("t")
+    driven.run(Engine(policy_agent(two_steps, tools=[count]), hooks=[Tag("a"), Tag("b"), Tag("c")]), "t")
     assert order == ["a", "b", "c"]
 
 
@@ -119,7 +124,7 @@ def test_a_raising_hook_is_reported_as_an_error_event_and_the_run_finishes(polic
             raise ValueError("hook bug")
 
     later = Recorder()
-    result = Engine(policy_agent(two_steps, tools=[count]), hooks=[Broken(), later]).run("t")
+    result = driven.run(Engine(policy_agent(two_steps, tools=[count]), hooks=[Broken(), later]), "t")
     assert result.state.stop_reason == "final" and result.state.final_result == "done"
     errors = [e for e in result.events if e.event_type.value == "error"]
     assert len(errors) == 2  # once per step
@@ -137,7 +142,7 @@ def test_a_raising_run_start_and_run_end_hook_are_reported(policy_agent: Any) ->
         def on_run_end(self, ctx: HookContext) -> None:
             raise RuntimeError("end")
 
-    result = Engine(policy_agent(two_steps, tools=[count]), hooks=[Broken()]).run("t")
+    result = driven.run(Engine(policy_agent(two_steps, tools=[count]), hooks=[Broken()]), "t")
     assert result.state.stop_reason == "final"
     messages = [e.error for e in result.events if e.event_type.value == "error"]
     assert "hook Broken.on_run_start raised RuntimeError: start" in messages
@@ -150,7 +155,7 @@ def test_a_raising_on_event_hook_is_reported_and_the_run_finishes(policy_agent: 
             if event.event_type.value == "decide":
                 raise KeyError("listener")
 
-    result = Engine(policy_agent(two_steps, tools=[count]), hooks=[BrokenListener()]).run("t")
+    result = driven.run(Engine(policy_agent(two_steps, tools=[count]), hooks=[BrokenListener()]), "t")
     assert result.state.stop_reason == "final"
     errors = [e for e in result.events if e.event_type.value == "error"]
     assert errors and "BrokenListener.on_event" in (errors[0].error or "")
@@ -164,7 +169,7 @@ def test_a_continue_critic_changes_nothing(policy_agent: Any) -> None:
         def evaluate(self, state: Any, decision: Any, observation: Any) -> CriticVerdict | None:
             return None if state.current_step else CriticVerdict("continue", "fine")
 
-    result = Engine(policy_agent(two_steps, tools=[count]), critics=[Fine()]).run("t")
+    result = driven.run(Engine(policy_agent(two_steps, tools=[count]), critics=[Fine()]), "t")
     assert result.state.stop_reason == "final" and result.step_count == 2
     critic_events = [e for e in result.events if e.event_type.value == "critic"]
     assert critic_events[0].payload == {"verdicts": [{"critic": "Fine", "action": "continue", "reason": "fine"}]}
@@ -176,7 +181,7 @@ def test_a_stop_critic_stops_after_its_step(policy_agent: Any) -> None:
         def evaluate(self, state: Any, decision: Any, observation: Any) -> CriticVerdict:
             return CriticVerdict("stop", "unsafe")
 
-    result = Engine(policy_agent(two_steps, tools=[count]), critics=[Halt()]).run("t")
+    result = driven.run(Engine(policy_agent(two_steps, tools=[count]), critics=[Halt()]), "t")
     assert result.state.stop_reason == "critic_stop" and result.step_count == 1
 
 
@@ -200,7 +205,7 @@ def test_a_retry_critic_restores_the_pre_step_state_and_reruns_the_step(policy_a
                 return CriticVerdict("retry", "look again")
             return CriticVerdict()
 
-    result = Engine(policy_agent(policy, tools=[count]), critics=[RetryOnce()]).run("t")
+    result = driven.run(Engine(policy_agent(policy, tools=[count]), critics=[RetryOnce()]), "t")
     assert calls == [1, 1]  # the step's tool ran again
     assert result.state.log == ["call 2"]  # the first attempt's reduce was undone
     assert "dirty" not in result.state.metrics
@@ -216,7 +221,7 @@ def test_retries_are_bounded_and_the_step_then_stands(policy_agent: Any) -> None
             return CriticVerdict("retry", "again")
 
     engine = Engine(policy_agent(two_steps, tools=[count]), critics=[AlwaysRetry()], max_critic_retries=2)
-    result = engine.run("t")
+    result = driven.run(engine, "t")
     assert len(calls) == 3  # first try + 2 retries on step 0
     assert result.state.log == ["call 3"]
     assert result.state.stop_reason == "final"
@@ -230,7 +235,9 @@ def test_a_listener_failing_on_run_end_keeps_run_end_last_and_the_error_in_the_t
             if event.event_type.value == "run_end":
                 raise RuntimeError("renderer crashed")
 
-    result = Engine(policy_agent(two_steps, tools=[count]), hooks=[FailsOnEnd()], trace_logdir=str(tmp_path)).run("t")
+    result = driven.run(
+        Engine(policy_agent(two_steps, tools=[count]), hooks=[FailsOnEnd()], trace_logdir=str(tmp_path)), "t"
+    )
     types = [e.event_type.value for e in result.events]
     assert types[-1] == "run_end" and types.count("run_end") == 1
     errors = [e for e in result.events if e.event_type.value == "error"]

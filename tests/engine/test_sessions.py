@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import driven
 import session_agents as sa
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.packing import unpack, zstd
@@ -31,6 +32,8 @@ from qitos.engine.composition import Composition, compose
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.models.scripted import ScriptedModel
 from qitos.sessions.step_journal import materialize
+
+pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 
 
 @pytest.fixture
@@ -81,7 +84,7 @@ def test_a_session_runs_and_inspect_reports_its_durable_head(db: str, side: str)
     composition = sa.make_composition(db, side)
     session = composition.session("Index notes", target=3)
 
-    result = session.run()
+    result = driven.run(session)
 
     assert result.state.final_result == "3 notes"
     inspection = session.inspect()
@@ -110,7 +113,7 @@ def test_an_in_memory_store_does_not_claim_cross_process_restore(side: str) -> N
     session = composition.session("Index notes", target=1)
 
     assert "cross_process_restore" not in session.capabilities()
-    assert session.run().state.final_result == "1 notes"
+    assert driven.run(session).state.final_result == "1 notes"
 
 
 def test_restoring_an_unknown_session_names_it(db: str, side: str) -> None:
@@ -133,10 +136,10 @@ def test_steering_in_process_reaches_the_agent_once(db: str, side: str) -> None:
     composition = sa.make_composition(db, side)
     session = composition.session("Index notes", target=3)
 
-    result = session.run(steering="keep it short")
+    result = driven.run(session, steering="keep it short")
 
     assert result.state.steering_seen == ["keep it short"]
-    assert composition.restore(session.session_id.value).run().state.steering_seen == ["keep it short"]
+    assert driven.run(composition.restore(session.session_id.value)).state.steering_seen == ["keep it short"]
 
 
 def test_a_pause_requested_while_idle_stops_the_next_run_once(db: str, side: str) -> None:
@@ -144,8 +147,8 @@ def test_a_pause_requested_while_idle_stops_the_next_run_once(db: str, side: str
     session = composition.session("Index notes", target=3)
     receipt = session.pause()
 
-    first = session.run()
-    second = composition.restore(session.session_id.value).run()
+    first = driven.run(session)
+    second = driven.run(composition.restore(session.session_id.value))
 
     assert receipt.status == "requested"
     assert first.state.stop_reason == "paused" and first.step_count == 0
@@ -161,7 +164,7 @@ def test_the_seed_pause_first_tool_policy_pauses_before_the_call_and_a_fresh_eng
     paused_by = sa.make_composition(db, side, agent=agent, model=ScriptedModel(script), lifecycle=sa.PauseFirstTool())
     session = paused_by.session("Index notes", target=3)
 
-    first = session.run()
+    first = driven.run(session)
 
     assert first.state.stop_reason == "paused"
     assert sa.read_side_log(side) == []  # the tool never started
@@ -172,7 +175,7 @@ def test_the_seed_pause_first_tool_policy_pauses_before_the_call_and_a_fresh_eng
     # A fresh composition (as another process would build) finishes the step without deciding it again.
     model = ScriptedModel(script[1:])
     fresh = sa.make_composition(db, side, agent=agent, model=model)
-    result = fresh.restore(session.session_id.value).run()
+    result = driven.run(fresh.restore(session.session_id.value))
 
     assert result.state.stop_reason == "final", result.task_result
     assert result.state.steps_done == [0, 1, 2]
@@ -189,7 +192,7 @@ def test_the_seed_pause_first_tool_policy_pauses_before_the_call_and_a_fresh_eng
 def _paused_parent(db: str, side: str, *, steps: int, target: int = 10, **kwargs: Any) -> tuple[Composition, Any]:
     pausing = sa.make_composition(db, side, lifecycle=sa.PauseAtStep(steps), **kwargs)
     session = pausing.session("Index notes", target=target)
-    assert session.run().state.stop_reason == "paused"
+    assert driven.run(session).state.stop_reason == "paused"
     plain = sa.make_composition(db, side, **kwargs)
     return plain, plain.restore(session.session_id.value)
 
@@ -224,19 +227,19 @@ def test_a_forked_child_and_its_parent_run_in_isolation(db: str, side: str) -> N
     child = parent.fork(operation_id="iso")
     child_head = _head(composition, child.session_id.value)
 
-    child_result = child.run()
+    child_result = driven.run(child)
 
     assert child_result.state.steps_done == list(range(10))
     assert child_result.records[0].step_id == 4  # the child continues where the parent stood
     assert _head(composition, sid) == parent_head
 
-    parent_result = parent.run(steering="parent only")
+    parent_result = driven.run(parent, steering="parent only")
 
     assert parent_result.state.steering_seen == ["parent only"]
     assert _head(composition, child.session_id.value) != child_head  # moved by the child's own run only
     child_again = composition.restore(child.session_id.value)
     assert child_again.inspect().head.snapshot_id == _head(composition, child.session_id.value)
-    assert child_again.run().state.steering_seen == []  # the parent's steering never reached the child
+    assert driven.run(child_again).state.steering_seen == []  # the parent's steering never reached the child
     assert child_again.inspect().snapshot_integrity == "verified"
     assert parent.inspect().snapshot_integrity == "verified"
 
@@ -253,7 +256,7 @@ def test_fork_of_an_older_snapshot_starts_from_that_snapshot(db: str, side: str)
     for child in (by_id, by_identity, by_snapshot):
         assert child.fork_receipt is not None and child.fork_receipt.parent_snapshot_id == older
         assert child.inspect().budget["used"]["steps"] == 2
-    result = by_id.run()
+    result = driven.run(by_id)
     assert result.records[0].step_id == 2
     assert result.state.steps_done == list(range(10))
     assert parent.inspect().budget["used"]["steps"] == 6
@@ -262,11 +265,11 @@ def test_fork_of_an_older_snapshot_starts_from_that_snapshot(db: str, side: str)
 def test_a_fork_of_a_session_awaiting_approval_is_answered_on_its_own(db: str, side: str) -> None:
     composition = sa.make_composition(db, side, approval_at=1)
     parent = composition.session("Index notes", target=3)
-    assert parent.run().state.stop_reason == "awaiting_approval"
+    assert driven.run(parent).state.stop_reason == "awaiting_approval"
 
     child = parent.fork(operation_id="approve-in-child")
     child.approve("s1-publish")
-    result = child.run()
+    result = driven.run(child)
 
     assert result.state.stop_reason == "final"
     assert sa.read_side_log(side).count(("begin", "publish", "s1-publish")) == 1
@@ -306,14 +309,14 @@ def test_prune_and_vacuum_keep_every_reachable_snapshot_restorable_and_drop_the_
     at_head = parent.fork(operation_id="at-head")
     older = _snapshot_at_step(composition, sid, 3)
     from_older = parent.fork(older, operation_id="older")
-    at_head.run()
+    driven.run(at_head)
     # A session waiting for approval with a step in progress: its pending writes must survive too.
     approval = sa.make_composition(db, str(tmp_path / "approval.log"), approval_at=0)
     waiting = approval.session("Publish", target=2)
-    assert waiting.run().state.stop_reason == "awaiting_approval"
+    assert driven.run(waiting).state.stop_reason == "awaiting_approval"
     # A session whose head row is gone (there is no public delete): its snapshots are unreachable.
     doomed = composition.session("Doomed", target=4)
-    doomed.run()
+    driven.run(doomed)
     store = _store(composition)
     doomed_chain = store.list_session_snapshots(doomed.session_id.value)
     named = doomed_chain[1]  # kept by name, with the ancestors it needs
@@ -332,10 +335,10 @@ def test_prune_and_vacuum_keep_every_reachable_snapshot_restorable_and_drop_the_
     for session in (parent, at_head, from_older):
         again = composition.restore(session.session_id.value)
         assert again.inspect().snapshot_integrity == "verified"
-        assert again.run().state.steps_done == list(range(12))
+        assert driven.run(again).state.steps_done == list(range(12))
     assert composition.restore(sid).fork(older).inspect().snapshot_integrity == "verified"
     waiting.approve("s0-publish")
-    done = approval.restore(waiting.session_id.value).run()
+    done = driven.run(approval.restore(waiting.session_id.value))
     assert done.state.steps_done == [0, 1]
     begins = Counter(c for e, _, c in sa.read_side_log(tmp_path / "approval.log") if e == "begin")
     assert begins["s0-append"] == begins["s0-index"] == begins["s0-publish"] == 1
@@ -344,11 +347,11 @@ def test_prune_and_vacuum_keep_every_reachable_snapshot_restorable_and_drop_the_
 def test_prune_reclaims_the_runs_of_a_dropped_session_and_keeps_those_a_kept_fork_shares(db: str, side: str) -> None:
     kept = sa.make_composition(db, side, tools_every=0, note_bytes=1024)
     parent = kept.session("Grow", target=80)
-    parent.run()
+    driven.run(parent)
     child = parent.fork(_snapshot_at_step(kept, parent.session_id.value, 60), operation_id="kept-fork")
-    child.run()
+    driven.run(child)
     dropped = sa.make_composition(db, side, tools_every=0, note_bytes=1000).session("Other notes", target=80)
-    dropped.run()
+    driven.run(dropped)
     store = _store(kept)
     dropped_runs = {
         ref[0]
@@ -402,7 +405,7 @@ def test_batched_mode_group_commits_and_inspect_shows_the_lag(db: str, side: str
     target, batch = 20, 4
     sync = sa.make_composition(db, side, tools_every=0)
     sync_session = sync.session("Index notes", target=target)
-    sync_result = sync_session.run()
+    sync_result = driven.run(sync_session)
     lag = _Lag()
     batched = sa.make_composition(
         db, side, tools_every=0, durability="batched", batch_steps=batch, batch_ms=60_000, hooks=[lag]
@@ -410,7 +413,7 @@ def test_batched_mode_group_commits_and_inspect_shows_the_lag(db: str, side: str
     session = batched.session("Index notes", target=target)
     lag.session = session
 
-    result = session.run()
+    result = driven.run(session)
 
     assert result.state.to_dict() == sync_result.state.to_dict()
     sync_commits = _commits(sync, sync_session.session_id.value)
@@ -435,7 +438,7 @@ def test_batched_mode_flushes_before_any_step_that_calls_tools(db: str, side: st
     session = composition.session("Index notes", target=10)
     lag.session = session
 
-    result = session.run()
+    result = driven.run(session)
 
     assert result.state.steps_done == list(range(10))
     assert lag.at_tool_decisions == [0, 0, 0, 0]  # steps 0, 3, 6, 9: nothing buffered when tools run
@@ -447,7 +450,7 @@ def test_batched_mode_also_commits_when_the_time_limit_passes(db: str, side: str
     )
     session = composition.session("Index notes", target=30)
 
-    session.run()
+    driven.run(session)
 
     commits = _commits(composition, session.session_id.value)
     assert 3 <= commits < 30
@@ -515,7 +518,7 @@ def test_a_scripted_decision_becomes_durable_in_the_transaction_that_starts_its_
     session = compose(agent=ProbeAgent, store=writes.store, hooks=[before_act]).session("probe twice")
     writes.session = session
 
-    assert session.run().state.final_result == "done"
+    assert driven.run(session).state.final_result == "done"
 
     # Deciding again costs nothing without a model: no transaction of its own, and still durable
     # (with the call's start) before the tool runs.
@@ -532,7 +535,7 @@ def test_a_models_decision_is_durable_before_anything_else_runs(db: str, side: s
     session = composition.session("Index notes", target=2)
     writes.session = session
 
-    assert session.run().state.stop_reason == "final"
+    assert driven.run(session).state.stop_reason == "final"
 
     assert before_act.seen == [["decision"], ["decision"]]
 
@@ -574,7 +577,7 @@ def _rewrite_payload(db: str, snapshot_id: str, change: Any) -> None:
 def _completed(db: str, side: str, target: int = 6) -> tuple[Composition, Any]:
     composition = sa.make_composition(db, side)
     session = composition.session("Index notes", target=target)
-    session.run()
+    driven.run(session)
     return composition, session
 
 
@@ -593,7 +596,7 @@ def test_a_corrupted_snapshot_is_detected_on_run_and_fork_and_reported_by_inspec
     assert inspection.snapshot_integrity != "verified"
     assert victim in inspection.snapshot_integrity
     with pytest.raises(SnapshotIntegrityError) as on_run:
-        composition.restore(sid).run(steering="go on")
+        driven.run(composition.restore(sid), steering="go on")
     assert on_run.value.snapshot_id == victim and victim in str(on_run.value)
     with pytest.raises(SnapshotIntegrityError) as on_fork:
         session.fork(operation_id="from-corrupt")
@@ -609,13 +612,13 @@ def test_payload_bytes_that_are_not_text_are_detected_naming_the_snapshot(db: st
 
     assert victim in composition.restore(sid).inspect().snapshot_integrity
     with pytest.raises(SnapshotIntegrityError, match=victim):
-        composition.restore(sid).run()
+        driven.run(composition.restore(sid))
 
 
 def test_a_corrupted_exchange_log_blob_is_reported_by_inspect_not_raised(db: str, side: str) -> None:
     composition = sa.make_composition(db, side, agent="model", model=ScriptedModel(sa.model_script(3)))
     session = composition.session("Index notes", target=3)
-    session.run()
+    driven.run(session)
     store = _store(composition)
     chunks = [
         s.payload["log"]["chunk"]
@@ -626,7 +629,7 @@ def test_a_corrupted_exchange_log_blob_is_reported_by_inspect_not_raised(db: str
         con.execute("UPDATE blobs SET data = ? WHERE digest = ?", (zlib.compress(b"[]"), chunks[0]))
 
     with pytest.raises(CheckpointError, match=chunks[0]):
-        composition.restore(session.session_id.value).run()
+        driven.run(composition.restore(session.session_id.value))
     with pytest.raises(CheckpointError, match=chunks[0]):
         session.fork()
     integrity = session.inspect().snapshot_integrity
@@ -637,7 +640,7 @@ def test_a_corrupted_exchange_log_blob_is_reported_by_inspect_not_raised(db: str
 def test_a_damaged_state_run_is_reported_naming_the_base_that_references_it(db: str, side: str, damage: str) -> None:
     composition = sa.make_composition(db, side, tools_every=0, note_bytes=1024)
     session = composition.session("Grow", target=60)
-    session.run()
+    driven.run(session)
     chain = _store(composition).load_chain(_head(composition, session.session_id.value))
     base = chain[0]
     runs = base.payload["state"]["chunks"]["notes"]
@@ -649,7 +652,7 @@ def test_a_damaged_state_run_is_reported_naming_the_base_that_references_it(db: 
             con.execute("DELETE FROM blobs WHERE digest = ?", (victim,))
 
     with pytest.raises(SnapshotIntegrityError) as on_run:
-        composition.restore(session.session_id.value).run()
+        driven.run(composition.restore(session.session_id.value))
     assert on_run.value.snapshot_id == base.snapshot_id and victim in str(on_run.value)
     with pytest.raises(SnapshotIntegrityError, match=victim):
         session.fork()
@@ -695,7 +698,7 @@ def _rolling_notes(steps: int) -> list[str]:
 def test_a_list_changed_other_than_by_appends_is_cut_again_and_restores_exactly(db: str) -> None:
     composition = compose(agent=RollingAgent, store=SqliteCheckpointStore(db))
     session = composition.session("Roll")
-    result = session.run()
+    result = driven.run(session)
 
     store = _store(composition)
     history = store.list_session_snapshots(session.session_id.value)
@@ -715,7 +718,7 @@ def test_a_thousand_steps_appending_a_kib_each_keep_the_database_small(db: str, 
     composition = sa.make_composition(db, side, tools_every=0, note_bytes=1024)
     session = composition.session("Grow", target=1000)
 
-    result = session.run()
+    result = driven.run(session)
 
     assert len(result.state.notes) == 1000
     store = _store(composition)
@@ -761,7 +764,7 @@ def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_pa
 
     race.append(take_over)
     with pytest.raises(LeaseLostError, match="taken over"):
-        session.run()
+        driven.run(session)
 
     head = store.get_session_head(sid)
     assert head is not None and head.sequence == 1  # step 0 only: nothing after the lease was lost

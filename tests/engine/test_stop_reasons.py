@@ -8,12 +8,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import driven
 from qitos import Action, Decision, Engine, StopReason, Task, TaskResource, tool
 from qitos.core.task import EnvSpec
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.engine.policies import CriticVerdict
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
 from qitos.models.scripted import ScriptedModel
+
+pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 
 
 @tool
@@ -54,7 +59,7 @@ def test_final(policy_agent: Any) -> None:
     def policy(state: Any, observation: Any) -> Decision[Any]:
         return Decision.final("42") if state.current_step == 1 else Decision.act([Action("noop", {})])
 
-    result = Engine(policy_agent(policy, tools=[noop])).run("answer")
+    result = driven.run(Engine(policy_agent(policy, tools=[noop])), "answer")
     _assert_stopped(result, StopReason.FINAL, "completed")
     assert result.state.final_result == "42" and result.step_count == 2
 
@@ -64,19 +69,19 @@ def test_final_result_set_in_reduce_stops_with_final(policy_agent: Any) -> None:
         state.final_result = "The answer is 42."
         return state
 
-    result = Engine(policy_agent(act_forever, tools=[noop], reduce=reduce)).run("t")
+    result = driven.run(Engine(policy_agent(act_forever, tools=[noop], reduce=reduce)), "t")
     _assert_stopped(result, StopReason.FINAL, "completed")
     assert result.step_count == 1
 
 
 def test_max_steps_reached_uses_the_state_limit(policy_agent: Any) -> None:
-    result = Engine(policy_agent(act_forever, tools=[noop], max_steps=3)).run("t")
+    result = driven.run(Engine(policy_agent(act_forever, tools=[noop], max_steps=3)), "t")
     _assert_stopped(result, StopReason.MAX_STEPS_REACHED, "stopped")
     assert result.step_count == 3 and len(result.records) == 3
 
 
 def test_budget_steps_when_the_limit_comes_from_a_budget(policy_agent: Any) -> None:
-    result = Engine(policy_agent(act_forever, tools=[noop]), budget=RuntimeBudget(max_steps=2)).run("t")
+    result = driven.run(Engine(policy_agent(act_forever, tools=[noop]), budget=RuntimeBudget(max_steps=2)), "t")
     _assert_stopped(result, StopReason.BUDGET_STEPS, "stopped")
     assert result.step_count == 2
 
@@ -90,7 +95,7 @@ def test_budget_time(policy_agent: Any) -> None:
         policy_agent(slow_policy, tools=[noop], max_steps=1000), budget=RuntimeBudget(max_runtime_seconds=0.2)
     )
     started = time.monotonic()
-    result = engine.run("t")
+    result = driven.run(engine, "t")
     assert time.monotonic() - started < 2.0
     _assert_stopped(result, StopReason.BUDGET_TIME, "stopped")
     assert 1 <= result.step_count < 1000
@@ -100,7 +105,7 @@ def test_budget_tokens_counts_model_usage(policy_agent: Any) -> None:
     call = {"tool_calls": [{"name": "noop", "arguments": {}}], "usage": {"input_tokens": 60, "output_tokens": 10}}
     model = ScriptedModel([call] * 5)
     engine = Engine(policy_agent(lambda s, o: None, tools=[noop], llm=model), budget=RuntimeBudget(max_tokens=100))
-    result = engine.run("t")
+    result = driven.run(engine, "t")
     _assert_stopped(result, StopReason.BUDGET_TOKENS, "stopped")
     assert result.step_count == 2  # 70 tokens < 100 after one step, 140 >= 100 after two
     assert result.task_result.token_usage["total_tokens"] == 140
@@ -112,7 +117,7 @@ def test_agent_stop(policy_agent: Any) -> None:
         def should_stop(self, state: Any) -> bool:
             return len(state.log) >= 2
 
-    result = Engine(Stopper(act_forever, tools=[noop])).run("t")
+    result = driven.run(Engine(Stopper(act_forever, tools=[noop])), "t")
     _assert_stopped(result, StopReason.AGENT_STOP, "completed")
     assert result.step_count == 2
 
@@ -123,7 +128,7 @@ def test_set_stop_in_reduce_seed_example(policy_agent: Any) -> None:
             state.set_stop(StopReason.MAX_STEPS_REACHED, final_result="Done.")
         return state
 
-    result = Engine(policy_agent(act_forever, tools=[noop], reduce=reduce)).run("t")
+    result = driven.run(Engine(policy_agent(act_forever, tools=[noop], reduce=reduce)), "t")
     assert result.state.stop_reason == "max_steps_reached" and result.state.final_result == "Done."
     assert result.step_count == 2
 
@@ -133,7 +138,7 @@ def test_critic_stop(policy_agent: Any) -> None:
         def evaluate(self, state: Any, decision: Any, observation: Any) -> CriticVerdict:
             return CriticVerdict("stop", "enough") if state.current_step >= 1 else CriticVerdict()
 
-    result = Engine(policy_agent(act_forever, tools=[noop]), critics=[Enough()]).run("t")
+    result = driven.run(Engine(policy_agent(act_forever, tools=[noop]), critics=[Enough()]), "t")
     _assert_stopped(result, StopReason.CRITIC_STOP, "stopped")
     assert result.step_count == 2
 
@@ -173,7 +178,7 @@ def test_env_terminal(policy_agent: Any) -> None:
 
     env = CountdownEnv(3)
     task = Task(objective="count", env_spec=EnvSpec(kind="countdown", capabilities=("countdown",)))
-    result = Engine(policy_agent(policy), env=env).run(task)
+    result = driven.run(Engine(policy_agent(policy), env=env), task)
     _assert_stopped(result, StopReason.ENV_TERMINAL, "completed")
     assert result.step_count == 3 and env.seen == [["tick"]] * 3
     assert env.reset_with is task
@@ -190,7 +195,7 @@ def test_paused_by_a_lifecycle_policy(policy_agent: Any) -> None:
             contexts.append(context)
             return context.phase == "boundary" and context.step_id == 2
 
-    result = Engine(policy_agent(act_forever, tools=[noop]), lifecycle=PauseAtTwo()).run("t")
+    result = driven.run(Engine(policy_agent(act_forever, tools=[noop]), lifecycle=PauseAtTwo()), "t")
     _assert_stopped(result, StopReason.PAUSED, "stopped")
     assert result.step_count == 2
     assert {c.phase for c in contexts} == {"boundary", "act"}
@@ -201,7 +206,7 @@ def test_paused_by_a_lifecycle_policy(policy_agent: Any) -> None:
 
 def test_awaiting_approval(policy_agent: Any) -> None:
     agent = policy_agent(lambda s, o: Decision.act([Action("delete", {"path": "notes.txt"}, "call-1")]), tools=[delete])
-    result = Engine(agent).run("t")
+    result = driven.run(Engine(agent), "t")
     _assert_stopped(result, StopReason.AWAITING_APPROVAL, "stopped")
     assert result.step_count == 0
     approval = [e for e in result.events if e.event_type.value == "approval"]
@@ -224,7 +229,7 @@ def test_cancelled_after_the_step(policy_agent: Any) -> None:
     hook = CancelAfterFirst()
     engine = Engine(policy_agent(act_forever, tools=[noop]), hooks=[hook])
     hook.engine = engine
-    result = engine.run("t")
+    result = driven.run(engine, "t")
     _assert_stopped(result, StopReason.CANCELLED, "stopped")
     assert result.step_count == 1 and len(result.records) == 1
 
@@ -249,7 +254,7 @@ def test_cancelled_immediate_from_another_thread(policy_agent: Any) -> None:
 
     thread = threading.Thread(target=canceller)
     thread.start()
-    result = engine.run("t")
+    result = driven.run(engine, "t")
     thread.join()
     _assert_stopped(result, StopReason.CANCELLED_IMMEDIATE, "stopped")
     assert result.step_count == 0 and result.records == []  # the step was not committed
@@ -263,7 +268,7 @@ def test_task_validation_failed_names_the_missing_resource(policy_agent: Any, tm
         return Decision.final("never")
 
     task = Task(objective="read", resources=[TaskResource(kind="file", path="paper.pdf", required=True)])
-    result = Engine(policy_agent(policy)).run(task, workspace=str(tmp_path))
+    result = driven.run(Engine(policy_agent(policy)), task, workspace=str(tmp_path))
     _assert_stopped(result, StopReason.TASK_VALIDATION_FAILED, "failed")
     assert result.step_count == 0 and calls == []
     assert "paper.pdf" in (result.task_result.error or "")
@@ -274,7 +279,7 @@ def test_unrecoverable_error_when_reduce_raises(policy_agent: Any) -> None:
     def reduce(state: Any, observation: Any, decision: Any) -> Any:
         raise RuntimeError("reduce exploded")
 
-    result = Engine(policy_agent(act_forever, tools=[noop], reduce=reduce)).run("t")
+    result = driven.run(Engine(policy_agent(act_forever, tools=[noop], reduce=reduce)), "t")
     _assert_stopped(result, StopReason.UNRECOVERABLE_ERROR, "failed")
     assert "reduce exploded" in (result.task_result.error or "")
     errors = [e for e in result.events if e.event_type.value == "error"]
@@ -284,7 +289,7 @@ def test_unrecoverable_error_when_reduce_raises(policy_agent: Any) -> None:
 
 def test_context_budget_exceeded_with_a_tiny_declared_capacity(policy_agent: Any) -> None:
     model = ScriptedModel(["never sent"], max_input_units=5)
-    result = Engine(policy_agent(lambda s, o: None, llm=model)).run("a task longer than five characters")
+    result = driven.run(Engine(policy_agent(lambda s, o: None, llm=model)), "a task longer than five characters")
     _assert_stopped(result, StopReason.CONTEXT_BUDGET_EXCEEDED, "failed")
     assert result.step_count == 0
     assert "ContextBudgetExceededError" in (result.task_result.error or "")

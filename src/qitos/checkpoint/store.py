@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import concurrent.futures
+import functools
 import hashlib
 import json
+import os
 import re
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -973,13 +977,29 @@ class CheckpointStore(abc.ABC):
 class SyncCheckpointStore(CheckpointStore):
     """A store whose native I/O is synchronous: the sync methods are abstract here.
 
-    The async twins run the sync method in a worker thread (``asyncio.to_thread``), so an event
-    loop is never blocked by disk I/O.
+    The async twins run the sync method on this store's own single writer thread, so an event loop
+    is never blocked by disk I/O and the calls of many concurrent runs reach the store one at a time,
+    in the order they were made (no pool of threads contending for one connection's lock). The
+    thread starts on the first async call, is replaced in a child process after ``fork()``, and
+    exits at ``aclose()`` (or with the interpreter).
     """
 
     async def _offload(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Run one sync method off the event loop (in a worker thread)."""
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        """Run one sync method off the event loop, on the store's writer thread."""
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._writer(), call)
+
+    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
+        state: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = self.__dict__.get("_qitos_writer")
+        pid = os.getpid()
+        if state is None or state[0] != pid:
+            with _WRITER_LOCK:
+                state = self.__dict__.get("_qitos_writer")
+                if state is None or state[0] != pid:
+                    name = f"qitos-store-{type(self).__name__}"
+                    state = (pid, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name))
+                    self.__dict__["_qitos_writer"] = state
+        return state[1]
 
     # ---- sync methods: abstract
 
@@ -1124,3 +1144,9 @@ class SyncCheckpointStore(CheckpointStore):
 
     async def aclose(self) -> None:
         await self._offload(self.close)
+        state = self.__dict__.pop("_qitos_writer", None)
+        if state is not None and state[0] == os.getpid():
+            state[1].shutdown(wait=False)
+
+
+_WRITER_LOCK = threading.Lock()

@@ -5,6 +5,10 @@ hints and the docstring (a Google-style ``Args:`` section gives parameter descri
 how the engine should run it: ``timeout`` seconds, ``idempotent`` (safe to re-run after a crash),
 ``needs_approval`` (a human must approve each call), ``max_output_chars``.
 
+A tool may be an ``async def`` function (its schema comes from hints and docstring the same way):
+``ToolRegistry.acall`` awaits it on the running loop and runs sync tools in a given executor;
+``ToolRegistry.call`` runs it to completion with ``asyncio.run`` (refused inside a running loop).
+
 ``ToolRegistry.call`` never raises for a tool's own failure: unknown tools, invalid arguments,
 exceptions and timeouts all become a ``ToolResult`` with ``ok=False`` and an ``error_kind`` that the
 agent can read and react to.
@@ -507,38 +511,82 @@ class ToolRegistry:
         return self._schemas
 
     def call(self, name: str, args: Any, *, call_id: str = "") -> ToolResult:
-        """Run one tool call. Never raises for the tool's own failure; see the module docstring."""
+        """Run one tool call. Never raises for the tool's own failure; see the module docstring.
+
+        An ``async def`` tool is run to completion with ``asyncio.run`` in the calling thread; called
+        from a thread whose event loop is running, it is refused (a ``tool_error`` result telling to
+        use ``acall`` / ``AsyncEngine``), because that loop cannot be re-entered.
+        """
+        spec, prepared = self._prepare(name, args, call_id)
+        if spec is None:
+            return prepared  # type: ignore[no-any-return]
+        started = time.perf_counter()
+        try:
+            if spec.timeout is None and not self._is_async[name]:
+                output = spec.func(**prepared)
+            else:
+                output = self._invoke(spec, prepared)
+        except concurrent.futures.TimeoutError:
+            return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
+        except Exception as exc:
+            return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
+        return self._finish(spec, call_id, output, started)
+
+    async def acall(
+        self, name: str, args: Any, *, call_id: str = "", executor: concurrent.futures.Executor | None = None
+    ) -> ToolResult:
+        """Async twin of :meth:`call`: an ``async def`` tool is awaited on the running loop; a sync
+        tool runs in ``executor`` (None: the loop's default executor). ``timeout`` applies to both;
+        a sync call that times out keeps its executor thread until it returns (threads cannot be
+        killed). Cancelling the awaiting task cancels an async tool; a sync one finishes unobserved.
+        """
+        spec, prepared = self._prepare(name, args, call_id)
+        if spec is None:
+            return prepared  # type: ignore[no-any-return]
+        started = time.perf_counter()
+        try:
+            if self._is_async[name]:
+                pending = spec.func(**prepared)
+            else:
+                loop = asyncio.get_running_loop()
+                pending = loop.run_in_executor(executor, _Bound(spec.func, prepared))
+            output = await (pending if spec.timeout is None else asyncio.wait_for(pending, spec.timeout))
+        except TimeoutError:
+            return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
+        except Exception as exc:
+            return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
+        return self._finish(spec, call_id, output, started)
+
+    def _prepare(self, name: str, args: Any, call_id: str) -> tuple[ToolSpec | None, Any]:
+        """``(spec, arguments to call it with)``, or ``(None, failure result)`` when it cannot run
+        (shared by ``call`` and ``acall``)."""
         spec = self._tools.get(name)
         if spec is None:
             known = ", ".join(self._tools) or "none"
-            return _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
+            return None, _failure(call_id, name, "unknown_tool", f"no tool named {name!r} (available: {known})")
         if not isinstance(args, _MAPPINGS):
-            return _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
+            return None, _failure(call_id, name, "invalid_arguments", f"arguments must be an object, got {args!r:.80}")
         problems: list[str] = []
         self._validators[name](args, "arguments", problems)
         if problems:
-            return _failure(call_id, name, "invalid_arguments", "; ".join(problems))
+            return None, _failure(call_id, name, "invalid_arguments", "; ".join(problems))
         if not _plain_text_values(args):
             try:
                 check_text(args, "arguments")
             except CodecError as exc:
-                return _failure(call_id, name, "invalid_arguments", str(exc))
+                return None, _failure(call_id, name, "invalid_arguments", str(exc))
         converters = self._converters.get(name)
         if converters is not None:  # only tools with Enum-annotated parameters
             try:
                 args = _convert_arguments(args, converters)
             except ValueError as exc:
-                return _failure(call_id, name, "invalid_arguments", str(exc))
-        started = time.perf_counter()
-        try:
-            if spec.timeout is None and not self._is_async[name]:
-                output = spec.func(**args)
-            else:
-                output = self._invoke(spec, args)
-        except concurrent.futures.TimeoutError:
-            return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
-        except Exception as exc:
-            return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
+                return None, _failure(call_id, name, "invalid_arguments", str(exc))
+        return spec, args
+
+    def _finish(self, spec: ToolSpec, call_id: str, output: Any, started: float) -> ToolResult:
+        """The result of a call that returned ``output``: capped at the tool's ``max_output_chars``
+        (of its text form), refused when it has no valid text form (shared by ``call`` and ``acall``)."""
+        name = spec.name
         truncated = False
         cap = spec.max_output_chars
         if type(output) is str:
@@ -565,6 +613,11 @@ class ToolRegistry:
     def _invoke(self, spec: ToolSpec, args: Mapping[str, Any]) -> Any:
         fn = spec.func
         if self._is_async[spec.name]:
+            if _loop_running():
+                raise _AsyncToolInLoopError(
+                    f"async tool {spec.name!r} was called synchronously inside a running event loop; "
+                    "await ToolRegistry.acall (AsyncEngine.arun, Session.arun) instead"
+                )
             coro = fn(**args)
             if spec.timeout is None:
                 return asyncio.run(coro)
@@ -709,6 +762,31 @@ def _convert_arguments(args: Mapping[str, Any], converters: Mapping[str, Callabl
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"arguments.{pname}: {exc}") from exc
     return converted
+
+
+class _AsyncToolInLoopError(RuntimeError):
+    """An ``async def`` tool called through the sync path from inside a running event loop."""
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _Bound:
+    """``fn(**kwargs)`` as a zero-argument callable for an executor (keyword arguments kept as given)."""
+
+    __slots__ = ("fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+        self.fn = fn
+        self.kwargs = kwargs
+
+    def __call__(self) -> Any:
+        return self.fn(**self.kwargs)
 
 
 async def _with_timeout(coro: Any, timeout: float) -> Any:

@@ -16,6 +16,7 @@ no extension provides fails here, when ``compose()`` is called.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from qitos.core.task import Task
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy
+from qitos.engine.session_runtime import Session, anew_session, new_session, restore_session
 from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -83,19 +85,19 @@ class Composition:
             **runtime.engine_kwargs,
         )
 
-    def session(self, task: str | Task, **state_kwargs: Any) -> Any:
+    def session(self, task: str | Task, **state_kwargs: Any) -> Session:
         """Create a new durable Session for ``task`` (its first snapshot is committed now)."""
-        from qitos.engine.session_runtime import new_session
-
         return new_session(self.engine(), task, composition=self, **state_kwargs)
 
-    def restore(self, session_id: str) -> Any:
-        """The Session with this id, from the store's durable head (any process, with SQLite)."""
-        from qitos.engine.session_runtime import restore_session
+    async def asession(self, task: str | Task, **state_kwargs: Any) -> Session:
+        """Async twin of :meth:`session` (for many sessions created on one event loop)."""
+        return await anew_session(self.engine(), task, composition=self, **state_kwargs)
 
+    def restore(self, session_id: str) -> Session:
+        """The Session with this id, from the store's durable head (any process, with SQLite)."""
         return restore_session(self.engine(), session_id, composition=self)
 
-    def fork(self, session_id: str, *, snapshot: Any = None, operation_id: str | None = None) -> Any:
+    def fork(self, session_id: str, *, snapshot: Any = None, operation_id: str | None = None) -> Session:
         """A new child Session from a verified snapshot of ``session_id`` (default: its head)."""
         return self.restore(session_id).fork(snapshot, operation_id=operation_id)
 
@@ -112,6 +114,7 @@ def compose(
     batch_steps: int = 16,
     batch_ms: float = 50.0,
     lease_ttl: float = DEFAULT_LEASE_TTL,
+    tool_workers: int | None = None,
     **engine_kwargs: Any,
 ) -> Composition:
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
@@ -121,6 +124,8 @@ def compose(
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
     ``lease_ttl`` is how many seconds a run's hold on its session lasts without renewal: how long a
     session whose runner died waits before another runner may take it over (``qitos.sessions.lease``).
+    ``tool_workers``: size of one executor shared by every session of this composition for its sync
+    tools under ``Session.arun`` (default: the process-wide executor; see ``EngineLoop``).
     Other keyword arguments go to the Engine (``budget=``, ``hooks=``, ``critics=`` ...).
     """
     if durability not in ("sync", "batched"):
@@ -129,6 +134,13 @@ def compose(
         raise ConfigurationError("batch_steps must be >= 1 and batch_ms > 0")
     if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or lease_ttl <= 0:
         raise ConfigurationError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+    if tool_workers is not None:
+        if isinstance(tool_workers, bool) or not isinstance(tool_workers, int) or tool_workers < 1:
+            raise ConfigurationError(f"tool_workers must be a positive int, got {tool_workers!r}")
+        # One executor for all the composition's engines (an engine per session), so the bound holds.
+        engine_kwargs["tool_executor"] = concurrent.futures.ThreadPoolExecutor(
+            tool_workers, thread_name_prefix="qitos-tool"
+        )
     agent_factory = _agent_factory(agent)
     bound: dict[str, Any] = {}
     references: list[ResolverReference] = []

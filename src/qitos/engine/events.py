@@ -172,7 +172,13 @@ class StepRecord:
     stop_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native form, as written to ``steps.jsonl``."""
+        """JSON-native form, as written to ``steps.jsonl``.
+
+        Each value appears once: the tool results under ``results``, and ``observation`` holds
+        only what else the agent observed (``feedback``, ``env``).
+        """
+        observation = self.observation.to_dict()
+        observation.pop("results", None)
         data: dict[str, Any] = {
             "step_id": self.step_id,
             "started_at": datetime.fromtimestamp(self.started_at, UTC).isoformat(),
@@ -180,7 +186,7 @@ class StepRecord:
             "decision": self.decision.to_dict(),
             "actions": [a.to_dict() for a in self.decision.actions],
             "results": [r.to_dict() for r in self.observation.results],
-            "observation": self.observation.to_dict(),
+            "observation": observation,
             "state_diff": self.state_diff,
         }
         if self.model is not None:

@@ -20,6 +20,9 @@ Each call is bracketed by a ``model_request`` event (request id, provider, model
 when the call raised), which telemetry times its ``chat`` spans by. The prompt and the reply are
 added to them only when a hook asks for content (``EngineHook.wants_model_content``).
 
+The model call itself is an effect (``ModelCall``) that the loop's driver performs: ``complete`` in
+the calling thread, or an awaited ``acomplete`` on the event loop.
+
 With a trace, the messages of every request are stored once in the run's ``messages.jsonl``: the
 step's model entry and both events refer to them (``message_refs``: runs of line positions). A
 failed ``model_response`` also carries the ``status_code``, the ``error_type`` and the request
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.decision import Decision, Observation
@@ -38,13 +41,12 @@ from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
 from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import ToolResult
+from qitos.engine.effects import Loop, ModelCall
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
+from qitos.engine.run_context import RunContext
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
 from qitos.models.base import ModelResponse, request_digest
-
-if TYPE_CHECKING:
-    from qitos.engine.engine import Engine, _Run
 
 __all__ = ["ModelContext", "ModelOutcome", "ModelPath"]
 
@@ -87,16 +89,37 @@ class ModelOutcome:
 
 
 class ModelPath:
-    """Runs the model path for one engine (created on the first model step)."""
+    """Runs the model path of one engine's runs (created on the first model step).
 
-    def __init__(self, engine: Engine[Any, Any, Any]) -> None:
-        self.engine = engine
-        self.context: ModelContext = engine.context if isinstance(engine.context, ModelContext) else ModelContext()
-        self._subscribed: Any = None
+    Args:
+        agent: the agent (its system prompt, ``prepare`` and tool registry).
+        model: the model adapter.
+        parser: a text protocol parser, or None for native tool calls.
+        context: how requests are built (None: the defaults of ``ModelContext``).
+        content_events: put the prompt and the reply in the model_request/model_response events.
 
-    def decide(self, run: _Run, step_id: int) -> ModelOutcome:
-        """Build the request, call the model, record the reply, and parse it into a Decision."""
-        engine, agent, model = self.engine, self.engine.agent, self.engine.model
+    It keeps no per-run state: everything a run needs is in its ``RunContext``, so one ModelPath
+    serves any number of runs at once.
+    """
+
+    def __init__(
+        self,
+        agent: Any,
+        model: Any,
+        parser: Any,
+        context: ModelContext | None = None,
+        *,
+        content_events: bool = False,
+    ) -> None:
+        self.agent = agent
+        self.model = model
+        self.parser = parser
+        self.context: ModelContext = context if context is not None else ModelContext()
+        self.content_events = content_events
+
+    def decide(self, run: RunContext, step_id: int) -> Loop[ModelOutcome]:
+        """Build the request, ask for the model call (an effect), record the reply, parse it."""
+        agent, model = self.agent, self.model
         if run.log is None:
             run.log = ExchangeLog(f"log-{run.run_id}")
         log: ExchangeLog = run.log
@@ -106,7 +129,7 @@ class ModelPath:
         exchange_id = self._open_exchange(run, log)
         state = run.state
         registry = agent.tool_registry
-        parser = engine.parser
+        parser = self.parser
         instructions = []
         system_prompt = agent.build_system_prompt(state)
         if system_prompt:
@@ -142,7 +165,6 @@ class ModelPath:
             run.emit(
                 EngineEvent(EngineEventType.COMPACTION, step_id, phase=RuntimePhase.DECIDE, payload=receipt.to_dict())
             )
-        self._listen_for_retries(run, model, step_id)
         on_delta = None
         if run.live:
 
@@ -151,7 +173,15 @@ class ModelPath:
                     EngineEvent(EngineEventType.MODEL_DELTA, step_id, phase=RuntimePhase.DECIDE, payload={"text": text})
                 )
 
-        response = self._call_model(run, model, view, step_id, on_delta, messages)
+        def on_adapter_event(kind: str, payload: dict[str, Any]) -> None:
+            if kind == "model_retry":
+                run.emit(
+                    EngineEvent(
+                        EngineEventType.MODEL_RETRY, step_id, phase=RuntimePhase.DECIDE, ok=False, payload=payload
+                    )
+                )
+
+        response = yield from self._call_model(run, model, view, step_id, on_delta, on_adapter_event, messages)
         log.record_output(exchange_id, response.message())
         decision = self._parse(run, log, exchange_id, response, parser, registry.names())
         model_entry: dict[str, Any] = {
@@ -170,7 +200,7 @@ class ModelPath:
             tokens=response.usage.total_tokens,
         )
 
-    def record_results(self, run: _Run, results: Sequence[ToolResult]) -> None:
+    def record_results(self, run: RunContext, results: Sequence[ToolResult]) -> None:
         """Record a model step's tool results in its exchange and close it."""
         log: ExchangeLog | None = run.log
         if log is None:
@@ -194,16 +224,17 @@ class ModelPath:
 
     def _call_model(
         self,
-        run: _Run,
+        run: RunContext,
         model: Any,
         view: RequestView,
         step_id: int,
         on_delta: Any,
+        listener: Any,
         message_refs: list[list[int]] | None,
-    ) -> ModelResponse:
+    ) -> Loop[ModelResponse]:
         # model_request / model_response bracket the call (telemetry times its span by them); the
-        # prompt and the reply are in them only when a hook asked for content (``model_content_events``).
-        content = self.engine.model_content_events
+        # prompt and the reply are in them only when a hook asked for content (``content_events``).
+        content = self.content_events
         target = view.target
         request: dict[str, Any] = {"request_id": view.request_id, "provider": target.provider, "model": target.model}
         if message_refs is not None:
@@ -212,7 +243,7 @@ class ModelPath:
             request["messages"] = view.messages()
         run.emit(EngineEvent(EngineEventType.MODEL_REQUEST, step_id, phase=RuntimePhase.DECIDE, payload=request))
         try:
-            response: ModelResponse = model.complete(view, on_delta=on_delta)
+            response: ModelResponse = yield ModelCall(model, view, on_delta=on_delta, listener=listener)
         except BaseException as exc:
             failed: dict[str, Any] = {
                 "request_id": view.request_id,
@@ -246,10 +277,10 @@ class ModelPath:
         run.emit(EngineEvent(EngineEventType.MODEL_RESPONSE, step_id, phase=RuntimePhase.DECIDE, payload=reply))
         return response
 
-    def _open_exchange(self, run: _Run, log: ExchangeLog) -> str:
+    def _open_exchange(self, run: RunContext, log: ExchangeLog) -> str:
         inputs: list[dict[str, Any]] = []
         if not log.exchange_count:
-            inputs.append({"role": "user", "content": self.engine.agent.prepare(run.state)})
+            inputs.append({"role": "user", "content": self.agent.prepare(run.state)})
         inputs.extend({"role": "user", "content": text} for text in run.steering)
         observation = run.observation
         if isinstance(observation, Observation) and observation.env is not None and log.exchange_count:
@@ -269,7 +300,7 @@ class ModelPath:
 
     def _parse(
         self,
-        run: _Run,
+        run: RunContext,
         log: ExchangeLog,
         exchange_id: str,
         response: ModelResponse,
@@ -294,20 +325,3 @@ class ModelPath:
         if decision.mode != "act":
             log.close(exchange_id)
         return decision
-
-    def _listen_for_retries(self, run: _Run, model: Any, step_id: int) -> None:
-        subscribe = getattr(model, "subscribe", None)
-        if subscribe is None:
-            return
-        if self._subscribed is not None:
-            self._subscribed()
-
-        def listener(kind: str, payload: dict[str, Any]) -> None:
-            if kind == "model_retry":
-                run.emit(
-                    EngineEvent(
-                        EngineEventType.MODEL_RETRY, step_id, phase=RuntimePhase.DECIDE, ok=False, payload=payload
-                    )
-                )
-
-        self._subscribed = subscribe(listener)

@@ -7,13 +7,26 @@ Storage grows with what is new: a snapshot holds its step's state changes and a 
 new exchange entries; a full state is rewritten only when the deltas outgrow it (the payload format
 and the rule are in ``qitos.sessions.step_journal``). A fork's first snapshot points at its parent's.
 
-Crash safety: before any tool runs, the step's decision is written (with what DECIDE appended to
-the log and changed in the state); each call's intent is written before it starts and its result as
-it arrives (store "pending writes", keyed by the head the step started from). A model's decision is
-written as soon as it is made; a decision made without a model, free to make again, goes in the
-same transaction as its first call's intent. A restore continues the step: no second model call, no
-finished call re-run, an interrupted call re-run only if its tool is idempotent, otherwise reported
-to the agent as ``interrupted``.
+One owner at a time: ``run()`` holds the session's lease (``qitos.sessions.lease``) from before it
+reads the head until the run ends; every write carries the lease's fencing token, so a second
+runner gets ``SessionBusyError`` and a runner that lost its lease can write nothing.
+
+Crash safety, at the fewest write transactions that keep it (store "pending writes", keyed by the
+head the step started from):
+
+- a model's decision is written as soon as it is made (its output is never requested twice);
+- a non-idempotent call's intent is written before it runs, together with a decision made without
+  a model (free to make again) and any results still waiting;
+- an idempotent call needs no intent: a restore runs it again;
+- a non-idempotent call's result is written before the step's next call starts; the result of the
+  step's last call rides with the step's boundary, which holds the whole outcome.
+
+So a tool-free step, or one whose calls are all idempotent, is one transaction (its boundary), and
+a step with one non-idempotent call two. A restore continues the step: no second model call, no
+call with a recorded result re-run, an interrupted call re-run only if its tool is idempotent,
+otherwise reported to the agent as ``interrupted``. That includes a last call that finished just
+before a crash in the rest of its step (REDUCE, critics): its effect stands and the agent is told
+to check it, since its result was not yet durable.
 
 Durability modes:
 
@@ -28,17 +41,19 @@ Durability modes:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.packing import unpack
 from qitos.checkpoint.store import (
     CheckpointStore,
+    ControlItem,
     DuplicateOperationError,
     SessionHeadRecord,
     SessionSnapshot,
@@ -65,6 +80,8 @@ from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import RequestView
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
+from qitos.engine.events import EngineResult
+from qitos.engine.loop import EngineLoop
 from qitos.sessions.journal import (
     PendingStep,
     ResumePoint,
@@ -73,25 +90,63 @@ from qitos.sessions.lease import DEFAULT_LEASE_TTL, LeaseKeeper
 from qitos.sessions.step_journal import APPROVAL_KINDS, FORMAT, RestoredSession, SessionJournal, materialize, restore
 from qitos.sessions.stored_view import view_from_record
 
-if TYPE_CHECKING:
-    from qitos.engine.composition import Composition, ResolverReference
-    from qitos.engine.engine import Engine
-    from qitos.engine.events import EngineResult
-
 __all__ = [
     "PauseReceipt",
     "Session",
     "SessionForkReceipt",
     "SessionHead",
+    "SessionHost",
     "SessionInspection",
     "SessionJournal",
     "SessionLifecycle",
+    "SessionReference",
+    "SessionSettings",
     "SteeringReceipt",
     "ToolBatchSnapshot",
     "ToolCallStatus",
+    "anew_session",
     "new_session",
     "restore_session",
 ]
+
+
+class SessionReference(Protocol):
+    """A name bound in a composition (``qitos.engine.composition.ResolverReference`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def provider(self) -> str: ...
+
+
+class SessionSettings(Protocol):
+    """The run settings a Session takes from its composition's runtime (``Runtime`` is one)."""
+
+    @property
+    def durability(self) -> str: ...
+    @property
+    def batch_steps(self) -> int: ...
+    @property
+    def batch_ms(self) -> float: ...
+    @property
+    def lease_ttl(self) -> float: ...
+    @property
+    def references(self) -> tuple[Any, ...]: ...
+
+
+class SessionHost(Protocol):
+    """What a Session needs from the composition that made it (``Composition`` is one).
+
+    A protocol, so this module depends on nothing above it: composition imports sessions, never
+    the other way round.
+    """
+
+    @property
+    def runtime(self) -> SessionSettings: ...
+
+    def restore(self, session_id: str) -> Session: ...
 
 
 class SessionLifecycle(StrEnum):
@@ -212,17 +267,17 @@ class Session:
     def __init__(
         self,
         *,
-        engine: Engine[Any, Any, Any],
+        engine: EngineLoop[Any, Any, Any],
         session_id: SessionIdentity,
         run_id: RunIdentity,
         agent_id: AgentIdentity,
-        references: Iterable[ResolverReference],
+        references: Iterable[SessionReference],
         created_at: str,
         state_type: type[StateSchema],
         work_item_id: WorkItemIdentity,
         attempt_id: AttemptIdentity,
         fork_receipt: SessionForkReceipt | None = None,
-        composition: Composition | None = None,
+        composition: SessionHost | None = None,
         task: Task | None = None,
     ) -> None:
         self.engine = engine
@@ -253,7 +308,7 @@ class Session:
     # ---- running
 
     def run(self, *, steering: str | None = None) -> EngineResult[Any]:
-        """Run or resume through the one canonical Engine loop.
+        """Run or resume through the one canonical Engine loop (the sync driver, this thread).
 
         The run takes the session's lease first: if another runner holds it, SessionBusyError
         names that runner and nothing executes. The lease is renewed while the run goes on and
@@ -263,41 +318,79 @@ class Session:
             self.steer(steering)
         store = self.store
         sid = self.session_id.value
-        runtime = self._composition.runtime if self._composition is not None else None
-        lease = LeaseKeeper(store, sid, ttl_seconds=runtime.lease_ttl if runtime else DEFAULT_LEASE_TTL)
+        lease = self._lease_keeper(store, sid)
         lease.acquire()
         try:
             head = _require_head(store, sid)  # read under the lease: no other runner moves it now
-            restored = restore(store, sid, head.snapshot_id)
-            state = self.state_type.from_dict(restored.state_data)
-            self.run_id = RunIdentity.new()
-            self.attempt_id = AttemptIdentity.new()
-            journal = SessionJournal(
-                store,
-                sid,
-                restored,
-                run_id=self.run_id.value,
-                mode=runtime.durability if runtime else "sync",
-                batch_steps=runtime.batch_steps if runtime else 16,
-                batch_ms=runtime.batch_ms if runtime else 50.0,
-                lease=lease,
-                redactor=self._redactor(),
-            )
-            self._journal = journal
-            resume = ResumePoint(
-                state=state,
-                log=restored.log,
-                budget_used={
-                    **(restored.snapshot.payload.get("budget_used") or {}),
-                    "control_position": restored.control_position,
-                },
-                pending=restored.pending,
-                carry_changes=restored.carry_changes,
-            )
+            journal, resume = self._prepare_run(store, restore(store, sid, head.snapshot_id), lease)
             lease.start_heartbeat()
             return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
         finally:
             lease.release()
+
+    async def arun(self, *, steering: str | None = None) -> EngineResult[Any]:
+        """``run`` through the async driver, on the running event loop.
+
+        The lease, the journal's store operations and the model/tool calls are awaited, so many
+        sessions run at once in one process. Rebuilding the head from the store (a chain of reads)
+        runs in a worker thread. Cancelling the awaiting task stops the run as
+        ``Engine.cancel(immediate=True)`` would, commits its last boundary, releases the lease and
+        raises ``CancelledError``.
+        """
+        if steering is not None:
+            await self.asteer(steering)
+        store = self.store
+        sid = self.session_id.value
+        lease = self._lease_keeper(store, sid)
+        await lease.aacquire()
+        try:
+            head = await store.aget_session_head(sid)
+            if head is None:
+                raise SessionNotFoundError(sid)
+            restored = await asyncio.to_thread(restore, store, sid, head.snapshot_id)
+            journal, resume = self._prepare_run(store, restored, lease)
+            lease.start_async_heartbeat()
+            task = self._task_or_load()
+            return await self.engine.arun(task, journal=journal, resume=resume, run_id=self.run_id.value)
+        finally:
+            await lease.arelease()
+
+    def _lease_keeper(self, store: CheckpointStore, sid: str) -> LeaseKeeper:
+        runtime = self._composition.runtime if self._composition is not None else None
+        return LeaseKeeper(store, sid, ttl_seconds=runtime.lease_ttl if runtime else DEFAULT_LEASE_TTL)
+
+    def _prepare_run(
+        self, store: CheckpointStore, restored: RestoredSession, lease: LeaseKeeper
+    ) -> tuple[SessionJournal, ResumePoint]:
+        """The journal and resume point of a new run from the restored head (no I/O)."""
+        runtime = self._composition.runtime if self._composition is not None else None
+        state = self.state_type.from_dict(restored.state_data)
+        self.run_id = RunIdentity.new()
+        self.attempt_id = AttemptIdentity.new()
+        journal = SessionJournal(
+            store,
+            self.session_id.value,
+            restored,
+            run_id=self.run_id.value,
+            mode=runtime.durability if runtime else "sync",
+            batch_steps=runtime.batch_steps if runtime else 16,
+            batch_ms=runtime.batch_ms if runtime else 50.0,
+            lease=lease,
+            redactor=self._redactor(),
+        )
+        self._journal = journal
+        resume = ResumePoint(
+            state=state,
+            log=restored.log,
+            budget_used={
+                **(restored.snapshot.payload.get("budget_used") or {}),
+                "control_position": restored.control_position,
+                "pause_position": restored.pause_position,
+            },
+            pending=restored.pending,
+            carry_changes=restored.carry_changes,
+        )
+        return journal, resume
 
     def _redactor(self) -> Redactor:
         """The redaction policy for what this session writes: patterns plus the model's credentials."""
@@ -306,39 +399,67 @@ class Session:
     def pause(self) -> PauseReceipt:
         """Request cooperative pause; durable status is returned at a boundary."""
         item = self.store.append_control(self.session_id.value, "pause", {"requested_at": utc_now()})
-        return PauseReceipt(session_id=item.session_id, position=item.position, requested_at=item.created_at)
+        return _pause_receipt(item)
+
+    async def apause(self) -> PauseReceipt:
+        """Async twin of :meth:`pause`."""
+        item = await self.store.aappend_control(self.session_id.value, "pause", {"requested_at": utc_now()})
+        return _pause_receipt(item)
 
     def steer(self, text: str) -> SteeringReceipt:
         """Durably submit one canonical steering item to this Session."""
-        if not isinstance(text, str) or not text.strip():
-            raise ConfigurationError("steering text must be a non-empty string")
+        _check_steering(text)
         item = self.store.append_control(self.session_id.value, "steer", {"text": self._redactor().redact_value(text)})
-        return SteeringReceipt(
-            session_id=item.session_id,
-            position=item.position,
-            text_digest=sha256_hex(text),
-            submitted_at=item.created_at,
-        )
+        return _steering_receipt(item, text)
+
+    async def asteer(self, text: str) -> SteeringReceipt:
+        """Async twin of :meth:`steer`."""
+        _check_steering(text)
+        payload = {"text": self._redactor().redact_value(text)}
+        item = await self.store.aappend_control(self.session_id.value, "steer", payload)
+        return _steering_receipt(item, text)
 
     def approve(self, call_id: str) -> ApprovalReceipt:
         """Approve a tool call awaiting approval; the next ``run()`` executes it."""
+        self._check_awaiting(self.inspect(), call_id)
         return self._answer(call_id, True, None)
+
+    async def aapprove(self, call_id: str) -> ApprovalReceipt:
+        """Async twin of :meth:`approve`."""
+        self._check_awaiting(await self.ainspect(), call_id)
+        return await self._aanswer(call_id, True, None)
 
     def reject(self, call_id: str, reason: str | None = None) -> ApprovalReceipt:
         """Reject a tool call awaiting approval; the next ``run()`` reports the rejection to the agent."""
+        self._check_awaiting(self.inspect(), call_id)
         return self._answer(call_id, False, reason)
 
-    def _answer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
-        batch = self.inspect().tool_batch
+    async def areject(self, call_id: str, reason: str | None = None) -> ApprovalReceipt:
+        """Async twin of :meth:`reject`."""
+        self._check_awaiting(await self.ainspect(), call_id)
+        return await self._aanswer(call_id, False, reason)
+
+    def _check_awaiting(self, inspection: SessionInspection, call_id: str) -> None:
+        batch = inspection.tool_batch
         waiting = {c.call_id for c in batch.pending_approval} if batch else set()
         if call_id not in waiting:
             raise ConfigurationError(
                 f"session {self.session_id.value}: no tool call {call_id!r} is awaiting approval "
                 f"(awaiting: {sorted(waiting) or 'none'})"
             )
+
+    def _answer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
         kind = "approve" if approved else "reject"
         payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
         item = self.store.append_control(self.session_id.value, kind, payload)
+        return ApprovalReceipt(
+            session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
+        )
+
+    async def _aanswer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
+        kind = "approve" if approved else "reject"
+        payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
+        item = await self.store.aappend_control(self.session_id.value, kind, payload)
         return ApprovalReceipt(
             session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
         )
@@ -419,7 +540,7 @@ class Session:
 
     def _open_child(self, child_id: str) -> Session:
         if self._composition is not None:
-            return self._composition.restore(child_id)  # type: ignore[no-any-return]
+            return self._composition.restore(child_id)
         return restore_session(self.engine, child_id)
 
     # ---- inspection
@@ -482,6 +603,10 @@ class Session:
             task=self._task_or_load().objective,
             tool_batch=self._tool_batch(restored.pending if restored else None),
         )
+
+    async def ainspect(self) -> SessionInspection:
+        """Async twin of :meth:`inspect` (its reads run in a worker thread)."""
+        return await asyncio.to_thread(self.inspect)
 
     def _tool_batch(self, pending: PendingStep | None) -> ToolBatchSnapshot | None:
         if pending is None:
@@ -568,6 +693,24 @@ class Session:
         return self._task
 
 
+def _pause_receipt(item: ControlItem) -> PauseReceipt:
+    return PauseReceipt(session_id=item.session_id, position=item.position, requested_at=item.created_at)
+
+
+def _check_steering(text: str) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigurationError("steering text must be a non-empty string")
+
+
+def _steering_receipt(item: ControlItem, text: str) -> SteeringReceipt:
+    return SteeringReceipt(
+        session_id=item.session_id,
+        position=item.position,
+        text_digest=sha256_hex(text),
+        submitted_at=item.created_at,
+    )
+
+
 def _require_head(store: CheckpointStore, session_id: str) -> SessionHeadRecord:
     head = store.get_session_head(session_id)
     if head is None:
@@ -579,7 +722,7 @@ def _state_type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _resolve_state_type(name: str, engine: Engine[Any, Any, Any]) -> type[StateSchema]:
+def _resolve_state_type(name: str, engine: EngineLoop[Any, Any, Any]) -> type[StateSchema]:
     module_name, _, qualname = name.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -596,15 +739,36 @@ def _resolve_state_type(name: str, engine: Engine[Any, Any, Any]) -> type[StateS
     raise ConfigurationError(f"cannot import the session's state type {name!r} in this process")
 
 
-def _agent_identity(engine: Engine[Any, Any, Any]) -> AgentIdentity:
+def _agent_identity(engine: EngineLoop[Any, Any, Any]) -> AgentIdentity:
     cls = type(engine.agent)
     return AgentIdentity(f"agt_{sha256_hex(f'{cls.__module__}:{cls.__qualname__}')[:24]}")
 
 
 def new_session(
-    engine: Engine[Any, Any, Any], task: str | Task, *, composition: Composition | None = None, **state_kwargs: Any
+    engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
 ) -> Session:
     """Create a durable session: initialise the state and commit its first snapshot."""
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    store.commit_session_snapshot(commit)
+    return session
+
+
+async def anew_session(
+    engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
+) -> Session:
+    """Async twin of :func:`new_session` (the first snapshot is committed with the store's async method)."""
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    await store.acommit_session_snapshot(commit)
+    return session
+
+
+def _first_snapshot(
+    engine: EngineLoop[Any, Any, Any],
+    task: str | Task,
+    composition: SessionHost | None,
+    state_kwargs: Mapping[str, Any],
+) -> tuple[CheckpointStore, SessionSnapshotCommit, Session]:
+    """A new session's first snapshot commit and its Session facade (no I/O)."""
     store = engine.checkpoint_store
     if store is None:
         store = engine.checkpoint_store = InMemoryCheckpointStore()
@@ -648,16 +812,14 @@ def new_session(
         "fork_snapshot_id": None,
         "references": [{"name": r.name, "kind": r.kind, "provider": r.provider} for r in references],
     }
-    store.commit_session_snapshot(
-        SessionSnapshotCommit(
-            session_id=session_id.value,
-            expected_head=None,
-            snapshot=snapshot,
-            lifecycle=SessionLifecycle.CREATED.value,
-            session_metadata=metadata,
-        )
+    commit = SessionSnapshotCommit(
+        session_id=session_id.value,
+        expected_head=None,
+        snapshot=snapshot,
+        lifecycle=SessionLifecycle.CREATED.value,
+        session_metadata=metadata,
     )
-    return Session(
+    session = Session(
         engine=engine,
         session_id=session_id,
         run_id=RunIdentity.new(),
@@ -670,10 +832,11 @@ def new_session(
         composition=composition,
         task=the_task,
     )
+    return store, commit, session
 
 
 def restore_session(
-    engine: Engine[Any, Any, Any], session_id: str, *, composition: Composition | None = None
+    engine: EngineLoop[Any, Any, Any], session_id: str, *, composition: SessionHost | None = None
 ) -> Session:
     """The Session for ``session_id`` from the store's durable head (works across processes)."""
     store = engine.checkpoint_store

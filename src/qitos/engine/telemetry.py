@@ -58,7 +58,7 @@ import time
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from qitos.core.errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
@@ -70,9 +70,24 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from qitos.engine.engine import Engine
+__all__ = [
+    "INSTRUMENTATION_NAME",
+    "OtelHook",
+    "OtelOption",
+    "OtelSettings",
+    "TracedEngine",
+    "otel_hook",
+    "otel_settings",
+]
 
-__all__ = ["INSTRUMENTATION_NAME", "OtelHook", "OtelOption", "OtelSettings", "otel_hook", "otel_settings"]
+
+class TracedEngine(Protocol):
+    """What the tracing hook reads from its engine (``EngineLoop`` is one; a protocol, so the loop
+    can import this module without this module importing the loop)."""
+
+    agent: Any
+    model: Any
+
 
 INSTRUMENTATION_NAME = "qitos"
 """The instrumentation scope name of every span qitos makes."""
@@ -114,7 +129,7 @@ def otel_settings(option: OtelOption) -> OtelSettings | None:
     raise ConfigurationError(f"otel= takes True, a TracerProvider or OtelSettings, got {type(option).__name__}")
 
 
-def otel_hook(option: OtelOption, *, engine: Engine[Any, Any, Any]) -> OtelHook | None:
+def otel_hook(option: OtelOption, *, engine: TracedEngine) -> OtelHook | None:
     """The tracing hook for ``engine`` when ``option`` turns tracing on, else None."""
     settings = otel_settings(option)
     return None if settings is None else OtelHook(settings, engine=engine)
@@ -144,7 +159,7 @@ class _RunSpans:
 class OtelHook(EngineHook):
     """Turns one engine's events into OpenTelemetry spans (see the module docstring)."""
 
-    def __init__(self, settings: OtelSettings, *, engine: Engine[Any, Any, Any]) -> None:
+    def __init__(self, settings: OtelSettings, *, engine: TracedEngine) -> None:
         try:
             from opentelemetry import context as otel_context
             from opentelemetry import trace

@@ -3,7 +3,7 @@
 A model adapter turns one provider-neutral :class:`~qitos.core.request_view.RequestView` into a
 :class:`ModelResponse` (text, native tool calls, token usage, finish reason, raw provider data).
 It has exactly one required method, :meth:`ModelAdapter.complete`; ``acomplete`` is its async twin
-and by default runs ``complete`` in a worker thread.
+(awaited by the engine's async driver) and by default runs ``complete`` in a worker thread.
 
 Capacity is *declared*: ``max_input_units`` and ``unit`` ("characters" or "tokens") come from the
 adapter class or its constructor, never from a guess based on the model's name.
@@ -305,8 +305,12 @@ class ModelAdapter(abc.ABC):
         """Answer one request. Stream text to ``on_delta`` when given and supported."""
 
     async def acomplete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
-        """Async twin of :meth:`complete`. The default runs ``complete`` in a worker thread, so
-        ``on_delta`` and event listeners are then called from that thread."""
+        """Async twin of :meth:`complete`; the engine's async driver (``AsyncEngine.arun``,
+        ``Session.arun``) awaits it. Override it when the adapter can wait natively (the
+        OpenAI-compatible adapter does, over httpx), so many requests wait on one event loop. The
+        default runs ``complete`` in a worker thread of the loop's default executor, so ``on_delta``
+        and event listeners are then called from that thread (the engine hands them back to its
+        event loop, in order)."""
         return await asyncio.to_thread(self.complete, view, on_delta=on_delta)
 
     # ---- events

@@ -4,19 +4,23 @@ A plain run uses ``RunJournal`` itself, which keeps nothing. A durable session
 (``qitos.engine.session_runtime``) subclasses it to persist every boundary and, inside a step, the
 decision and each tool call's intent and result *before* moving on (LangGraph's "pending writes"),
 so a crash never loses a committed step and never silently repeats a side effect.
+
+Every operation that may touch the store has an async twin (``acontrol``, ``arecord_decision``,
+``arecord_tool_started``, ``arecord_tool_result``, ``acommit``, ``aclose``) that the engine's async
+driver awaits; a durable journal builds both over one I/O-free preparation. ``drain_committed``
+hands the engine the step records whose boundaries became durable, so the trace shows only what
+the store holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qitos.core.decision import Action
+from qitos.core.state import StateSchema
 from qitos.core.tool import ToolResult
-
-if TYPE_CHECKING:
-    from qitos.core.state import StateSchema
 
 __all__ = ["Approval", "BoundaryCommit", "ControlBatch", "PendingStep", "ResumePoint", "RunJournal", "SteeringItem"]
 
@@ -40,12 +44,17 @@ class Approval:
 
 @dataclass(frozen=True)
 class ControlBatch:
-    """Control items not yet consumed: a pause request, steering texts, approvals."""
+    """Control items not yet consumed: a pause request, steering texts, approvals.
+
+    ``last_position`` is the cursor to record once ``steering`` has been delivered;
+    ``pause_position`` the position of the latest pause request (consumed by the stop it causes).
+    """
 
     pause_requested: bool = False
     steering: tuple[SteeringItem, ...] = ()
     approvals: Mapping[str, Approval] = field(default_factory=dict)
     last_position: int = 0
+    pause_position: int = 0
 
 
 @dataclass
@@ -118,6 +127,7 @@ class BoundaryCommit:
     pending: PendingStep | None = None
     record: Any = None
     request_view: Any = None
+    pause_position: int = 0
     # Where the exchange log stood at this boundary; a durable journal fills them in when the
     # boundary is handed to it, so a boundary written later (batched) never takes newer entries.
     log_position: int | None = None
@@ -136,17 +146,48 @@ class RunJournal:
     def record_decision(self, pending: PendingStep) -> None:
         """Persist a step's decision (and what decide appended) before any tool runs."""
 
-    def record_tool_started(self, step_id: int, action: Action) -> None:
-        """Persist the intent to run ``action`` before it runs."""
+    def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        """Persist the intent to run ``action`` before it runs (a durable journal may skip the start
+        of an ``idempotent`` call: a restore runs such a call again anyway)."""
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        """Persist a tool result as soon as it arrives."""
+        """Hand over a tool result; a durable journal writes it with the step's next durable write."""
 
     def commit(self, boundary: BoundaryCommit) -> None:
         """Make a boundary durable (a step's end, a pause, or the run's end)."""
 
     def close(self) -> None:
         """Flush anything buffered (batched durability)."""
+
+    def drain_committed(self) -> list[Any]:
+        """The step records of boundaries made durable since the last call (none here)."""
+        return []
+
+    # ---- async twins (the async driver awaits these; here they do what the sync ones do)
+
+    async def acontrol(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        """Async twin of :meth:`control`."""
+        return self.control(step_id, fresh=fresh)
+
+    async def arecord_decision(self, pending: PendingStep) -> None:
+        """Async twin of :meth:`record_decision`."""
+        self.record_decision(pending)
+
+    async def arecord_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        """Async twin of :meth:`record_tool_started`."""
+        self.record_tool_started(step_id, action, idempotent=idempotent)
+
+    async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
+        """Async twin of :meth:`record_tool_result`."""
+        self.record_tool_result(step_id, result)
+
+    async def acommit(self, boundary: BoundaryCommit) -> None:
+        """Async twin of :meth:`commit`."""
+        self.commit(boundary)
+
+    async def aclose(self) -> None:
+        """Async twin of :meth:`close`."""
+        self.close()
 
 
 _NO_CONTROL = ControlBatch()

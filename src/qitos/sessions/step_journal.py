@@ -9,7 +9,8 @@ Snapshot payload (format 2), JSON::
                                                   since the parent
     log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
              chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
-    budget_used, control_position                 counters and consumed control items
+    budget_used, control_position                 counters and the control cursor (items delivered)
+    pause_position                                the last pause request honoured (when there is one)
     pending                                       a step that paused midway (decision, calls done)
     request_view                                  blob id of the last RequestView sent
     step                                          what this boundary's step did (for the work graph)
@@ -38,11 +39,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qitos.checkpoint.packing import pack_or_raw, unpack
-from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core.decision import Action
 from qitos.core.errors import CheckpointError, IntegrityError, SnapshotIntegrityError
@@ -102,6 +103,11 @@ class RestoredSession:
         """Control items consumed so far (including by an unfinished step)."""
         position = int(self.snapshot.payload.get("control_position", 0))
         return max(position, self.pending.control_position) if self.pending else position
+
+    @property
+    def pause_position(self) -> int:
+        """The position of the last pause request a run stopped for (0: none)."""
+        return int(self.snapshot.payload.get("pause_position", 0))
 
 
 def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
@@ -333,12 +339,17 @@ class SessionJournal(RunJournal):
         self._request_view_id: str | None = restored.request_view
         self._request_view_obj: Any = None
         self._consumed = restored.control_position
+        self._pause_handled = restored.pause_position
+        self._committed: list[Any] = []  # step records of boundaries made durable, for the trace
         self._fetched = 0
         self._pause_positions: list[int] = []
         self._steering: list[SteeringItem] = []
         self._approvals: dict[str, Approval] = {}
         self._buffer: list[BoundaryCommit] = []
-        self._unwritten: list[StepWrite] = []  # a decision written with its first tool call's start
+        # Writes that ride with the step's next durable write: a decision made without a model, and
+        # the results of finished calls.
+        self._unwritten: list[StepWrite] = []
+        self._started_ids: set[str] = set()  # this step's calls whose start was written
         self._buffer_since = time.monotonic()
         self._failure: CheckpointError | None = None
         self.commits = 0
@@ -346,23 +357,38 @@ class SessionJournal(RunJournal):
     # ---- control items
 
     def control(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        if self._poll_due(fresh):
+            self._take_control(self.store.list_control(self.session_id, after=self._fetched))
+        return self._control_batch()
+
+    async def acontrol(self, step_id: int, *, fresh: bool = False) -> ControlBatch:
+        if self._poll_due(fresh):
+            self._take_control(await self.store.alist_control(self.session_id, after=self._fetched))
+        return self._control_batch()
+
+    def _poll_due(self, fresh: bool) -> bool:
         now = time.monotonic()
         if fresh or now - self._last_poll >= self.poll_interval:
-            self._poll()
             self._last_poll = now
+            return True
+        return False
+
+    def _control_batch(self) -> ControlBatch:
         steering = tuple(s for s in self._steering if s.position > self._consumed)
-        pause = any(p > self._consumed for p in self._pause_positions)
-        if not steering and not pause and not self._approvals:
+        handled = max(self._consumed, self._pause_handled)
+        pauses = [p for p in self._pause_positions if p > handled]
+        if not steering and not pauses and not self._approvals:
             return ControlBatch(last_position=self._consumed)
         return ControlBatch(
-            pause_requested=pause,
+            pause_requested=bool(pauses),
             steering=steering,
             approvals=dict(self._approvals),
             last_position=self._fetched,
+            pause_position=max(pauses, default=0),
         )
 
-    def _poll(self) -> None:
-        for item in self.store.list_control(self.session_id, after=self._fetched):
+    def _take_control(self, items: list[ControlItem]) -> None:
+        for item in items:
             self._fetched = max(self._fetched, item.position)
             if item.kind in APPROVAL_KINDS:
                 call_id = str(item.payload.get("call_id"))
@@ -378,24 +404,64 @@ class SessionJournal(RunJournal):
     # ---- pending writes inside a step
 
     def record_decision(self, pending: PendingStep) -> None:
-        if not pending.decision.get("actions") and pending.model is None:
-            return  # nothing to protect: re-deciding without a model or tools is free and has no effects
+        if not _worth_writing(pending):
+            return
         self._flush_inside_step()
+        write = self._decision_write(pending, self._token())
+        if write is not None:
+            self._put([write])
+
+    async def arecord_decision(self, pending: PendingStep) -> None:
+        if not _worth_writing(pending):
+            return
+        await self._aflush_inside_step()
+        write = self._decision_write(pending, await self._atoken())
+        if write is not None:
+            await self._aput([write])
+
+    def _decision_write(self, pending: PendingStep, token: int | None) -> StepWrite | None:
+        """The decision's pending write to make now, or None when it waits for the first tool call."""
         payload = pending.to_dict()
         payload["started"], payload["results"] = [], {}
-        write = self._step_write(pending.step_id, "decision", "decision", payload)
+        write = self._step_write(pending.step_id, "decision", "decision", payload, token)
         if pending.model is None:
             # Deciding again without a model costs nothing, so this decision becomes durable in the
             # same transaction as its first tool call's start (still before any tool runs). A step
             # that stops before a tool runs commits its boundary with the decision as pending.
-            self._unwritten = [write]
-        else:
-            self._put([write])  # a model's output is expensive to get again: durable at once
+            self._unwritten.append(write)
+            return None
+        return write  # a model's output is expensive to get again: durable at once
 
-    def record_tool_started(self, step_id: int, action: Action) -> None:
-        stored = self._put(
-            [self._step_write(step_id, "tool_started", action.id, {"name": action.name, "args": dict(action.args)})]
-        )
+    def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            # No start to record (a restore runs an interrupted idempotent call again), but earlier
+            # calls' results are made durable before another call runs.
+            if self._waiting_results():
+                self._put([], token=self._token())
+            return
+        stored = self._put([self._started_write(step_id, action, self._token())])
+        self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
+
+    async def arecord_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
+        if idempotent:
+            if self._waiting_results():
+                await self._aput([], token=await self._atoken())
+            return
+        stored = await self._aput([self._started_write(step_id, action, await self._atoken())])
+        self._check_started(stored, step_id, action)
+        self._started_ids.add(action.id)
+
+    def _waiting_results(self) -> bool:
+        """Whether a finished non-idempotent call's result still waits (an idempotent one's need
+        not: a restore runs that call again)."""
+        return any(w.kind == "tool_result" and w.key in self._started_ids for w in self._unwritten)
+
+    def _started_write(self, step_id: int, action: Action, token: int | None) -> StepWrite:
+        payload = {"name": action.name, "args": dict(action.args)}
+        return self._step_write(step_id, "tool_started", action.id, payload, token)
+
+    def _check_started(self, stored: list[bool], step_id: int, action: Action) -> None:
         if not stored[-1] and action.id not in self._restored_started:
             # First write wins: this call's start is already recorded but not by an attempt this
             # run restored (which re-runs only idempotent calls), so another runner may be running
@@ -406,13 +472,21 @@ class SessionJournal(RunJournal):
             )
 
     def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        self._put([self._step_write(step_id, "tool_result", result.call_id, result.to_dict())])
+        # The result rides with the step's next write: before the next call starts, or, for the
+        # step's last call, the boundary (which holds the whole outcome). See "Crash safety" in
+        # qitos.engine.session_runtime.
+        self._unwritten.append(self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), None))
+
+    async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
+        self.record_tool_result(step_id, result)
 
     def _clean(self, value: Any) -> Any:
         """``value`` as it may be stored: redacted (see the module docstring)."""
         return self.redactor.redact_value(value)
 
-    def _step_write(self, step_id: int, kind: str, key: str, payload: Mapping[str, Any]) -> StepWrite:
+    def _step_write(
+        self, step_id: int, kind: str, key: str, payload: Mapping[str, Any], token: int | None
+    ) -> StepWrite:
         return StepWrite(
             session_id=self.session_id,
             base_snapshot_id=self._head_id,
@@ -420,7 +494,7 @@ class SessionJournal(RunJournal):
             kind=kind,
             key=key,
             payload=self._clean(payload),
-            lease_token=self._token(),
+            lease_token=token,
         )
 
     def _token(self) -> int | None:
@@ -430,27 +504,57 @@ class SessionJournal(RunJournal):
         self.lease.check()
         return self.lease.token
 
-    def _put(self, writes: list[StepWrite]) -> list[bool]:
-        """Persist ``writes`` in one transaction, after a decision still waiting to be written."""
+    async def _atoken(self) -> int | None:
+        """Async twin of :meth:`_token`."""
+        if self.lease is None:
+            return None
+        await self.lease.acheck()
+        return self.lease.token
+
+    def _put(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
+        """Persist ``writes`` in one transaction, after the step's writes still waiting."""
+        return self.store.put_writes(self._with_unwritten(writes, token))
+
+    async def _aput(self, writes: list[StepWrite], *, token: int | None = None) -> list[bool]:
+        """Async twin of :meth:`_put`."""
+        return await self.store.aput_writes(self._with_unwritten(writes, token))
+
+    def _with_unwritten(self, writes: list[StepWrite], token: int | None) -> list[StepWrite]:
+        """``writes`` after the step's writes still waiting (its decision, finished calls' results),
+        all under the fencing token of ``writes`` (or ``token`` when there are none)."""
         self._raise_if_failed()
         if self._unwritten:
-            writes = [*self._unwritten, *writes]
+            fence = writes[-1].lease_token if writes else token
+            waiting = [w if w.lease_token == fence else replace(w, lease_token=fence) for w in self._unwritten]
+            writes = [*waiting, *writes]
             self._unwritten = []
-        return self.store.put_writes(writes)
+        return writes
 
     # ---- boundaries
 
     def commit(self, boundary: BoundaryCommit) -> None:
+        ready = self._accept(boundary)
+        if ready:
+            self._commit_now(ready)
+
+    async def acommit(self, boundary: BoundaryCommit) -> None:
+        ready = self._accept(boundary)
+        if ready:
+            await self._acommit_now(ready)
+
+    def _accept(self, boundary: BoundaryCommit) -> list[BoundaryCommit]:
+        """Take a boundary in; the boundaries to commit now (empty while a batch fills)."""
         self._raise_if_failed()
         # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
         self._unwritten = []
+        self._started_ids = set()
         self._consumed = max(self._consumed, boundary.control_position)
+        self._pause_handled = max(self._pause_handled, boundary.pause_position)
         log = boundary.log
         if log is not None and boundary.log_position is None:
             boundary.log_position, boundary.log_digest = log.position, log.digest
         if self.mode == "sync":
-            self._commit_now([boundary])
-            return
+            return [boundary]
         self._buffer.append(boundary)
         elapsed_ms = (time.monotonic() - self._buffer_since) * 1000.0
         if (
@@ -459,10 +563,18 @@ class SessionJournal(RunJournal):
             or len(self._buffer) >= self.batch_steps
             or elapsed_ms >= self.batch_ms
         ):
-            self._flush()
+            return self._take_buffer()
+        return []
 
     def close(self) -> None:
         self._flush()
+
+    async def aclose(self) -> None:
+        await self._aflush()
+
+    def drain_committed(self) -> list[Any]:
+        committed, self._committed = self._committed, []
+        return committed
 
     def _flush_inside_step(self) -> None:
         """Write buffered boundaries from within a step (before its decision is recorded).
@@ -470,10 +582,15 @@ class SessionJournal(RunJournal):
         The step has already changed the live state, so the flush writes deltas only (each
         boundary carries its own changes), never a base made from the state as it is now.
         """
-        if self._buffer:
-            buffered, self._buffer = self._buffer, []
+        buffered = self._take_buffer()
+        if buffered:
             self._commit_now(buffered, base_allowed=False)
-        self._buffer_since = time.monotonic()
+
+    async def _aflush_inside_step(self) -> None:
+        """Async twin of :meth:`_flush_inside_step`."""
+        buffered = self._take_buffer()
+        if buffered:
+            await self._acommit_now(buffered, base_allowed=False)
 
     @property
     def head_id(self) -> str:
@@ -486,16 +603,46 @@ class SessionJournal(RunJournal):
         return len(self._buffer)
 
     def _flush(self) -> None:
-        if self._buffer:
-            buffered, self._buffer = self._buffer, []
+        buffered = self._take_buffer()
+        if buffered:
             self._commit_now(buffered)
+
+    async def _aflush(self) -> None:
+        buffered = self._take_buffer()
+        if buffered:
+            await self._acommit_now(buffered)
+
+    def _take_buffer(self) -> list[BoundaryCommit]:
+        buffered, self._buffer = self._buffer, []
         self._buffer_since = time.monotonic()
+        return buffered
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
 
     def _commit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
+        prepared = self._prepare_commit(boundaries, self._token(), base_allowed=base_allowed)
+        try:
+            self.store.commit_session_snapshot(prepared.request)
+        except CheckpointError as exc:
+            self._failure = exc
+            raise
+        self._committed_now(prepared)
+
+    async def _acommit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
+        prepared = self._prepare_commit(boundaries, await self._atoken(), base_allowed=base_allowed)
+        try:
+            await self.store.acommit_session_snapshot(prepared.request)
+        except CheckpointError as exc:
+            self._failure = exc
+            raise
+        self._committed_now(prepared)
+
+    def _prepare_commit(
+        self, boundaries: list[BoundaryCommit], token: int | None, *, base_allowed: bool = True
+    ) -> _PreparedCommit:
+        """Build the snapshot commit for ``boundaries`` (no I/O; shared by the sync and async paths)."""
         last = boundaries[-1]
         delta: list[dict[str, Any]] = []
         for boundary in boundaries:
@@ -512,6 +659,8 @@ class SessionJournal(RunJournal):
             "budget_used": {"tokens": used.get("tokens", 0), "elapsed_seconds": used.get("elapsed_seconds", 0.0)},
             "control_position": self._consumed,
         }
+        if self._pause_handled:
+            payload["pause_position"] = self._pause_handled
         if not self._run_recorded:
             payload["run_id"] = self.run_id
             if self.trace_context is not None:
@@ -582,13 +731,20 @@ class SessionJournal(RunJournal):
             snapshot=snapshot,
             lifecycle=last.lifecycle,
             blobs=blobs,
-            lease_token=self._token(),
+            lease_token=token,
         )
-        try:
-            self.store.commit_session_snapshot(commit)
-        except CheckpointError as exc:
-            self._failure = exc
-            raise
+        return _PreparedCommit(commit, boundaries, full, chunks, chunk, position)
+
+    def _committed_now(self, prepared: _PreparedCommit) -> None:
+        """Move the journal past a commit the store accepted."""
+        snapshot, full, chunks, chunk, position = (
+            prepared.request.snapshot,
+            prepared.full,
+            prepared.chunks,
+            prepared.chunk,
+            prepared.log_position,
+        )
+        boundaries = prepared.boundaries
         self._head_id = snapshot.snapshot_id
         self._sequence = snapshot.sequence
         self._run_recorded = True
@@ -601,6 +757,7 @@ class SessionJournal(RunJournal):
         else:
             self._delta_bytes += written
             self._deltas += 1
+        self._committed.extend(b.record for b in boundaries if b.record is not None)
         if chunk:
             self._log_chunks.append(chunk)
         self._log_position = position
@@ -635,6 +792,23 @@ class SessionJournal(RunJournal):
         if chunks:
             part["chunks"] = {name: [ref.to_list() for ref in refs] for name, refs in chunks.items()}
         return part, chunks
+
+
+@dataclass(frozen=True)
+class _PreparedCommit:
+    """A snapshot commit built by ``_prepare_commit`` and what the journal needs once it is stored."""
+
+    request: SessionSnapshotCommit
+    boundaries: list[BoundaryCommit]
+    full: bool
+    chunks: dict[str, list[ChunkRef]]
+    chunk: str | None
+    log_position: int
+
+
+def _worth_writing(pending: PendingStep) -> bool:
+    """False for a decision with no model and no tool call: re-deciding it is free and has no effects."""
+    return bool(pending.decision.get("actions")) or pending.model is not None
 
 
 def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:

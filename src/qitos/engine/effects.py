@@ -1,0 +1,208 @@
+"""Effects: what the I/O-free loop asks its driver to do, and how each driver does it.
+
+The canonical loop (``qitos.engine.engine``) is a generator. Where it needs the outside world it
+yields one effect and receives the effect's result (or has the effect's exception thrown in at the
+same point). Each effect knows how to perform itself both ways:
+
+- ``perform()``: the synchronous driver calls it in the calling thread;
+- ``aperform(services)``: the async driver awaits it on the event loop, with ``services`` giving
+  the bounded executor for blocking work and thread-safe callbacks.
+
+The effects:
+
+``BOUNDARY``       a step boundary: nothing for the sync driver; the async driver applies
+                   backpressure to a slow stream consumer there and lets other runs proceed.
+``ModelCall``      one model request (``complete`` / awaited ``acomplete``), with the stream
+                   callback and the adapter-event listener the model path wants.
+``ToolCall``       one tool call through the registry (``call`` / ``acall``).
+``JournalCall``    one journal operation that may touch the store (``op`` / awaited ``a<op>``).
+``BlockingCall``   any other blocking function (an Env's ``reset``/``step``): called directly, or
+                   run in the bounded executor.
+
+A driver must not keep an effect after it has sent the effect's result back: the loop refills one
+``ToolCall`` per run for its plain tool calls, so a step allocates no effect object.
+
+Hooks, ``decide``, ``reduce`` and critics are the agent's own synchronous code and run inline in
+both drivers (keep them free of long blocking I/O when running many sessions at once).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, Protocol, TypeVar
+
+from qitos.core.tool import ToolRegistry
+
+__all__ = [
+    "BOUNDARY",
+    "AsyncServices",
+    "BlockingCall",
+    "Effect",
+    "JournalCall",
+    "Loop",
+    "ModelCall",
+    "ToolCall",
+]
+
+_T = TypeVar("_T")
+
+
+class AsyncServices(Protocol):
+    """What the async driver offers to effects it awaits."""
+
+    @property
+    def executor(self) -> concurrent.futures.Executor:
+        """The bounded executor for sync tools and other blocking calls."""
+        ...
+
+    def threadsafe(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """``callback`` made safe to call from a worker thread (it then runs on the event loop)."""
+        ...
+
+    async def run_blocking(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run a blocking call in the executor and await its result."""
+        ...
+
+    async def checkpoint(self) -> None:
+        """A boundary: wait for a slow stream consumer, and give other tasks a turn now and then."""
+        ...
+
+
+class Effect:
+    """Base of every effect (see the module docstring)."""
+
+    __slots__ = ()
+    # True for store operations: the async driver lets one finish even when the run is cancelled
+    # while it is in flight, so the journal never loses track of what the store holds.
+    completes_on_cancel = False
+
+    def perform(self) -> Any:
+        """Do it in the calling thread (the sync driver)."""
+        raise NotImplementedError
+
+    async def aperform(self, services: AsyncServices) -> Any:
+        """Do it on the event loop (the async driver)."""
+        raise NotImplementedError
+
+
+class _Boundary(Effect):
+    __slots__ = ()
+
+    def perform(self) -> None:
+        return None
+
+    async def aperform(self, services: AsyncServices) -> None:
+        await services.checkpoint()
+
+
+BOUNDARY: Effect = _Boundary()
+"""The one boundary effect (yielded at the start of every step boundary)."""
+
+
+class ModelCall(Effect):
+    """One model request: ``model.complete(view, on_delta=...)`` or its awaited ``acomplete``."""
+
+    __slots__ = ("listener", "model", "on_delta", "view")
+
+    def __init__(
+        self,
+        model: Any,
+        view: Any,
+        *,
+        on_delta: Callable[[str], None] | None = None,
+        listener: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.view = view
+        self.on_delta = on_delta
+        self.listener = listener
+
+    def perform(self) -> Any:
+        unsubscribe = self._subscribe(self.listener)
+        try:
+            return self.model.complete(self.view, on_delta=self.on_delta)
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
+
+    async def aperform(self, services: AsyncServices) -> Any:
+        on_delta = services.threadsafe(self.on_delta) if self.on_delta is not None else None
+        listener = services.threadsafe(self.listener) if self.listener is not None else None
+        unsubscribe = self._subscribe(listener)
+        try:
+            acomplete = getattr(self.model, "acomplete", None)
+            if acomplete is None:
+                return await services.run_blocking(self.model.complete, self.view, on_delta=on_delta)
+            return await acomplete(self.view, on_delta=on_delta)
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
+
+    def _subscribe(self, listener: Callable[[str, dict[str, Any]], None] | None) -> Callable[[], None] | None:
+        subscribe = getattr(self.model, "subscribe", None)
+        if listener is None or subscribe is None:
+            return None
+        result: Callable[[], None] = subscribe(listener)
+        return result
+
+
+class ToolCall(Effect):
+    """One tool call through the registry (never raises for the tool's own failure)."""
+
+    __slots__ = ("args", "call_id", "name", "registry")
+
+    def __init__(self, registry: ToolRegistry, name: str, args: Any, call_id: str) -> None:
+        self.registry = registry
+        self.name = name
+        self.args = args
+        self.call_id = call_id
+
+    def perform(self) -> Any:
+        return self.registry.call(self.name, self.args, call_id=self.call_id)
+
+    async def aperform(self, services: AsyncServices) -> Any:
+        return await self.registry.acall(self.name, self.args, call_id=self.call_id, executor=services.executor)
+
+
+class JournalCall(Effect):
+    """One journal operation: ``journal.<op>(*args, **kwargs)`` or ``await journal.a<op>(...)``."""
+
+    __slots__ = ("args", "journal", "kwargs", "op")
+    completes_on_cancel = True
+
+    def __init__(
+        self, journal: Any, op: str, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> None:
+        self.journal = journal
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+
+    def perform(self) -> Any:
+        method = getattr(self.journal, self.op)
+        return method(*self.args, **self.kwargs) if self.kwargs else method(*self.args)
+
+    async def aperform(self, services: AsyncServices) -> Any:
+        method = getattr(self.journal, "a" + self.op)
+        return await (method(*self.args, **self.kwargs) if self.kwargs else method(*self.args))
+
+
+class BlockingCall(Effect):
+    """Any other blocking call: made directly by the sync driver, in the executor by the async one."""
+
+    __slots__ = ("args", "fn")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn = fn
+        self.args = args
+
+    def perform(self) -> Any:
+        return self.fn(*self.args)
+
+    async def aperform(self, services: AsyncServices) -> Any:
+        return await services.run_blocking(self.fn, *self.args)
+
+
+Loop = Generator[Effect, Any, _T]
+"""A piece of the loop: yields effects, receives their results, returns ``_T``."""

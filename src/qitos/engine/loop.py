@@ -1,0 +1,1106 @@
+"""``EngineLoop``: the one canonical decide -> act -> reduce loop (``Engine`` adds sessions to it).
+
+Every entry point runs this loop: ``AgentModule.run``, ``Engine.run``, ``AsyncEngine.arun`` /
+``arun_stream`` and ``Session.run`` / ``Session.arun`` (with a durable journal). The loop is written
+once, free of I/O: it is a generator (``EngineLoop._execute``) that yields an effect whenever it needs the
+model, a tool, the store or an environment (``qitos.engine.effects``), and one of two drivers
+(``qitos.engine.drivers``) performs them: :func:`~qitos.engine.drivers.drive` in the calling thread
+for ``run``, :class:`~qitos.engine.drivers.AsyncDriver` on an event loop for ``arun``. Per step:
+
+1. boundary: cancellation, pause requests and the LifecyclePolicy, steering intake, budgets;
+2. DECIDE: the agent's ``decide`` hook, or the model path when it returns None;
+3. branch resolution by the BranchSelector;
+4. ACT: tool calls through the ToolRegistry (or the Env); failures become observations;
+5. REDUCE: ``agent.reduce(state, observation, decision)``;
+6. CRITICS and CHECK_STOP;
+7. COMMIT: the step record, the state diff, the journal boundary, events.
+
+Steering is taken in at a boundary only when the step goes on to DECIDE, and counts as consumed
+(the control cursor moves past it) only once it has been handed to ``decide`` / the exchange log: a
+boundary that stops (pause request, lifecycle pause, budget) leaves it for the next run. A pause
+request is consumed by the stop it causes (``pause_position``), independently of the cursor.
+
+The trace is a projection of what was committed: a step's record goes to ``steps.jsonl`` after its
+boundary is durable (for a durable journal: when the journal reports it flushed), never before.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar
+
+from qitos.core.agent_module import AgentModule
+from qitos.core.decision import Action, Decision, Observation
+from qitos.core.errors import ConfigurationError, ContextError, UsageError
+from qitos.core.identity import RunIdentity
+from qitos.core.redaction import Redactor, model_credentials
+from qitos.core.state import StateSchema, StopReason
+from qitos.core.task import Env, Task, TaskResult
+from qitos.core.tool import ToolResult
+from qitos.engine.drivers import AsyncDriver, Backpressure, drive
+from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, ToolCall
+from qitos.engine.event_redaction import redact_event, redacting_sink
+from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
+from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
+from qitos.engine.model_path import ModelContext, ModelPath
+from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
+from qitos.engine.run_context import RunContext, StopRun
+from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+from qitos.engine.telemetry import OtelOption, otel_hook
+from qitos.models.function import as_model
+from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
+from qitos.trace.writer import TraceWriter
+
+__all__ = ["DEFAULT_TOOL_WORKERS", "EngineLoop", "status_for_stop_reason"]
+
+StateT = TypeVar("StateT", bound=StateSchema)
+ObservationT = TypeVar("ObservationT")
+ActionT = TypeVar("ActionT")
+
+E = EngineEventType
+P = RuntimePhase
+_now = time.time
+# The per-step events are built with tuple.__new__ (EngineEvent is an immutable NamedTuple): the
+# same object as EngineEvent(...), without a Python-level call, six times per step.
+_fast_event = tuple.__new__
+
+DEFAULT_TOOL_WORKERS = 8
+"""Size of the process-wide executor that runs sync tools for async runs given no executor of their own."""
+
+_COMPLETED = frozenset({StopReason.FINAL, StopReason.AGENT_STOP, StopReason.ENV_TERMINAL})
+_FAILED = frozenset(
+    {StopReason.UNRECOVERABLE_ERROR, StopReason.TASK_VALIDATION_FAILED, StopReason.CONTEXT_BUDGET_EXCEEDED}
+)
+_RESUMABLE = frozenset(
+    {
+        StopReason.PAUSED,
+        StopReason.AWAITING_APPROVAL,
+        StopReason.CANCELLED,
+        StopReason.CANCELLED_IMMEDIATE,
+        StopReason.BUDGET_TIME,
+        StopReason.BUDGET_TOKENS,
+        StopReason.BUDGET_STEPS,
+        StopReason.MAX_STEPS_REACHED,
+        StopReason.UNRECOVERABLE_ERROR,
+    }
+)
+
+
+def status_for_stop_reason(reason: str | None) -> str:
+    """The manifest/task status for a stop reason: ``completed``, ``stopped`` or ``failed``."""
+    if reason in _COMPLETED:
+        return "completed"
+    if reason in _FAILED:
+        return "failed"
+    return "stopped"
+
+
+class EngineLoop(Generic[StateT, ObservationT, ActionT]):
+    """Runs an AgentModule through the canonical loop (``qitos.engine.engine.Engine`` is the public class).
+
+    Args:
+        agent: the agent to run.
+        budget: default limits (a Task's TaskBudget overrides each field it sets).
+        parser: a text protocol parser for model output (defaults to ``agent.model_parser``).
+        stop_criteria: extra StopCriteria (FinalResultCriteria always applies).
+        critics: Critics consulted after each REDUCE.
+        env: an Env that executes actions instead of the ToolRegistry.
+        history_policy: reserved for history adapters; stored as given.
+        trace_writer: a TraceWriter; or pass ``trace_logdir`` to create one.
+        hooks: EngineHooks.
+        search: the BranchSelector for ``branch`` decisions (default: first candidate).
+        model: the model adapter (defaults to ``agent.llm``); a plain function ``messages -> text``
+            is wrapped as a ``FunctionModel``, anything else raises ConfigurationError.
+        lifecycle: a LifecyclePolicy consulted at every boundary and before each tool call.
+        context: model-path settings (contributors, budget policy, compactor); see ``qitos.engine.model_path``.
+        checkpoint_store: the store used by ``Engine.session``.
+        max_critic_retries: how often one step may be retried on a critic's request.
+        otel: OpenTelemetry spans: ``True`` (the global tracer provider), a TracerProvider, or
+            ``OtelSettings``; off when None/False (see ``qitos.engine.telemetry``).
+        tool_workers: size of this engine's own executor for sync tools and other blocking calls
+            made by async runs (``arun``); None: ``tool_executor``, else a process-wide executor of
+            ``DEFAULT_TOOL_WORKERS`` threads shared by all engines.
+        tool_executor: an executor to use for that instead (shared with other engines, say).
+    """
+
+    def __init__(
+        self,
+        agent: AgentModule[StateT, ObservationT, ActionT],
+        *,
+        budget: RuntimeBudget | None = None,
+        parser: Any = None,
+        stop_criteria: Iterable[Any] | None = None,
+        critics: Iterable[Critic] | None = None,
+        env: Env | None = None,
+        history_policy: Any = None,
+        trace_writer: TraceWriter | None = None,
+        hooks: Iterable[Any] | None = None,
+        search: BranchSelector | None = None,
+        model: Any = None,
+        lifecycle: LifecyclePolicy | None = None,
+        context: Any = None,
+        checkpoint_store: Any = None,
+        trace_logdir: str | None = None,
+        trace_prefix: str | None = None,
+        max_critic_retries: int = 2,
+        otel: OtelOption = None,
+        tool_workers: int | None = None,
+        tool_executor: concurrent.futures.Executor | None = None,
+    ) -> None:
+        if not isinstance(agent, AgentModule):
+            raise ConfigurationError(f"Engine needs an AgentModule, got {type(agent).__name__}")
+        self.agent = agent
+        self.budget = budget or RuntimeBudget()
+        self.parser = parser if parser is not None else agent.model_parser
+        self.stop_criteria = [FinalResultCriteria(), *(stop_criteria or [])]
+        # FinalResultCriteria is checked inline on the hot path; these are the others.
+        self._extra_stop_criteria = [c for c in self.stop_criteria if not isinstance(c, FinalResultCriteria)]
+        self.critics = list(critics or [])
+        self.env = env
+        self.history_policy = history_policy
+        self.trace_writer = trace_writer
+        self.trace_logdir = trace_logdir
+        self.trace_prefix = trace_prefix
+        self.hooks = list(hooks or [])
+        self.search: BranchSelector = search or FirstCandidateSelector()
+        self.model = as_model(model if model is not None else agent.llm)  # a plain callable -> FunctionModel
+        self.lifecycle = lifecycle
+        self.context = context
+        self.checkpoint_store = checkpoint_store
+        self.max_critic_retries = max_critic_retries
+        if tool_workers is not None and (isinstance(tool_workers, bool) or tool_workers < 1):
+            raise ConfigurationError(f"tool_workers must be a positive int, got {tool_workers!r}")
+        if tool_workers is not None and tool_executor is not None:
+            raise ConfigurationError("pass tool_workers or tool_executor, not both")
+        self.tool_workers = tool_workers
+        self._tool_executor = tool_executor
+        # The runs in progress (several at once under arun); cancel() reaches each of them.
+        self._active: set[RunContext] = set()
+        telemetry = otel_hook(otel, engine=self)
+        if telemetry is not None:
+            self.hooks.append(telemetry)
+        self.model_content_events = any(getattr(h, "wants_model_content", False) for h in self.hooks)
+        self._hook_table = self._build_hook_table()
+        self._event_listeners = [h for h in self.hooks if _overrides(h, "on_event")]
+        # Streaming (model_delta events) only for listeners that want it: tracing must not change requests.
+        self._delta_listeners = [h for h in self._event_listeners if getattr(h, "wants_model_deltas", True)]
+        self._model_path: ModelPath | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def cancel(self, *, immediate: bool = False) -> None:
+        """Stop the runs in progress: after the current step (``cancelled``), or as soon as the
+        current phase ends without committing the step (``immediate=True``, ``cancelled_immediate``).
+
+        To stop one run among several ``arun`` calls, cancel the task awaiting it instead.
+        """
+        for run in list(self._active):
+            run.request_cancel(immediate=immediate)
+
+    @property
+    def tool_executor(self) -> concurrent.futures.Executor:
+        """The bounded executor async runs use for sync tools and other blocking calls."""
+        executor = self._tool_executor
+        if executor is None:
+            if self.tool_workers is None:
+                return _shared_executor()
+            executor = self._tool_executor = concurrent.futures.ThreadPoolExecutor(
+                self.tool_workers, thread_name_prefix="qitos-tool"
+            )
+        return executor
+
+    def run(
+        self,
+        task: str | Task,
+        *,
+        workspace: str | None = None,
+        max_steps: int | None = None,
+        journal: RunJournal | None = None,
+        resume: ResumePoint | None = None,
+        run_id: str | None = None,
+        on_event: Callable[[EngineEvent], None] | None = None,
+        **state_kwargs: Any,
+    ) -> EngineResult[StateT]:
+        """Run ``task`` to a stop and return the EngineResult.
+
+        ``journal``/``resume`` are how durable sessions drive the loop; ``on_event`` receives each
+        event as it is emitted. Effects are performed in the calling thread (the sync driver).
+        """
+        return drive(
+            self._execute(
+                Task.coerce(task),
+                workspace=workspace,
+                max_steps=max_steps,
+                journal=journal or RunJournal(),
+                resume=resume,
+                run_id=run_id or RunIdentity.new().value,
+                on_event=on_event,
+                state_kwargs=state_kwargs,
+            )
+        )
+
+    async def arun(
+        self,
+        task: str | Task,
+        *,
+        workspace: str | None = None,
+        max_steps: int | None = None,
+        journal: RunJournal | None = None,
+        resume: ResumePoint | None = None,
+        run_id: str | None = None,
+        on_event: Callable[[EngineEvent], None] | None = None,
+        backpressure: Backpressure | None = None,
+        **state_kwargs: Any,
+    ) -> EngineResult[StateT]:
+        """``run`` through the async driver, on the running event loop (see ``qitos.engine.drivers``).
+
+        ``backpressure``: a bounded event consumer the run waits for at its boundaries (used by
+        ``AsyncEngine.arun_stream``). Cancelling the awaiting task stops the run as
+        ``cancel(immediate=True)`` does, then raises ``CancelledError``.
+        """
+        driver = AsyncDriver(self.tool_executor, backpressure=backpressure)
+        return await driver.drive(
+            self._execute(
+                Task.coerce(task),
+                workspace=workspace,
+                max_steps=max_steps,
+                journal=journal or RunJournal(),
+                resume=resume,
+                run_id=run_id or RunIdentity.new().value,
+                on_event=on_event,
+                state_kwargs=state_kwargs,
+                boundary_yields=True,
+            )
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def _execute(
+        self,
+        task: Task,
+        *,
+        workspace: str | None,
+        max_steps: int | None,
+        journal: RunJournal,
+        resume: ResumePoint | None,
+        run_id: str,
+        on_event: Callable[[EngineEvent], None] | None,
+        state_kwargs: Mapping[str, Any],
+        boundary_yields: bool = False,
+    ) -> Loop[EngineResult[StateT]]:
+        """The whole run as a generator of effects (see the module docstring); a driver runs it."""
+        writer = self._trace_writer()
+        events: list[EngineEvent] = []
+        emit = self._event_sinks(events, writer, on_event)
+        run_dir = (
+            writer.start(run_id, {"task": task.to_dict(), "agent": type(self.agent).__qualname__}) if writer else None
+        )
+        emit(
+            EngineEvent(
+                E.RUN_START,
+                0,
+                phase=P.INIT,
+                payload={"run_id": run_id, "task": task.objective, "resumed": resume is not None, "run_dir": run_dir},
+            )
+        )
+        try:
+            run = self._start(task, workspace, max_steps, journal, resume, run_id, emit, events, state_kwargs)
+        except BaseException as exc:
+            # No state exists yet: report the failure, close the stream with run_end, and raise.
+            error = f"{type(exc).__name__}: {exc}"
+            emit(EngineEvent(E.ERROR, 0, phase=P.INIT, ok=False, error=error))
+            emit(EngineEvent(E.RUN_END, 0, phase=P.END, ok=False, error=error, payload={"status": "failed"}))
+            if writer is not None:
+                writer.finish(
+                    "failed", {"stop_reason": StopReason.UNRECOVERABLE_ERROR.value, "error": error, "steps": 0}
+                )
+            raise
+        run.writer, run.run_dir = writer, run_dir
+        run.live = on_event is not None or bool(self._delta_listeners)
+        stop: StopReason | None = None
+        raised: BaseException | None = None
+        self._active.add(run)
+        try:
+            stop = yield from self._preflight(run)
+            if stop is None:
+                stop = yield from self._steps(run, boundary_yields)
+        except StopRun as signal:
+            stop = signal.reason
+            if signal.detail:
+                run.error = signal.detail
+        except UsageError as exc:
+            stop, raised = StopReason.UNRECOVERABLE_ERROR, exc
+            run.error = f"{type(exc).__name__}: {exc}"
+            run.emit(EngineEvent(E.ERROR, run.state.current_step, phase=P.END, ok=False, error=run.error))
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Interrupted from outside: finish the run's records (manifest "stopped"), then re-raise.
+            stop, raised = StopReason.CANCELLED_IMMEDIATE, exc
+            run.error = f"interrupted by {type(exc).__name__}"
+        except Exception as exc:
+            stop = StopReason.UNRECOVERABLE_ERROR
+            run.error = f"{type(exc).__name__}: {exc}"
+            run.emit(
+                EngineEvent(
+                    E.ERROR,
+                    run.state.current_step,
+                    phase=P.END,
+                    ok=False,
+                    error=run.error,
+                    payload={"traceback": traceback.format_exc()},
+                )
+            )
+        finally:
+            self._active.discard(run)
+        result = yield from self._finish(run, stop, writer)
+        if raised is not None:
+            raise raised
+        return result
+
+    def _start(
+        self,
+        task: Task,
+        workspace: str | None,
+        max_steps: int | None,
+        journal: RunJournal,
+        resume: ResumePoint | None,
+        run_id: str,
+        emit: Callable[[EngineEvent], None],
+        events: list[EngineEvent],
+        state_kwargs: Mapping[str, Any],
+    ) -> RunContext:
+        if resume is not None:
+            state = resume.state
+        else:
+            state = self.agent.init_state(task.objective, **state_kwargs)
+            if not isinstance(state, StateSchema):
+                raise ConfigurationError(
+                    f"{type(self.agent).__name__}.init_state must return a StateSchema, got {type(state).__name__}"
+                )
+            if not state.task:
+                state.task = task.objective
+        limit, from_budget = self._step_limit(task, max_steps, state)
+        if limit < state.current_step:
+            limit = state.current_step
+        state.max_steps = limit
+        used = dict(resume.budget_used) if resume else {}
+        run = RunContext(
+            run_id=run_id,
+            task=task,
+            state=state,
+            journal=journal,
+            emit=emit,
+            workspace=workspace,
+            started=time.monotonic(),
+            max_steps=limit,
+            steps_from_budget=from_budget,
+            max_runtime=task.budget.max_runtime_seconds or self.budget.max_runtime_seconds,
+            max_tokens=task.budget.max_tokens or self.budget.max_tokens,
+            log=resume.log if resume else None,
+            tokens_used=int(used.get("tokens", 0)),
+            events=events,
+            control_position=int(used.get("control_position", 0)),
+            pause_position=int(used.get("pause_position", 0)),
+            pending=resume.pending if resume else None,
+            elapsed_before=float(used.get("elapsed_seconds", 0.0)),
+            step_changes=list(resume.carry_changes) if resume else [],
+        )
+        if self._hook_table["on_run_start"]:
+            ctx = HookContext(run_id, state.current_step, state, journal=journal)
+            self._call_hooks("on_run_start", run, ctx)
+        return run
+
+    def _step_limit(self, task: Task, max_steps: int | None, state: StateSchema) -> tuple[int, bool]:
+        # One step limit per run: the task budget, else the engine budget, else the state's own.
+        if task.budget.max_steps is not None:
+            return task.budget.max_steps, True
+        if max_steps is not None:
+            return max_steps, True
+        if self.budget.max_steps is not None:
+            return self.budget.max_steps, True
+        return state.max_steps, False
+
+    def _preflight(self, run: RunContext) -> Loop[StopReason | None]:
+        state = run.state
+        if state.stop_reason in _RESUMABLE:
+            state.stop_reason = None
+        elif state.stop_reason is not None:
+            # A finished session continues only when steered with a new instruction.
+            control = yield JournalCall(run.journal, "control", (state.current_step,))
+            if not control.steering:
+                return StopReason(state.stop_reason)
+            state.stop_reason = None
+            state.final_result = None
+        if state.current_step > 0 or run.pending is not None:
+            return None  # a resumed run was checked when it started
+        problems = run.task.missing_resources(run.workspace)
+        spec = run.task.env_spec
+        if spec is not None and spec.capabilities:
+            if self.env is None:
+                problems.append(f"the task needs an environment with {list(spec.capabilities)} but none is set")
+            else:
+                missing = set(spec.capabilities) - set(getattr(self.env, "capabilities", ()))
+                if missing:
+                    problems.append(f"the environment lacks capabilities {sorted(missing)}")
+        if problems:
+            run.error = "task validation failed: " + "; ".join(problems)
+            run.emit(EngineEvent(E.ERROR, 0, phase=P.INIT, ok=False, error=run.error))
+            return StopReason.TASK_VALIDATION_FAILED
+        if self.env is not None:
+            run.observation = Observation(env=(yield BlockingCall(self.env.reset, run.task)))
+        return None
+
+    def _boundary(self, run: RunContext, control: ControlBatch | None) -> StopReason | None:
+        """The boundary's checks, given the control items a durable journal reported (else None).
+
+        Stop conditions come first; steering is taken in only when the step goes on.
+        """
+        state = run.state
+        step_id = state.current_step
+        if run.cancel:
+            return StopReason.CANCELLED_IMMEDIATE if run.cancel_immediate else StopReason.CANCELLED
+        if control is not None and control.pause_requested:
+            run.pause_position = max(run.pause_position, control.pause_position)
+            run.emit(EngineEvent(E.PAUSE, step_id, phase=P.BOUNDARY, payload={"by": "pause_request"}))
+            return StopReason.PAUSED
+        if self.lifecycle is not None and run.pending is None:
+            context = RuntimeSnapshotContext(step_id, "boundary", None, state, run.run_id)
+            if self.lifecycle.should_pause(context):
+                run.emit(EngineEvent(E.PAUSE, step_id, phase=P.BOUNDARY, payload={"by": self.lifecycle.policy_id}))
+                return StopReason.PAUSED
+        if run.pending is not None:
+            return None  # finish the interrupted step before any budget check (steering waits for DECIDE)
+        if step_id >= run.max_steps:
+            return StopReason.BUDGET_STEPS if run.steps_from_budget else StopReason.MAX_STEPS_REACHED
+        if run.max_runtime is not None and self._elapsed(run) >= run.max_runtime:
+            return StopReason.BUDGET_TIME
+        if run.max_tokens is not None and run.tokens_used >= run.max_tokens:
+            return StopReason.BUDGET_TOKENS
+        if control is not None and control.steering:
+            self._take_steering(run, control)
+        return None
+
+    def _take_steering(self, run: RunContext, control: ControlBatch) -> None:
+        """Hand the steering to the DECIDE that follows this boundary (only a boundary that lets its
+        step go on takes it in, so only now does the cursor pass it)."""
+        step_id = run.state.current_step
+        for item in control.steering:
+            run.steering.append(item.text)
+            run.emit(
+                EngineEvent(E.STEER, step_id, phase=P.BOUNDARY, payload={"position": item.position, "text": item.text})
+            )
+        run.control_position = max(run.control_position, control.last_position)
+
+    def _steps(self, run: RunContext, boundary_yields: bool) -> Loop[StopReason]:
+        """Boundaries and steps until a stop (one generator for the whole run, not one per step).
+
+        ``boundary_yields``: yield ``BOUNDARY`` at each boundary (the async driver uses it; the sync
+        driver would only skip it).
+        """
+        journal = run.journal
+        plain_call = ToolCall(self.agent.tool_registry, "", None, "")
+        while True:
+            if boundary_yields:
+                yield BOUNDARY
+            control = None
+            if journal.durable:
+                control = yield JournalCall(journal, "control", (run.state.current_step,))
+            boundary_stop = self._boundary(run, control)
+            if boundary_stop is not None:
+                return boundary_stop
+            state = run.state
+            step_id = state.current_step
+            started = time.time()
+            t0 = time.perf_counter()
+            run.emit(_fast_event(EngineEvent, (E.STEP_START, step_id, None, P.DECIDE, True, {}, None, _now())))
+            snapshot = state.to_dict() if self.critics else None
+            retries = 0
+            while True:
+                # DECIDE and ACT are spelled out here so a plain step (no journal, no model, tools that
+                # need nothing around their call) costs no generator beyond this one.
+                pending = run.pending
+                if pending is not None and pending.step_id == step_id:
+                    decision, model_entry, view_summary = self._resumed_decision(run, step_id, pending)
+                else:
+                    if self._hook_table["on_before_decide"]:
+                        self._call_hooks("on_before_decide", run, HookContext(run.run_id, step_id, state))
+                    seen: Any = _with_steering(run.observation, run.steering) if run.steering else run.observation
+                    decided: Decision[Any] | None = self.agent.decide(state, seen)
+                    model_entry = view_summary = None
+                    log_entries: list[dict[str, Any]] = _NO_ENTRIES
+                    if decided is None:
+                        decided, model_entry, view_summary, log_entries = yield from self._model_decide(run, step_id)
+                    elif not isinstance(decided, Decision):
+                        raise ConfigurationError(
+                            f"{type(self.agent).__name__}.decide must return a Decision or None, "
+                            f"got {type(decided).__name__}"
+                        )
+                    run.steering.clear()
+                    decision = self._resolve_branch(run, step_id, decided) if decided.mode == "branch" else decided
+                    changes = state.drain_changes() if state.__dict__.get("_q_changes") else _NO_ENTRIES
+                    if changes:
+                        run.step_changes.extend(changes)
+                    if run.journal.durable:
+                        yield from self._record_decision(
+                            run, step_id, decision, model_entry, view_summary, log_entries, changes
+                        )
+                    mode: dict[str, Any] = {"mode": decision.mode}
+                    run.emit(_fast_event(EngineEvent, (E.DECIDE, step_id, None, P.DECIDE, True, mode, None, _now())))
+                    if self._hook_table["on_after_decide"]:
+                        self._call_hooks("on_after_decide", run, HookContext(run.run_id, step_id, state, decision))
+                    if run.cancel_immediate:
+                        self._immediate_cancel_point(run)
+                observation = self._act_without_tools(run, step_id, decision)
+                if observation is None:
+                    if self.env is not None:
+                        observation = yield from self._act_env(run, step_id, decision, self.env)
+                    else:
+                        pending = run.pending
+                        registry = plain_call.registry = self.agent.tool_registry  # the agent may swap it
+                        plain = pending is None and self.lifecycle is None
+                        results: list[ToolResult] = []
+                        for action in decision.actions:
+                            spec = registry.get(action.name) if plain else None
+                            if spec is not None and not spec.needs_approval:
+                                # The common case: nothing to journal, check or approve around the call. The
+                                # run's one ToolCall is refilled (no allocation per call, see effects).
+                                plain_call.name, plain_call.args, plain_call.call_id = (
+                                    action.name,
+                                    action.args,
+                                    action.id,
+                                )
+                                results.append((yield plain_call))
+                            else:
+                                results.append((yield from self._call_tool(run, step_id, action, pending)))
+                            if run.cancel_immediate:
+                                self._immediate_cancel_point(run)
+                        observation = self._acted(run, step_id, decision, results)
+                if run.cancel_immediate:
+                    self._immediate_cancel_point(run)
+                if self._hook_table["on_before_reduce"]:
+                    self._call_hooks(
+                        "on_before_reduce", run, HookContext(run.run_id, step_id, state, decision, observation)
+                    )
+                new_state = self.agent.reduce(state, observation, decision)  # type: ignore[arg-type]
+                if new_state is not None and new_state is not state:
+                    state = run.state = self._adopt_new_state(run, state, new_state)
+                run.emit(_fast_event(EngineEvent, (E.REDUCE, step_id, None, P.REDUCE, True, {}, None, _now())))
+                if self._hook_table["on_after_reduce"]:
+                    ctx = HookContext(run.run_id, step_id, state, decision, observation)
+                    self._call_hooks("on_after_reduce", run, ctx)
+                verdicts, verdict = self._critics(run, step_id, decision, observation) if self.critics else _NO_VERDICT
+                if verdict is not None and verdict.action == "retry" and retries < self.max_critic_retries and snapshot:
+                    retries += 1
+                    state = run.state = type(state).from_dict(snapshot)
+                    run.step_changes = [{"op": "set", "field": k, "value": v} for k, v in snapshot.items()]
+                    run.observation = Observation(feedback=f"critic asked to retry: {verdict.reason or ''}".strip())
+                    run.pending = None
+                    continue
+                break
+            if decision.mode == "final" and state.final_result is None:
+                state.final_result = decision.final_answer
+            stop = self._check_stop(run, decision, verdict)
+            stop_value = stop.value if stop is not None else None
+            payload = {"stop_reason": stop_value}
+            run.emit(_fast_event(EngineEvent, (E.CHECK_STOP, step_id, None, P.CHECK_STOP, True, payload, None, _now())))
+            if stop is not None and state.stop_reason is None:
+                state.stop_reason = stop.value
+            state.current_step = step_id + 1
+            changes = run.step_changes
+            changes.extend(state.drain_changes())
+            run.step_changes = []
+            duration_ms = (time.perf_counter() - t0) * 1000.0
+            record = StepRecord(
+                step_id,
+                decision,
+                observation,
+                changes,
+                started,
+                duration_ms,
+                model_entry,
+                view_summary,
+                verdicts,
+                stop_value,
+            )
+            run.records.append(record)
+            run.pending = None
+            run.observation = observation
+            lifecycle = "running" if stop is None else _lifecycle_for(stop)
+            if run.journal.durable:
+                boundary = self._boundary_commit(run, changes, lifecycle, stop, record=record)
+                yield JournalCall(run.journal, "commit", (boundary,))
+                if run.writer is not None:
+                    self._trace_committed(run)
+            elif run.writer is not None:
+                run.writer.step(record.to_dict())
+            payload = {"stop_reason": stop_value}
+            run.emit(_fast_event(EngineEvent, (E.STEP_END, step_id, None, P.COMMIT, True, payload, None, _now())))
+            if self._hook_table["on_step_end"]:
+                ctx = HookContext(run.run_id, step_id, state, decision, observation, record)
+                self._call_hooks("on_step_end", run, ctx)
+            if stop is not None:
+                return stop
+
+    def _adopt_new_state(self, run: RunContext, old: Any, new: Any) -> Any:
+        # reduce returned a new object instead of mutating: record it whole (O(state), only in this case).
+        if not isinstance(new, type(old)):
+            raise ConfigurationError(f"reduce must return a {type(old).__name__}, got {type(new).__name__}")
+        old.drain_changes()
+        new.drain_changes()
+        run.step_changes = [{"op": "set", "field": k, "value": v} for k, v in new.to_dict().items()]
+        return new
+
+    # ------------------------------------------------------------------ phases
+
+    def _resumed_decision(
+        self, run: RunContext, step_id: int, pending: PendingStep
+    ) -> tuple[Decision[Any], dict[str, Any] | None, dict[str, Any] | None]:
+        """The decision of an interrupted step being finished (it is never decided again)."""
+        resumed = Decision.from_dict(pending.decision)
+        run.emit(EngineEvent(E.DECIDE, step_id, phase=P.DECIDE, payload={"mode": resumed.mode, "resumed": True}))
+        return resumed, pending.model, pending.request_view
+
+    def _resolve_branch(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Decision[Any]:
+        """The candidate the BranchSelector picks from a ``branch`` decision."""
+        chosen: Decision[Any] = self.search.select(decision.candidates, run.state)
+        run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload={"candidates": len(decision.candidates)}))
+        return chosen
+
+    def _record_decision(
+        self,
+        run: RunContext,
+        step_id: int,
+        decision: Decision[Any],
+        model_entry: dict[str, Any] | None,
+        view_summary: dict[str, Any] | None,
+        log_entries: list[dict[str, Any]],
+        changes: list[dict[str, Any]],
+    ) -> Loop[None]:
+        """The decision (and what DECIDE did) is made durable before any tool runs."""
+        pending = PendingStep(
+            step_id=step_id,
+            decision=decision.to_dict(),
+            model=model_entry,
+            request_view=view_summary,
+            log_entries=list(log_entries),
+            state_changes=list(changes),
+            control_position=run.control_position,
+        )
+        run.pending = pending
+        yield JournalCall(run.journal, "record_decision", (pending,))
+        if run.writer is not None:
+            self._trace_committed(run)  # a batched journal flushes its buffer first
+
+    def _model_decide(
+        self, run: RunContext, step_id: int
+    ) -> Loop[tuple[Decision[Any], dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]]:
+        if self.model is None:
+            raise ConfigurationError(
+                f"{type(self.agent).__name__}.decide returned None (the model path) but no model is configured; "
+                "pass AgentModule(llm=...), Engine(model=...) or compose(model=...)"
+            )
+        model_path = self._model_path
+        if model_path is None or model_path.model is not self.model or model_path.parser is not self.parser:
+            context = self.context if isinstance(self.context, ModelContext) else None
+            model_path = self._model_path = ModelPath(
+                self.agent, self.model, self.parser, context, content_events=self.model_content_events
+            )
+        try:
+            outcome = yield from model_path.decide(run, step_id)
+        except ContextError as exc:
+            stop = StopReason.CONTEXT_BUDGET_EXCEEDED if "budget" in type(exc).__name__.lower() else None
+            if stop is None:
+                raise
+            run.emit(EngineEvent(E.ERROR, step_id, phase=P.DECIDE, ok=False, error=str(exc)))
+            raise StopRun(stop, f"{type(exc).__name__}: {exc}") from exc
+        if outcome.tokens:
+            run.tokens_used += outcome.tokens
+        run.last_request_view = outcome.view
+        return outcome.decision, outcome.model_entry, outcome.view_summary, outcome.log_entries
+
+    def _act_without_tools(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Observation | None:
+        """ACT's hook; the whole of ACT for a decision that calls nothing (else None: calls follow)."""
+        state = run.state
+        if self._hook_table["on_before_act"]:
+            ctx = HookContext(run.run_id, step_id, state, decision)
+            self._call_hooks("on_before_act", run, ctx)
+        if run.cancel_immediate:
+            self._immediate_cancel_point(run)
+        if decision.mode == "act":
+            return None
+        observation = Observation()
+        run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": []}))
+        if self._hook_table["on_after_act"]:
+            self._call_hooks("on_after_act", run, HookContext(run.run_id, step_id, state, decision, observation))
+        return observation
+
+    def _act_env(self, run: RunContext, step_id: int, decision: Decision[Any], env: Env) -> Loop[Observation]:
+        """ACT through the Env instead of the tool registry."""
+        observation = Observation(env=(yield BlockingCall(env.step, decision.actions)))
+        run.emit(EngineEvent(E.ACT, step_id, phase=P.ACT, payload={"calls": len(decision.actions), "env": True}))
+        if self._hook_table["on_after_act"]:
+            ctx = HookContext(run.run_id, step_id, run.state, decision, observation)
+            self._call_hooks("on_after_act", run, ctx)
+        return observation
+
+    def _acted(self, run: RunContext, step_id: int, decision: Decision[Any], results: list[ToolResult]) -> Observation:
+        """The observation of a step's tool calls, recorded in the exchange log and announced."""
+        observation = Observation(results=tuple(results))
+        if self._model_path is not None:
+            self._model_path.record_results(run, results)
+        payload = {"calls": [_call_summary(r) for r in results]}
+        run.emit(_fast_event(EngineEvent, (E.ACT, step_id, None, P.ACT, True, payload, None, _now())))
+        if self._hook_table["on_after_act"]:
+            ctx = HookContext(run.run_id, step_id, run.state, decision, observation)
+            self._call_hooks("on_after_act", run, ctx)
+        return observation
+
+    def _call_tool(
+        self, run: RunContext, step_id: int, action: Action, pending: PendingStep | None
+    ) -> Loop[ToolResult]:
+        registry = self.agent.tool_registry
+        spec = registry.get(action.name)
+        if pending is not None:
+            recorded = pending.results.get(action.id)
+            if recorded is not None:
+                return ToolResult.from_dict(recorded)
+        # Started before a crash, no result recorded: re-run only what is safe to repeat.
+        if pending is not None and action.id in pending.started and (spec is None or not spec.idempotent):
+            result = ToolResult(
+                call_id=action.id,
+                name=action.name,
+                ok=False,
+                error_kind="interrupted",
+                error="the call was interrupted (the process stopped while it ran); it was not repeated "
+                "because the tool is not idempotent. Check its effects before calling it again.",
+            )
+            yield from self._record_result(run, step_id, pending, result)
+            return result
+        if self.lifecycle is not None:
+            context = RuntimeSnapshotContext(step_id, "act", action, run.state, run.run_id)
+            if self.lifecycle.should_pause(context):
+                run.emit(EngineEvent(E.PAUSE, step_id, phase=P.ACT, payload={"before_call": action.id}))
+                raise StopRun(StopReason.PAUSED)
+        if spec is not None and spec.needs_approval:
+            control = yield JournalCall(run.journal, "control", (step_id,), {"fresh": True})
+            approval = control.approvals.get(action.id)
+            if approval is None:
+                run.emit(
+                    EngineEvent(
+                        E.APPROVAL,
+                        step_id,
+                        phase=P.ACT,
+                        payload={
+                            "call_id": action.id,
+                            "tool": action.name,
+                            "args": dict(action.args),
+                            "status": "pending",
+                        },
+                    )
+                )
+                raise StopRun(StopReason.AWAITING_APPROVAL)
+            run.emit(
+                EngineEvent(
+                    E.APPROVAL,
+                    step_id,
+                    phase=P.ACT,
+                    payload={"call_id": action.id, "status": "approved" if approval.approved else "rejected"},
+                )
+            )
+            if not approval.approved:
+                result = ToolResult(
+                    call_id=action.id,
+                    name=action.name,
+                    ok=False,
+                    error_kind="rejected",
+                    error=f"a human rejected this call: {approval.reason or 'no reason given'}",
+                )
+                yield from self._record_result(run, step_id, pending, result)
+                return result
+        if pending is not None:
+            pending.started.add(action.id)
+            idempotent = {"idempotent": spec is not None and spec.idempotent}
+            yield JournalCall(run.journal, "record_tool_started", (step_id, action), idempotent)
+            called: ToolResult = yield ToolCall(registry, action.name, action.args, action.id)
+            yield from self._record_result(run, step_id, pending, called)
+            return called
+        plain: ToolResult = yield ToolCall(registry, action.name, action.args, action.id)
+        return plain
+
+    def _record_result(
+        self, run: RunContext, step_id: int, pending: PendingStep | None, result: ToolResult
+    ) -> Loop[None]:
+        if pending is not None:
+            pending.results[result.call_id] = result.to_dict()
+            yield JournalCall(run.journal, "record_tool_result", (step_id, result))
+
+    def _critics(
+        self, run: RunContext, step_id: int, decision: Decision[Any], observation: Observation
+    ) -> tuple[list[dict[str, Any]], CriticVerdict | None]:
+        if not self.critics:
+            return [], None
+        verdicts: list[dict[str, Any]] = []
+        decisive: CriticVerdict | None = None
+        for critic in self.critics:
+            verdict = critic.evaluate(run.state, decision, observation) or CriticVerdict()
+            verdicts.append({"critic": type(critic).__name__, "action": verdict.action, "reason": verdict.reason})
+            if verdict.action != "continue" and decisive is None:
+                decisive = verdict
+        run.emit(EngineEvent(E.CRITIC, step_id, phase=P.CRITIC, payload={"verdicts": verdicts}))
+        return verdicts, decisive
+
+    def _check_stop(self, run: RunContext, decision: Decision[Any], verdict: CriticVerdict | None) -> StopReason | None:
+        state = run.state
+        if state.stop_reason:
+            return StopReason(state.stop_reason)
+        if verdict is not None and verdict.action == "stop":
+            return StopReason.CRITIC_STOP
+        if state.final_result is not None:
+            return StopReason.FINAL
+        for criteria in self._extra_stop_criteria:
+            reason = criteria.check(state)
+            if reason:
+                return StopReason(reason)
+        if self.agent.should_stop(state):
+            return StopReason.AGENT_STOP
+        if self.env is not None and self.env.is_terminal():
+            return StopReason.ENV_TERMINAL
+        return None
+
+    # ------------------------------------------------------------------ end of run
+
+    def _finish(
+        self, run: RunContext, stop: StopReason | None, writer: TraceWriter | None
+    ) -> Loop[EngineResult[StateT]]:
+        state = run.state
+        reason = stop or StopReason.UNRECOVERABLE_ERROR
+        state.stop_reason = reason.value
+        status = status_for_stop_reason(reason)
+        lifecycle = _lifecycle_for(reason)
+        changes = run.step_changes + state.drain_changes()
+        run.step_changes = []
+        commit_error: Exception | None = None
+        try:
+            if run.journal.durable:
+                boundary = self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending)
+                yield JournalCall(run.journal, "commit", (boundary,))
+                yield JournalCall(run.journal, "close")
+                if writer is not None:
+                    self._trace_committed(run)
+        except Exception as exc:
+            # The last boundary could not be made durable (for example another writer moved the head):
+            # the run still ends with run_end and a finished trace, then the error is raised.
+            commit_error = exc
+            status = "failed"
+            run.error = f"{type(exc).__name__}: {exc}"
+            run.emit(EngineEvent(E.ERROR, state.current_step, phase=P.COMMIT, ok=False, error=run.error))
+        elapsed = self._elapsed(run)
+        task_result = TaskResult(
+            task_id=run.task.id,
+            status=status,  # type: ignore[arg-type]
+            stop_reason=reason.value,
+            final_result=state.final_result,
+            steps=state.current_step,
+            success_criteria=tuple(run.task.success_criteria),
+            error=run.error,
+            elapsed_seconds=elapsed,
+            token_usage={"total_tokens": run.tokens_used},
+        )
+        run.emit(
+            EngineEvent(
+                E.RUN_END,
+                state.current_step,
+                phase=P.END,
+                ok=status != "failed",
+                payload={
+                    "stop_reason": reason.value,
+                    "status": status,
+                    "steps": state.current_step,
+                    "final_result": state.final_result,
+                },
+                error=run.error,
+            )
+        )
+        result: EngineResult[StateT] = EngineResult(
+            state=state,
+            records=run.records,
+            events=run.events,
+            step_count=state.current_step,
+            task_result=task_result,
+            run_id=run.run_id,
+            run_dir=run.run_dir,
+        )
+        if writer is not None:
+            writer.finish(
+                status,
+                {
+                    "stop_reason": reason.value,
+                    "final_result": state.final_result,
+                    "steps": state.current_step,
+                    "token_usage": {"total_tokens": run.tokens_used},
+                    "elapsed_seconds": round(elapsed, 6),
+                    "error": run.error,
+                },
+            )
+        if self._hook_table["on_run_end"]:
+            ctx = HookContext(run.run_id, state.current_step, state, result=result)
+            self._call_hooks("on_run_end", run, ctx)
+        if commit_error is not None:
+            raise commit_error
+        return result
+
+    def _boundary_commit(
+        self,
+        run: RunContext,
+        changes: list[dict[str, Any]],
+        lifecycle: str,
+        stop: StopReason | None,
+        *,
+        record: StepRecord | None = None,
+        pending: PendingStep | None = None,
+    ) -> BoundaryCommit:
+        return BoundaryCommit(
+            step_id=run.state.current_step,
+            state=run.state,
+            state_changes=changes,
+            log=run.log,
+            lifecycle=lifecycle,
+            stop_reason=stop.value if stop else None,
+            budget_used={
+                "steps": run.state.current_step,
+                "tokens": run.tokens_used,
+                "elapsed_seconds": round(self._elapsed(run), 6),
+                "control_position": run.control_position,
+            },
+            control_position=run.control_position,
+            pause_position=run.pause_position,
+            pending=pending,
+            record=record,
+            request_view=run.last_request_view,
+        )
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _trace_writer(self) -> TraceWriter | None:
+        writer = self.trace_writer
+        if writer is None and self.trace_logdir is not None:
+            writer = TraceWriter(self.trace_logdir, prefix=self.trace_prefix)
+        if writer is not None:
+            writer.redact.add_all(model_credentials(self.model))
+        return writer
+
+    def _event_sinks(
+        self,
+        events: list[EngineEvent],
+        writer: TraceWriter | None,
+        on_event: Callable[[EngineEvent], None] | None,
+    ) -> Callable[[EngineEvent], None]:
+        listeners = self._event_listeners
+        redactor = writer.redact if writer is not None else Redactor(model_credentials(self.model))
+        if writer is None and on_event is None and not listeners:
+            return redacting_sink(events.append, redactor)
+
+        def record(event: EngineEvent) -> None:
+            events.append(event)
+            if writer is not None:
+                writer.event(event.to_dict())
+            if on_event is not None:
+                on_event(event)
+
+        def emit(event: EngineEvent) -> None:
+            # Listeners see the event first, so an error they raise is recorded before it (run_end stays last).
+            for hook in listeners:
+                try:
+                    hook.on_event(event)
+                except Exception as exc:
+                    error = f"hook {type(hook).__name__}.on_event raised {type(exc).__name__}: {exc}"
+                    failure = EngineEvent(
+                        E.ERROR, event.step_id, ok=False, error=error, payload={"hook": type(hook).__name__}
+                    )
+                    record(redact_event(failure, redactor))
+            record(event)
+
+        return redacting_sink(emit, redactor)
+
+    def _build_hook_table(self) -> dict[str, list[Any]]:
+        return {name: [h for h in self.hooks if _overrides(h, name)] for name in HOOK_METHODS}
+
+    def _call_hooks(self, name: str, run: RunContext, ctx: HookContext) -> None:
+        for hook in self._hook_table[name]:
+            try:
+                getattr(hook, name)(ctx)
+            except Exception as exc:
+                run.emit(
+                    EngineEvent(
+                        E.ERROR,
+                        ctx.step_id,
+                        ok=False,
+                        error=f"hook {type(hook).__name__}.{name} raised {type(exc).__name__}: {exc}",
+                        payload={"hook": type(hook).__name__, "method": name},
+                    )
+                )
+
+    def _immediate_cancel_point(self, run: RunContext) -> None:
+        if run.cancel_immediate and run.cancel:
+            raise StopRun(StopReason.CANCELLED_IMMEDIATE)
+
+    def _trace_committed(self, run: RunContext) -> None:
+        """Write the records of the steps the journal has made durable since the last call."""
+        writer = run.writer
+        if writer is not None:
+            for record in run.journal.drain_committed():
+                writer.step(record.to_dict())
+
+    def _elapsed(self, run: RunContext) -> float:
+        return run.elapsed_before + (time.monotonic() - run.started)
+
+
+def _overrides(hook: Any, name: str) -> bool:
+    method = getattr(type(hook), name, None)
+    if method is None:
+        return False
+    base = getattr(EngineHook, name, None)
+    return method is not base
+
+
+_NO_VERDICT: tuple[list[dict[str, Any]], CriticVerdict | None] = ([], None)
+_NO_ENTRIES: list[dict[str, Any]] = []  # shared and never mutated (a list is copied before it is kept)
+
+
+def _call_summary(result: ToolResult) -> dict[str, Any]:
+    if result.ok:
+        return {"call_id": result.call_id, "tool": result.name, "ok": True}
+    return {"call_id": result.call_id, "tool": result.name, "ok": False, "error_kind": result.error_kind}
+
+
+def _lifecycle_for(reason: StopReason) -> str:
+    if reason is StopReason.PAUSED:
+        return "paused"
+    if reason is StopReason.AWAITING_APPROVAL:
+        return "awaiting_approval"
+    return status_for_stop_reason(reason)
+
+
+def _with_steering(observation: Any, steering: list[str]) -> Observation:
+    base = observation if isinstance(observation, Observation) else Observation(env=observation)
+    text = "\n".join(steering)
+    feedback = f"{base.feedback}\n{text}" if base.feedback else text
+    return Observation(results=base.results, env=base.env, feedback=feedback)
+
+
+_SHARED_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide bounded executor (``DEFAULT_TOOL_WORKERS`` threads, created on first use)."""
+    global _SHARED_EXECUTOR
+    with _SHARED_LOCK:
+        if _SHARED_EXECUTOR is None:
+            _SHARED_EXECUTOR = concurrent.futures.ThreadPoolExecutor(
+                DEFAULT_TOOL_WORKERS, thread_name_prefix="qitos-tool"
+            )
+        return _SHARED_EXECUTOR

@@ -1,0 +1,94 @@
+"""A durable step writes at the crash-safety minimum: what a restore needs, and nothing more.
+
+- a call's start is durable before a non-idempotent call runs (with the decision, when no model made it);
+- an idempotent call needs no start: a restore runs it again;
+- a non-idempotent call's result is durable before the step's next call starts; the last call's
+  result rides with the step's boundary, which holds the whole outcome (an idempotent call's result
+  always does: a restore runs the call again).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.core.agent_module import AgentModule
+from qitos.core.decision import Action, Decision
+from qitos.core.state import StateSchema
+from qitos.core.tool import ToolRegistry, tool
+from qitos.engine.composition import compose
+
+
+@tool
+def send(text: str) -> str:
+    """Send a text (not idempotent).
+
+    Args:
+        text: what to send.
+    """
+    return f"sent {text}"
+
+
+@tool(idempotent=True)
+def lookup(key: str) -> str:
+    """Look a key up (idempotent).
+
+    Args:
+        key: the key.
+    """
+    return f"value of {key}"
+
+
+class Scripted(AgentModule[StateSchema, Any, Action]):
+    """Three steps, each calling the given tools, then an answer."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__(tool_registry=ToolRegistry([send, lookup]))
+        self.calls = calls
+
+    def init_state(self, task: str, **kwargs: Any) -> StateSchema:
+        return StateSchema(task=task, max_steps=5)
+
+    def decide(self, state: StateSchema, observation: Any) -> Decision[Action]:
+        step = state.current_step
+        if step == 3:
+            return Decision.final("done")
+        args = {"send": {"text": f"t{step}"}, "lookup": {"key": f"k{step}"}}
+        return Decision.act([Action(name, args[name], f"s{step}-{i}") for i, name in enumerate(self.calls)])
+
+    def reduce(self, state: StateSchema, observation: Any, decision: Decision[Action]) -> StateSchema:
+        return state
+
+
+def _writes_by_step(tmp_path: Path, calls: list[str]) -> list[list[tuple[str, str]]]:
+    store = SqliteCheckpointStore(tmp_path / "s.db")
+    session = compose(lambda: Scripted(calls), store).session("go")
+    assert session.run().state.final_result == "done"
+    chain = list(reversed(store.list_session_snapshots(session.session_id.value)))
+    out = [[(w.kind, w.key) for w in store.get_writes(session.session_id.value, base)] for base in chain[:3]]
+    store.close()
+    return out
+
+
+def test_one_non_idempotent_call_writes_its_start_with_the_decision_and_no_separate_result(tmp_path: Path) -> None:
+    assert _writes_by_step(tmp_path, ["send"]) == [
+        [("decision", "decision"), ("tool_started", f"s{step}-0")] for step in range(3)
+    ]
+
+
+def test_idempotent_calls_write_nothing_before_the_boundary(tmp_path: Path) -> None:
+    assert _writes_by_step(tmp_path, ["lookup", "lookup"]) == [[], [], []]
+
+
+def test_a_result_is_durable_before_the_next_call_starts(tmp_path: Path) -> None:
+    assert _writes_by_step(tmp_path, ["send", "lookup", "send"]) == [
+        [
+            ("decision", "decision"),
+            ("tool_started", f"s{step}-0"),
+            ("tool_result", f"s{step}-0"),
+            ("tool_result", f"s{step}-1"),  # rides with the next start
+            ("tool_started", f"s{step}-2"),
+        ]
+        for step in range(3)
+    ]
