@@ -3,6 +3,7 @@ every request (its messages, stored once) and of a request that failed (with its
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from pathlib import Path
@@ -14,6 +15,7 @@ from qitos.core.context import ContextRequest
 from qitos.core.errors import ModelError
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import tool
+from qitos.engine.async_engine import AsyncEngine
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.models.function import FunctionModel
@@ -146,3 +148,19 @@ def test_a_step_without_a_model_request_is_not_found(policy_agent: Any, tmp_path
     )
     with pytest.raises(NotFoundError, match="sent no model request"):
         run_request(RunTrace(str(result.run_dir)), 0)
+
+
+def test_the_async_driver_records_messages_and_a_failed_request_too(policy_agent: Any, tmp_path: Path) -> None:
+    def rejected(view: RequestView) -> Any:
+        raise ModelError("m: HTTP 422: invalid request", status_code=422)
+
+    model = FunctionModel(rejected)
+    agent = policy_agent(lambda s, o: None, tools=[add], llm=model)
+    with contextlib.suppress(ModelError):
+        asyncio.run(AsyncEngine(agent, trace_logdir=str(tmp_path)).arun("2 + 3?"))
+    [run_dir] = list(tmp_path.iterdir())
+
+    inspected = run_request(RunTrace(str(run_dir)), 0)
+    assert inspected["status"] == "failed"
+    assert [(a["status_code"], a["final"]) for a in inspected["attempts"]] == [(422, True)]
+    assert inspected["messages"] == model.requests[0].messages()
