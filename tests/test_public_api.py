@@ -1,4 +1,6 @@
-"""The root namespace (SPEC section 0): exactly the seed names, importable, and a light import."""
+"""The public surface: the root namespace (SPEC section 0's seed names plus a few curated ones),
+``qitos.models``, ``qitos.checkpoint`` and ``qitos.tools``; each name is the canonical object, and
+the imports stay light."""
 
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ ROOT_NAMES = {
     "tool",
     "ToolRegistry",
     "compose",
+    # curated beyond SPEC section 0: what a user needs next to the seed names
+    "Observation",
+    "RuntimeBudget",
+    "RunFailedError",
 }
 
 HEAVY = (
@@ -69,9 +75,94 @@ def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
         "tool": "qitos.core.tool",
         "ToolRegistry": "qitos.core.tool",
         "compose": "qitos.engine.composition",
+        "Observation": "qitos.core.decision",
+        "RuntimeBudget": "qitos.engine.runtime",
+        "RunFailedError": "qitos.core.errors",
     }
     for name, module in canonical.items():
         assert getattr(qitos, name) is getattr(importlib.import_module(module), name), name
+
+
+SURFACES = {
+    "qitos.models": {
+        "FunctionModel": "qitos.models.scripted",
+        "LocalModel": "qitos.models.local",
+        "ModelAdapter": "qitos.models.base",
+        "ModelResponse": "qitos.models.base",
+        "OpenAICompatibleModel": "qitos.models.openai_compat",
+        "ReplayDivergenceError": "qitos.models.scripted",
+        "ReplayModel": "qitos.models.scripted",
+        "ScriptedModel": "qitos.models.scripted",
+        "ToolCall": "qitos.models.base",
+        "Usage": "qitos.models.base",
+    },
+    "qitos.checkpoint": {
+        "CheckpointStore": "qitos.checkpoint.store",
+        "InMemoryCheckpointStore": "qitos.checkpoint.memory_store",
+        "SqliteCheckpointStore": "qitos.checkpoint.sqlite_store",
+    },
+    "qitos.tools": {
+        "MCPConnectionError": "qitos.kit.tools.mcp",
+        "MCPToolError": "qitos.kit.tools.mcp",
+        "MCPToolset": "qitos.kit.tools.mcp",
+        "ToolRegistry": "qitos.core.tool",
+        "ToolResult": "qitos.core.tool",
+        "ToolSpec": "qitos.core.tool",
+        "WorkspacePathError": "qitos.kit.tools.files",
+        "shell_tool": "qitos.kit.tools.shell",
+        "tool": "qitos.core.tool",
+        "workspace_tools": "qitos.kit.tools.files",
+    },
+}
+
+
+@pytest.mark.parametrize("package", sorted(SURFACES))
+def test_each_surface_exports_exactly_its_names_as_the_canonical_objects(package: str) -> None:
+    module = importlib.import_module(package)
+    assert list(module.__all__) == sorted(SURFACES[package])
+    for name, home in SURFACES[package].items():
+        assert getattr(module, name) is getattr(importlib.import_module(home), name), f"{package}.{name}"
+    with pytest.raises(AttributeError):
+        _ = module.NoSuchName
+
+
+@pytest.mark.parametrize(
+    ("package", "heavy"),
+    [("qitos.models", ("httpx", "cyllama")), ("qitos.checkpoint", ("sqlite3",)), ("qitos.tools", ("mcp",))],
+)
+def test_a_surface_loads_its_optional_dependencies_only_on_access(package: str, heavy: tuple[str, ...]) -> None:
+    code = (
+        f"import json, sys; import {package}; "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout) == []
+
+
+def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
+    from qitos.checkpoint import InMemoryCheckpointStore
+    from qitos.core.errors import ConfigurationError
+    from qitos.core.exchange import LoggedToolCall
+    from qitos.models import ScriptedModel, ToolCall
+
+    class Minimal(qitos.AgentModule):  # type: ignore[type-arg]
+        def init_state(self, task: str, **kwargs: object) -> qitos.StateSchema:
+            return qitos.StateSchema(task=task)
+
+        def reduce(self, state: object, observation: object, decision: object) -> object:
+            return state
+
+    model = ScriptedModel(["hi"])
+    assert Minimal(model=model).llm is model and Minimal(llm=model).llm is model  # llm= is seed 004's alias
+    with pytest.raises(ConfigurationError, match="model once"):
+        Minimal(model=model, llm=ScriptedModel(["x"]))
+    store = InMemoryCheckpointStore()
+    assert qitos.compose(Minimal, checkpoint_store=store).runtime.checkpoint_store is store
+    assert qitos.compose(Minimal, store=store).runtime.checkpoint_store is store  # SPEC's short alias
+    with pytest.raises(ConfigurationError, match="store once"):
+        qitos.compose(Minimal, store=store, checkpoint_store=InMemoryCheckpointStore())
+    assert LoggedToolCall is not ToolCall  # the log's record of a call vs the model's returned call
+    assert not hasattr(importlib.import_module("qitos.core.exchange"), "ToolCall")
 
 
 def test_star_import_gives_exactly_all() -> None:

@@ -2,10 +2,24 @@
 
 Typed agent state, one canonical decide -> act -> reduce loop, durable sessions, and honest
 context management. Start with ``AgentModule`` and ``Engine``; ``compose`` gives durable sessions.
+
+The public surface, one obvious place per need:
+
+- ``qitos``: the seed's names (state, task, decision, agent, engine, tools, ``compose``) plus
+  ``Observation`` (what ``reduce`` receives), ``RuntimeBudget`` (the engine's limits) and
+  ``RunFailedError`` (what ``agent.run`` raises when a run fails);
+- ``qitos.models``: model adapters (``OpenAICompatibleModel``, ``ScriptedModel``, ``ReplayModel``,
+  ``FunctionModel``, ``LocalModel``);
+- ``qitos.checkpoint``: session stores (``SqliteCheckpointStore``, ``InMemoryCheckpointStore``);
+- ``qitos.tools``: ``tool``, ``ToolRegistry`` and the kit's file, shell and MCP tools.
+
+The module paths the seeds name (``qitos.core.state``, ``qitos.checkpoint.sqlite_store`` ...) keep
+working and hold the same objects.
 """
 
 from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision
+from qitos.core.decision import Action, Decision, Observation
+from qitos.core.errors import RunFailedError
 from qitos.core.state import StateSchema, StopReason
 from qitos.core.task import Task, TaskBudget, TaskResource
 from qitos.core.tool import ToolRegistry, tool
@@ -13,6 +27,7 @@ from qitos.engine.async_engine import AsyncEngine
 from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineResult
+from qitos.engine.runtime import RuntimeBudget
 
 __version__ = "0.1.0"
 
@@ -23,6 +38,9 @@ __all__ = [
     "Decision",
     "Engine",
     "EngineResult",
+    "Observation",
+    "RunFailedError",
+    "RuntimeBudget",
     "StateSchema",
     "StopReason",
     "Task",

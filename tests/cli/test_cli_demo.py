@@ -22,6 +22,7 @@ DEMO_KEYS = {
     "status",
     "stop_reason",
     "steps",
+    "session_steps",
     "final_result",
     "tokens",
     "run_dir",

@@ -53,8 +53,9 @@ def test_delete_removes_the_record_and_deleting_it_again_exits_3(cli: Any, workd
     assert "no record 'gone'" in again.stderr
 
 
-def test_list_or_delete_without_a_memory_dir_exits_3_and_creates_nothing(cli: Any, workdir: Path) -> None:
-    assert "no memory at nowhere" in cli.run("memory", "list", "--dir", "nowhere", code=3).stderr
+def test_list_without_a_memory_dir_is_an_empty_listing_and_creates_nothing(cli: Any, workdir: Path) -> None:
+    assert "no memories in nowhere" in cli.run("memory", "list", "--dir", "nowhere", code=0).stdout
+    assert cli.json("memory", "list", "--dir", "nowhere", "--json")["records"] == []
     assert "no memory at nowhere" in cli.run("memory", "delete", "x", "--dir", "nowhere", code=3).stderr
     assert not (workdir / "nowhere").exists()
 

@@ -13,7 +13,18 @@ import pytest
 
 from qitos.trace import open_run
 
-RUN_KEYS = {"run_id", "session_id", "status", "stop_reason", "steps", "final_result", "tokens", "run_dir", "error"}
+RUN_KEYS = {
+    "run_id",
+    "session_id",
+    "status",
+    "stop_reason",
+    "steps",
+    "session_steps",
+    "final_result",
+    "tokens",
+    "run_dir",
+    "error",
+}
 SECRET = "sk-test-0123456789abcdef"
 
 
@@ -81,7 +92,8 @@ def test_run_whose_agent_raises_fails_with_exit_1_and_shows_the_error(cli: Any, 
 
 def test_model_path_without_a_model_is_a_usage_error(cli: Any, workdir: Path) -> None:
     result = cli.run("run", "cli_agents:ModelAgent", "t", code=2)
-    assert "no model is configured" in result.stderr
+    assert "ModelAgent decides through a model" in result.stderr and "pass --model" in result.stderr
+    assert not (workdir / "runs").exists()  # refused before anything ran
 
 
 @pytest.mark.parametrize(
@@ -210,3 +222,68 @@ def test_openai_key_falls_back_to_openai_api_key(
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     cli.run("run", "cli_agents:ModelAgent", "t", "--model", "openai:m", "--base-url", url, "--json", code=0)
     assert seen[0]["authorization"] == f"Bearer {SECRET}"
+
+
+def test_run_request_options_reach_the_server_and_the_run_budget_has_its_own_name(
+    cli: Any, workdir: Path, chat_server: Any
+) -> None:
+    url, seen = chat_server
+    args = ["run", "cli_agents:ModelAgent", "answer me", "--model", "openai:loop-model", "--base-url", url]
+    options = ["--temperature", "0.25", "--max-output-tokens", "64", "--tool-choice", "echo", "--request-timeout", "5"]
+    data = cli.json(*args, *options, "--max-run-tokens", "1000", "--json")
+    assert data["status"] == "completed"
+    body = seen[0]["body"]
+    assert (body["temperature"], body["max_tokens"]) == (0.25, 64)
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "echo"}}
+    assert "--max-tokens" not in cli.run("run", "--help", code=0).stdout  # no ambiguous name is left
+    assert "no such option" in cli.run(*args, "--max-tokens", "5", code=2).stderr.lower()
+    assert (
+        "--temperature need --model openai:NAME"
+        in cli.run("run", "cli_agents:ModelAgent", "t", "--temperature", "0.1", code=2).stderr
+    )
+
+
+def test_an_openai_model_without_a_declared_window_assumes_a_conservative_one() -> None:
+    from qitos.cli.models import DEFAULT_OPENAI_WINDOW, resolve_model
+
+    model = resolve_model("openai:m", base_url="http://127.0.0.1:9/v1")
+    assert model.max_input_units == DEFAULT_OPENAI_WINDOW == 8_192
+    assert resolve_model("openai:m", base_url="http://127.0.0.1:9/v1", max_input_units=4_096).max_input_units == 4_096
+
+
+class _V1OnlyHandler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        raw = b'{"error": {"message": "not found"}}'
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+def test_a_404_from_a_base_url_without_v1_gets_a_hint_and_the_error_prints_once(cli: Any, workdir: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _V1OnlyHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        args = ["run", "cli_agents:ModelAgent", "t", "--model", "openai:m", "--base-url", url]
+        result = cli.run(*args, code=1)
+        assert f"try --base-url {url}/v1" in result.stderr
+        assert result.stdout.count("HTTP 404") == 1  # shown once, not again in the summary
+        data = cli.json(*args, "--json", code=1)
+        assert data["status"] == "failed" and f"{url}/v1" in data["hint"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_errors_of_a_json_command_are_json(cli: Any, workdir: Path) -> None:
+    result = cli.run("sessions", "show", "ses_nope", "--db", "missing.db", "--json", code=3)
+    assert json.loads(result.stdout) == {"error": "no session store at missing.db", "exit_code": 3}
+    assert result.stderr == ""
+    usage = cli.run("run", "cli_agents:ModelAgent", "t", "--json", code=2)
+    assert "decides through a model" in json.loads(usage.stdout)["error"]

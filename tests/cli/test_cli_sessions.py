@@ -193,3 +193,53 @@ def test_resume_with_an_agent_that_cannot_be_imported_is_a_usage_error(cli: Any,
 def test_steering_with_empty_text_is_a_usage_error(cli: Any, workdir: Path) -> None:
     sid = _session(cli)
     assert "non-empty" in cli.run("sessions", "steer", sid, "  ", "--db", "s.db", code=2).stderr
+
+
+def test_resume_of_a_model_agent_without_a_model_is_a_cli_message_and_the_session_stays_paused(
+    cli: Any, workdir: Path
+) -> None:
+    import json
+
+    script = [{"tool_calls": [{"id": "call-publish", "name": "publish", "arguments": {"text": "hi"}}]}, "published"]
+    (workdir / "script.json").write_text(json.dumps(script), encoding="utf-8")
+    data = cli.json(
+        "run", "cli_agents:ModelAgent", "publish", "--model", "scripted:script.json", "--session-db", "s.db", "--json"
+    )
+    sid = data["session_id"]
+    assert data["stop_reason"] == "awaiting_approval"
+    result = cli.run("sessions", "resume", sid, "--db", "s.db", code=2)
+    assert "ModelAgent decides through a model" in result.stderr and "--model" in result.stderr
+    assert "llm=" not in result.stderr and "compose(" not in result.stderr  # a CLI message, not a Python one
+    listed = cli.json("sessions", "list", "--db", "s.db", "--json")
+    assert listed["sessions"][0]["lifecycle"] == "awaiting_approval"  # not marked failed
+
+
+def test_the_sessions_table_never_cuts_an_id_at_120_columns(
+    cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = _session(cli, task="a long task " * 8)
+    monkeypatch.setenv("COLUMNS", "120")
+    out = cli.run("sessions", "list", "--db", "s.db", code=0).stdout
+    assert sid in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    runs = cli.run("trace", "list", code=0).stdout
+    run_ids = [r["run_id"] for r in cli.json("trace", "list", "--json")["runs"]]
+    assert run_ids and all(run_id in runs for run_id in run_ids)
+
+
+def test_a_resumed_runs_json_counts_its_own_steps(cli: Any, workdir: Path) -> None:
+    import json
+
+    first = [
+        {"tool_calls": [{"id": "call-echo", "name": "echo", "arguments": {"text": "one"}}]},
+        {"tool_calls": [{"id": "call-publish", "name": "publish", "arguments": {"text": "two"}}]},
+    ]
+    (workdir / "first.json").write_text(json.dumps(first), encoding="utf-8")
+    (workdir / "then.json").write_text(json.dumps(["done"]), encoding="utf-8")
+    args = ["--session-db", "s.db", "--json"]
+    data = cli.json("run", "cli_agents:ModelAgent", "t", "--model", "scripted:first.json", *args)
+    assert (data["stop_reason"], data["steps"], data["session_steps"]) == ("awaiting_approval", 1, 1)
+    sid = data["session_id"]
+    cli.run("sessions", "approve", sid, "call-publish", "--db", "s.db", code=0)
+    done = cli.json("sessions", "resume", sid, "--db", "s.db", "--model", "scripted:then.json", "--json")
+    assert (done["final_result"], done["steps"], done["session_steps"]) == ("done", 2, 3)

@@ -16,8 +16,8 @@ from qitos.core.exchange import (
     ExchangeLog,
     ExchangeLogError,
     ItemIdRange,
+    LoggedToolCall,
     Message,
-    ToolCall,
 )
 
 
@@ -53,7 +53,7 @@ def test_an_exchange_holds_inputs_output_and_tool_results_in_order() -> None:
     assert exchange.closed
     assert [m.role for m in exchange.items] == ["user", "assistant", "tool", "tool"]
     assert exchange.output is not None
-    assert exchange.output.tool_calls[1] == ToolCall(id=f"{eid}-c1", name="lookup", arguments={"k": 1})
+    assert exchange.output.tool_calls[1] == LoggedToolCall(id=f"{eid}-c1", name="lookup", arguments={"k": 1})
     assert exchange.digest == sha256_hex("\n".join(m.json_text for m in exchange.items))
 
 

@@ -548,3 +548,52 @@ def test_compact_summary_folds_omitted_ids_into_runs() -> None:
     assert compact["receipts"][0]["input_exchange_ids"] == [[omitted[0], omitted[-1]]]
     assert compact["receipts"][0]["input_count"] == len(omitted)
     assert len(json.dumps(compact)) < len(json.dumps(full))
+
+
+def tool_loop_log(turns: int, size: int = 200) -> ExchangeLog:
+    """The model path's shape: the task opens exchange 1; later exchanges have no user input."""
+    log = ExchangeLog("log-loop")
+    for i in range(turns):
+        inputs = [{"role": "user", "content": "TASK: count the words of every note"}] if i == 0 else []
+        eid = log.open(inputs).exchange_id
+        call = {"id": f"c{i}", "name": "lookup", "arguments": {"k": i}}
+        log.record_output(eid, {"role": "assistant", "content": None, "tool_calls": [call]})
+        log.record_tool_result(eid, f"c{i}", "r" * size)
+        log.close(eid)
+    return log
+
+
+def test_compaction_keeps_the_task_ahead_of_the_history() -> None:
+    log = tool_loop_log(20)
+    budget = ContextBudget(max_input_units=1_500, reserved_output_units=0)
+    view = RequestView.from_exchange_log(
+        log, instructions=SYSTEM, context_budget=budget, compaction_policy=ClosedExchangeWindowCompactor()
+    )
+    assert view.selection.omitted_exchange_ids[0] == "ex-000001"  # the task's exchange is omitted...
+    messages = view.messages()
+    assert messages[0] == SYSTEM[0]
+    assert messages[1] == {"role": "user", "content": "TASK: count the words of every note"}  # ...its task is not
+    assert messages[2]["role"] == "assistant"
+    assert view.summary()["pinned_task"] == "ex-000001/0"
+    sel = view.selection
+    assert sel.selected_units == units_of(view) <= budget.available_input_units
+    assert sel.omitted_units + sel.selected_units == sel.total_units
+    (receipt,) = view.compaction_receipts
+    assert receipt.output_digest == projection_digest(view.selected_items_json)
+
+
+def test_the_task_is_not_pinned_while_its_exchange_is_sent() -> None:
+    view = RequestView.from_exchange_log(tool_loop_log(3), instructions=SYSTEM)
+    assert view.summary()["pinned_task"] is None
+    assert [m["role"] for m in view.messages()].count("user") == 1
+
+
+def test_with_omission_keeps_the_task() -> None:
+    view = RequestView.from_exchange_log(tool_loop_log(6, size=50))
+    drop = view.selection.selected_exchange_ids[:2]
+    remaining = view.selected_items_json[5:]
+    receipt = CompactionReceipt("r-1", drop, projection_digest(remaining), "test.trim", ("two turns",))
+    trimmed = view.with_omission(drop, receipt)
+    assert trimmed.messages()[0]["content"] == "TASK: count the words of every note"
+    assert trimmed.messages()[1]["role"] == "assistant"
+    assert trimmed.selection.selected_units == units_of(trimmed)

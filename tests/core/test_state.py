@@ -341,6 +341,21 @@ def test_apply_changes_refuses_an_extend_that_does_not_follow_the_stored_value()
         apply_changes({"items": [1]}, changes)
 
 
+def test_str_of_a_state_is_a_readable_rendering_task_first() -> None:
+    @dataclass
+    class Shelf(StateSchema):
+        books: list[str] = field(default_factory=list)
+        shelves: dict[str, int] = field(default_factory=dict)
+        empty: list[int] = field(default_factory=list)
+        label: str | None = None
+
+    state = Shelf(task="sort the shelf", books=["Dune", "Emma"], shelves={"top": 2})
+    assert str(state) == "Task: sort the shelf\nBooks:\n- Dune\n- Emma\nShelves:\n- top: 2"
+    state.final_result = "sorted"
+    assert str(state).endswith("\nFinal result: sorted")
+    assert "Shelf(schema_version=1" in repr(state)  # repr stays the dataclass repr
+
+
 def test_assigning_a_cyclic_or_too_deep_container_is_a_codec_error_naming_the_field() -> None:
     @dataclass
     class Holder(StateSchema):

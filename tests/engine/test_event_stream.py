@@ -6,6 +6,8 @@ import asyncio
 import threading
 from typing import Any
 
+import pytest
+
 from qitos import Action, AsyncEngine, Decision, Engine, tool
 from qitos.engine.events import EngineEvent, EngineEventType, EventStream
 from qitos.engine.hooks import EngineHook, HookContext
@@ -182,3 +184,11 @@ def test_a_slow_arun_stream_consumer_sees_events_after_the_engine_finished(polic
 
     total, at_finish = asyncio.run(main())
     assert 0 < at_finish < total // 2
+
+
+def test_subscribe_outside_a_running_loop_is_a_clear_error() -> None:
+    from qitos.core.errors import UsageError
+
+    stream = EventStream()
+    with pytest.raises(UsageError, match="needs a running event loop"):
+        stream.subscribe()

@@ -140,11 +140,12 @@ def test_summary_replaces_omitted_exchanges_and_is_placed_before_the_history() -
     omitted = view.selection.omitted_exchange_ids
     assert omitted and omitted[0] == "ex-000001"
     messages = view.messages()
-    summary = messages[1]
+    assert messages[1]["content"].startswith("note 0:")  # the task (the log's first input) is kept
+    summary = messages[2]
     assert summary["role"] == "user"
     assert summary["content"].startswith(f'<compaction-summary exchanges="ex-000001..{omitted[-1]}"')
     assert f"summarized {', '.join(omitted)}" in summary["content"]
-    assert messages[2]["content"].startswith(f"note {len(omitted)}:")  # history resumes right after
+    assert messages[3]["content"].startswith(f"note {len(omitted)}:")  # history resumes right after
     (receipt,) = view.compaction_receipts
     assert receipt.input_exchange_ids == omitted
     assert receipt.model_reference == "local:counting"
@@ -176,7 +177,7 @@ def test_summaries_are_incremental_and_cached() -> None:
     assert second.startswith("Summary of the conversation before these exchanges:")
     assert "## ex-000001\n" not in second
     assert all(f"## {eid}" in second for eid in newly)
-    assert "prior summary kept" in later.messages()[0]["content"]
+    assert "prior summary kept" in later.messages()[1]["content"]  # after the kept task
 
 
 def test_an_oversized_summary_raises_and_builds_nothing() -> None:
@@ -240,7 +241,7 @@ def test_the_shipped_scripted_model_can_write_summaries() -> None:
     model = ScriptedModel(["The user filed notes 0 to 22 with save; every save succeeded."])
     compactor = SummaryCompactor(model, model_reference="scripted:summary", reserve_units=600)
     view = RequestView.from_exchange_log(make_log(30), context_budget=BUDGET, compaction_policy=compactor)
-    assert "every save succeeded" in view.messages()[0]["content"]
+    assert "every save succeeded" in view.messages()[1]["content"]  # after the kept task
     assert view.compaction_receipts[0].model_reference == "scripted:summary"
     (request,) = model.requests
     assert request.messages()[-1]["content"].startswith("## ex-000001")

@@ -148,6 +148,32 @@ def test_request_inspector_shows_selection_budget_and_every_receipt(
     _shot(page, "request-inspector")
 
 
+def _run_label(run: Any) -> str:
+    first, last = run if isinstance(run, list) else (run, run)
+    return first if first == last else f"{first} \u2013 {last}"  # an en dash
+
+
+def test_omitted_ranges_and_receipts_show_as_ranges_not_concatenated_ids(
+    page: Any, server: ViewerServer, viewer_data: ViewerData, api: Any
+) -> None:
+    _, _, detail = api(f"/api/runs/{viewer_data.compacted_run}")
+    view = [s for s in detail["steps"] if s.get("request_view")][-1]["request_view"]
+    omitted = view["exchanges"]["omitted"]
+    assert omitted and all(isinstance(run, list) for run in omitted)  # the stored compact form
+    _open(page, server, f"#/runs/{viewer_data.compacted_run}", 'details.step[data-step="5"]')
+    page.locator('details.step[data-step="5"] summary').click()
+    page.click('details.step[data-step="5"] a.button')
+    page.wait_for_selector(".receipt")
+    chips = page.locator(".idlist.omitted li").all_inner_texts()
+    assert chips == [_run_label(run) for run in omitted]
+    count = page.locator(".idlist.omitted .count").inner_text()
+    assert count == f"({view['exchanges']['omitted_count']})"
+    receipt = view["receipts"][0]
+    receipt_chips = page.locator(".receipt").first.locator(".chip").all_inner_texts()
+    assert receipt_chips == [_run_label(run) for run in receipt["input_exchange_ids"]]
+    assert all("," not in chip for chip in receipt_chips)
+
+
 def test_a_script_in_a_tool_output_renders_as_text(page: Any, server: ViewerServer, viewer_data: ViewerData) -> None:
     _open(page, server, f"#/runs/{viewer_data.hostile_run}", "details.step")
     page.locator('details.step[data-step="0"] summary').click()

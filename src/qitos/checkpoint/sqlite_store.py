@@ -187,6 +187,9 @@ _SQL_HEAD_ADVANCE = (
     "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, digest = ? "
     "WHERE session_id = ? AND snapshot_id = ?"
 )
+_SQL_HEAD_ADVANCE_FENCED = (
+    f"{_SQL_HEAD_ADVANCE} AND EXISTS (SELECT 1 FROM leases WHERE session_id = ? AND token = ? AND expires_at > ?)"
+)
 _SQL_METADATA_CREATE = "INSERT INTO sessions (session_id, metadata, digest) VALUES (?, ?, ?)"
 _SQL_METADATA_SET = "UPDATE sessions SET metadata = ?, digest = ? WHERE session_id = ?"
 _SQL_HEAD_ID = "SELECT snapshot_id FROM heads WHERE session_id = ?"
@@ -487,12 +490,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 meta = metadata_json or "{}"
                 execute(_SQL_METADATA_CREATE, (session_id, meta, metadata_digest(session_id, meta)))
             else:
-                check_fence(session_id, _lease(cur, session_id), request.lease_token, time.time())
-                moved = execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected))
+                now_s = time.time()
+                token = request.lease_token
+                if token is None:
+                    check_fence(session_id, _lease(cur, session_id), None, now_s)
+                    moved = execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected))
+                else:  # the fence is checked by the UPDATE itself: one statement on the hot path
+                    moved = execute(_SQL_HEAD_ADVANCE_FENCED, (*head, session_id, expected, session_id, token, now_s))
                 if moved.rowcount != 1:
                     actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
                     if actual is None:
                         raise SessionNotFoundError(session_id)
+                    check_fence(session_id, _lease(cur, session_id), token, now_s)
                     raise HeadConflictError(session_id, expected, actual[0])
                 if metadata_json is not None:
                     execute(_SQL_METADATA_SET, (metadata_json, metadata_digest(session_id, metadata_json), session_id))

@@ -9,8 +9,10 @@ Exit codes:
 3     not found: no such run, session, snapshot, record or store
 ====  ==========================================================================
 
-Errors are printed as one line on stderr (``error: ...``); ``qitos --debug`` (or ``QITOS_DEBUG=1``)
-adds the traceback.
+Errors are printed once, as one line on stderr (``error: ...``); with ``--json`` they are JSON on
+stdout instead (``{"error": message, "exit_code": code}``, plus ``hint`` when there is one), so a
+``--json`` caller always reads JSON. ``qitos --debug`` (or ``QITOS_DEBUG=1``) adds the traceback
+(on stderr).
 """
 
 from __future__ import annotations
@@ -65,14 +67,15 @@ R = TypeVar("R")
 class CliError(Exception):
     """An error the CLI reports as one line with a chosen exit code."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, code: int = EXIT_FAILED, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.hint = hint
 
 
-def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    """Stop the command with ``message`` on stderr and exit ``code``."""
-    raise CliError(message, code)
+def fail(message: str, code: int = EXIT_FAILED, *, hint: str | None = None) -> NoReturn:
+    """Stop the command with ``message`` (and a ``hint`` line) on stderr and exit ``code``."""
+    raise CliError(message, code, hint=hint)
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -124,8 +127,18 @@ def cli_command(fn: Callable[P, R]) -> Callable[P, R]:
         except Exception as exc:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
-            typer.echo(f"error: {_message(exc)}", err=True)
-            raise typer.Exit(exit_code_for(exc)) from None
+            code = exit_code_for(exc)
+            hint = exc.hint if isinstance(exc, CliError) else None
+            if kwargs.get("json_out"):
+                data: dict[str, Any] = {"error": _message(exc), "exit_code": code}
+                if hint:
+                    data["hint"] = hint
+                print_json(data)
+            else:
+                typer.echo(f"error: {_message(exc)}", err=True)
+                if hint:
+                    typer.echo(f"hint: {hint}", err=True)
+            raise typer.Exit(code) from None
 
     return wrapper
 

@@ -55,6 +55,12 @@ def list_records(
     """List memory records, oldest first."""
     if memory_type is not None and memory_type not in MEMORY_TYPES:
         fail(f"--type must be one of {', '.join(MEMORY_TYPES)}, got {memory_type!r}", EXIT_USAGE)
+    if not os.path.isdir(directory):  # nothing was ever added here: an empty listing, like the others
+        if json_out:
+            print_json({"dir": os.path.abspath(directory), "records": []})
+        else:
+            console().print(f"no memories in {directory} (qitos memory add TEXT creates it)", highlight=False)
+        return
     memory = _open(directory)
     query: dict[str, Any] = {"max_items": limit or None}
     if memory_type:
@@ -67,7 +73,7 @@ def list_records(
         return
     out = console()
     if not rows:
-        out.print(f"no records in {directory}", highlight=False)
+        out.print(f"no memories in {directory}", highlight=False)
         return
     table = Table(title=f"memory in {directory}", title_justify="left")
     for column in ("record", "type", "role", "step", "content"):

@@ -3,7 +3,10 @@
 ==========================  ================================================================
 ``openai:NAME``             an OpenAI-compatible chat endpoint (``--base-url``, default
                             ``$OPENAI_BASE_URL`` or https://api.openai.com/v1); the API key
-                            comes from ``$QITOS_API_KEY`` or ``$OPENAI_API_KEY``
+                            comes from ``$QITOS_API_KEY`` or ``$OPENAI_API_KEY``. Its context
+                            window is ``--max-input-units`` tokens, by default
+                            :data:`DEFAULT_OPENAI_WINDOW` (8,192): a conservative guess that
+                            fits most small local servers; set the real window for more
 ``local``                   the embedded local model (``qitos.models.local``; offline)
 ``scripted:FILE.json``      a :class:`~qitos.models.scripted.ScriptedModel` replaying the JSON
                             list of responses in FILE (strings or ``{"tool_calls": [...]}``)
@@ -15,25 +18,71 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from qitos.cli.common import EXIT_NOT_FOUND, EXIT_USAGE, fail
 
-__all__ = ["API_KEY_ENV", "MODEL_FORMS", "load_local_model", "resolve_model"]
+__all__ = ["API_KEY_ENV", "DEFAULT_OPENAI_WINDOW", "MODEL_FORMS", "RequestOptions", "load_local_model", "resolve_model"]
 
 API_KEY_ENV = ("QITOS_API_KEY", "OPENAI_API_KEY")
 MODEL_FORMS = "openai:NAME, local or scripted:FILE.json"
+DEFAULT_OPENAI_WINDOW = 8_192
+"""The context window (tokens) assumed for ``openai:NAME`` without ``--max-input-units``."""
 
 
-def resolve_model(spec: str | None, *, base_url: str | None = None, max_input_units: int | None = None) -> Any:
+@dataclass(frozen=True)
+class RequestOptions:
+    """Per-request settings of ``qitos run`` for ``openai:NAME`` (None: the adapter's default)."""
+
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    tool_choice: str | None = None
+    timeout: float | None = None
+
+    def given(self) -> list[str]:
+        """The command-line flags that were set."""
+        flags = ("--temperature", "--max-output-tokens", "--tool-choice", "--request-timeout")
+        values = (self.temperature, self.max_output_tokens, self.tool_choice, self.timeout)
+        return [flag for flag, value in zip(flags, values, strict=True) if value is not None]
+
+    def adapter_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``OpenAICompatibleModel``."""
+        kwargs: dict[str, Any] = {}
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        if self.max_output_tokens is not None:
+            kwargs["max_tokens"] = self.max_output_tokens
+        if self.tool_choice is not None:
+            choice = self.tool_choice
+            kwargs["tool_choice"] = (
+                choice if choice in ("auto", "required", "none") else {"type": "function", "function": {"name": choice}}
+            )
+        if self.timeout is not None:
+            kwargs["timeout"] = self.timeout
+        return kwargs
+
+
+def resolve_model(
+    spec: str | None,
+    *,
+    base_url: str | None = None,
+    max_input_units: int | None = None,
+    request: RequestOptions | None = None,
+) -> Any:
     """The model adapter for ``spec`` (None for no spec); exits with a usage error when it is wrong."""
+    options = request or RequestOptions()
     if spec is None or spec == "":
         if base_url:
             fail("--base-url needs --model openai:NAME", EXIT_USAGE)
+        if options.given():
+            fail(f"{', '.join(options.given())} need --model openai:NAME", EXIT_USAGE)
         return None
     kind, sep, rest = spec.partition(":")
     if base_url and kind != "openai":
         fail("--base-url only applies to --model openai:NAME", EXIT_USAGE)
+    if options.given() and kind != "openai":
+        fail(f"{', '.join(options.given())} only apply to --model openai:NAME", EXIT_USAGE)
     if kind == "openai":
         if not sep or not rest:
             fail("--model openai needs a model name: openai:NAME (for example openai:gpt-4o-mini)", EXIT_USAGE)
@@ -41,7 +90,14 @@ def resolve_model(spec: str | None, *, base_url: str | None = None, max_input_un
 
         key = next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)
         url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        return OpenAICompatibleModel(rest, base_url=url, api_key=key, max_input_units=max_input_units)
+        return OpenAICompatibleModel(
+            rest,
+            base_url=url,
+            api_key=key,
+            max_input_units=max_input_units or DEFAULT_OPENAI_WINDOW,
+            unit="tokens",
+            **options.adapter_kwargs(),
+        )
     if kind == "local" and not sep:
         return load_local_model(max_input_units=max_input_units)
     if kind == "scripted":

@@ -21,10 +21,15 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from qitos.core.errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType
 from qitos.engine.hooks import EngineHook, HookContext
 
-__all__ = ["LiveRenderer", "preview"]
+__all__ = ["THEMES", "LiveRenderer", "preview"]
+
+THEMES = ("research", "mono")
+"""The renderer's themes: ``research`` (the default: colours) and ``mono`` (bold/dim/italic only)."""
+_MONO_ATTRIBUTES = frozenset({"bold", "dim", "italic"})
 
 E = EngineEventType
 
@@ -69,6 +74,7 @@ class LiveRenderer(EngineHook):
         live: force live (styled, progress bar, streaming) or plain output.
         max_result_chars: how much of each tool result to show.
         max_tokens: the token budget, to show what is left (None: not shown).
+        theme: one of :data:`THEMES` (``AgentModule.run(render=..., theme=...)`` sets it).
     """
 
     def __init__(
@@ -78,18 +84,33 @@ class LiveRenderer(EngineHook):
         live: bool | None = None,
         max_result_chars: int = 240,
         max_tokens: int | None = None,
+        theme: str = "research",
     ) -> None:
+        self.theme = theme
         self.console = console
         self.live = console.is_terminal if live is None else live
         self.max_result_chars = max_result_chars
         self.max_tokens = max_tokens
         self.max_steps = 0
         self.steps_done = 0
+        self.first_step = 0
         self.tokens = 0
         self.status = ""
         self.streamed = ""
         self.final_status: str | None = None
         self._live: Live | None = None
+        self._errors_shown: set[str] = set()
+
+    @property
+    def theme(self) -> str:
+        """The theme in use; setting an unknown one raises ConfigurationError."""
+        return self._theme
+
+    @theme.setter
+    def theme(self, value: str) -> None:
+        if value not in THEMES:
+            raise ConfigurationError(f"unknown theme {value!r}; the renderer has {', '.join(THEMES)}")
+        self._theme = value
 
     # ---- printing
 
@@ -101,20 +122,24 @@ class LiveRenderer(EngineHook):
             self.console.print(renderable, soft_wrap=not self.live, highlight=False)
 
     def _style(self, style: str) -> str:
-        return style if self.live else ""
+        if not self.live:
+            return ""
+        if self._theme == "mono":
+            return " ".join(word for word in style.split() if word in _MONO_ATTRIBUTES)
+        return style
 
     def _live_view(self) -> RenderableType:
         parts: list[RenderableType] = []
         if self.streamed:
             tail = "\n".join(self.streamed.splitlines()[-6:])
-            parts.append(Text(tail[-600:], style="italic dim cyan"))
+            parts.append(Text(tail[-600:], style=self._style("italic dim cyan")))
         total = max(self.max_steps, 1)
         row = Table.grid(padding=(0, 1))
         row.add_row(
             ProgressBar(total=total, completed=min(self.steps_done, total), width=30),
             Text(f"step {self.steps_done}/{self.max_steps}", style="bold"),
             Text(self._token_text(), style="dim"),
-            Text(self.status, style="cyan"),
+            Text(self.status, style=self._style("cyan")),
         )
         parts.append(row)
         return Group(*parts)
@@ -130,6 +155,8 @@ class LiveRenderer(EngineHook):
         """Remember the step limit; start the live display."""
         self.max_steps = int(getattr(ctx.state, "max_steps", 0) or 0)
         self.steps_done = int(getattr(ctx.state, "current_step", 0) or 0)
+        self.first_step = self.steps_done  # a resumed session run starts past 0
+        self.tokens = 0
         if self.live and self._live is None:
             self._live = Live(
                 console=self.console,
@@ -184,6 +211,7 @@ class LiveRenderer(EngineHook):
                 )
             )
         elif kind is E.ERROR:
+            self._errors_shown.add(event.error or "")
             self._print(Text(f"  error: {preview(event.error or '', 400, max_lines=3)}", style=self._style("red")))
         elif kind is E.PAUSE:
             self._print(Text(f"  paused ({payload.get('by') or payload.get('before_call') or 'requested'})"))
@@ -270,12 +298,17 @@ class LiveRenderer(EngineHook):
         payload = event.payload
         status = str(payload.get("status") or "")
         self.final_status = status
+        # The run's own steps and tokens (a resumed session run also names the session's step count).
+        total = int(payload.get("steps", self.steps_done) or 0)
+        own = f"{max(0, total - self.first_step)} step(s)"
+        if self.first_step:
+            own += f" (step {total} of the session)"
         summary = Text.assemble(
             (f"{status or 'ended'}", self._style(_STATUS_STYLE.get(status, "bold"))),
-            f" · {payload.get('stop_reason')} · {payload.get('steps', self.steps_done)} step(s) · {self._token_text()}",
+            f" · {payload.get('stop_reason')} · {own} · {self._token_text()}",
         )
         self._print(summary)
-        if event.error:
+        if event.error and event.error not in self._errors_shown:  # each error is printed once
             self._print(Text(f"error: {event.error}", style=self._style("red")))
         final = payload.get("final_result")
         if final:

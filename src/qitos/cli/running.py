@@ -6,6 +6,7 @@ adapter, the live renderer as an engine hook, a trace directory); the loop is th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,8 +24,9 @@ from qitos.cli.common import (
     fail,
     print_json,
 )
-from qitos.cli.models import MODEL_FORMS, load_local_model, resolve_model
+from qitos.cli.models import DEFAULT_OPENAI_WINDOW, MODEL_FORMS, RequestOptions, load_local_model, resolve_model
 from qitos.cli.render import LiveRenderer
+from qitos.core.agent_module import AgentModule
 from qitos.core.redaction import Redactor
 from qitos.core.task import Task, TaskBudget
 from qitos.engine.composition import compose
@@ -42,7 +44,10 @@ __all__ = [
     "DEMO_TASK",
     "demo",
     "exit_code_for_result",
+    "failure_hint",
+    "finish",
     "outcome",
+    "require_model",
     "run",
 ]
 
@@ -62,22 +67,32 @@ _COMPACTION = {"closed_window": ClosedExchangeWindowCompactor}
 
 def outcome(result: EngineResult[Any], **extra: Any) -> dict[str, Any]:
     """The JSON shape of a finished run (``--json`` of demo, run and sessions resume), redacted
-    like everything qitos shows (``qitos.core.redaction``)."""
+    like everything qitos shows (``qitos.core.redaction``).
+
+    ``steps`` and ``tokens`` are this run's own (its committed step records); ``session_steps`` is
+    where the state is now, which for a resumed session run also counts the earlier runs' steps.
+    """
     task_result = result.task_result
     data: dict[str, Any] = {
         "run_id": result.run_id,
         "session_id": None,
         "status": task_result.status if task_result else None,
         "stop_reason": result.state.stop_reason,
-        "steps": result.step_count,
+        "steps": len(result.records),
+        "session_steps": result.step_count,
         "final_result": result.state.final_result,
-        "tokens": int((task_result.token_usage or {}).get("total_tokens", 0)) if task_result else 0,
+        "tokens": sum(_record_tokens(record) for record in result.records),
         "run_dir": result.run_dir,
         "error": task_result.error if task_result else None,
     }
     data.update(extra)
     shown: dict[str, Any] = _SHOWN.redact_value(data)
     return shown
+
+
+def _record_tokens(record: Any) -> int:
+    usage = ((record.model or {}).get("response") or {}).get("usage") or {}
+    return int(usage.get("input_tokens", 0) or 0) + int(usage.get("output_tokens", 0) or 0)
 
 
 def exit_code_for_result(result: EngineResult[Any]) -> int:
@@ -96,15 +111,52 @@ def renderer_hooks(json_out: bool, *, max_tokens: int | None = None) -> tuple[li
     return [renderer], renderer
 
 
-def finish(result: EngineResult[Any], json_out: bool, renderer: LiveRenderer | None, **extra: Any) -> None:
+def require_model(factory: Callable[[], AgentModule[Any, Any, Any]], adapter: Any, *, what: str) -> None:
+    """Stop before anything runs when the agent decides through a model and none was given.
+
+    An agent that does not override ``decide`` (and brings no model of its own) asks its model at
+    every step; running it without ``--model`` could only fail, and a stored session would be
+    marked failed for a missing command-line option. ``what`` names the command for the message.
+    """
+    if adapter is not None:
+        return
+    agent = factory()
+    if type(agent).decide is AgentModule.decide and agent.llm is None:
+        fail(
+            f"{type(agent).__name__} decides through a model (it does not override decide), and {what} was "
+            f"given none: pass --model ({MODEL_FORMS})",
+            EXIT_USAGE,
+        )
+
+
+def failure_hint(result: EngineResult[Any], model: Any) -> str | None:
+    """A hint for a failed run whose cause is a common set-up mistake (a base URL without /v1)."""
+    error = (result.task_result.error if result.task_result else None) or ""
+    base_url = getattr(model, "base_url", None)
+    if "HTTP 404" in error and isinstance(base_url, str) and not base_url.rstrip("/").endswith("/v1"):
+        return (
+            f"the server answered 404 for {base_url}/chat/completions; OpenAI-compatible servers usually serve "
+            f"the API under /v1: try --base-url {base_url.rstrip('/')}/v1"
+        )
+    return None
+
+
+def finish(
+    result: EngineResult[Any], json_out: bool, renderer: LiveRenderer | None, *, adapter: Any = None, **extra: Any
+) -> None:
     """Print the outcome (JSON or a trace hint) and exit with the run's code."""
     if renderer is not None:
         renderer.close()
     data = outcome(result, **extra)
+    hint = failure_hint(result, adapter)
+    if hint:
+        data["hint"] = hint
     if json_out:
         print_json(data)
     else:
         out = console()
+        if hint:
+            console(stderr=True).print(f"hint: {hint}", soft_wrap=True)
         if data.get("session_id"):
             out.print(f"session: {data['session_id']}  (qitos sessions show {data['session_id']})", soft_wrap=True)
         if data.get("run_dir"):
@@ -170,7 +222,7 @@ def demo(
     with otlp_export(otel) as provider:
         composition = compose(
             agent=lambda: NotesAgent(root, policy=chosen),  # type: ignore[arg-type]
-            store=SqliteCheckpointStore(db),
+            checkpoint_store=SqliteCheckpointStore(db),
             model=adapter,
             hooks=hooks,
             trace_logdir=trace_dir,
@@ -205,12 +257,29 @@ def run(
     agent: Annotated[str, typer.Argument(help="The agent as module:Class (an AgentModule class or factory).")],
     task: Annotated[str, typer.Argument(help="The task objective.")],
     model: Annotated[str | None, typer.Option(help=f"Model: {MODEL_FORMS}.")] = None,
-    base_url: Annotated[str | None, typer.Option(help="API root for --model openai:NAME.")] = None,
+    base_url: Annotated[str | None, typer.Option(help="API root for --model openai:NAME (ends in /v1).")] = None,
     max_input_units: Annotated[
-        int | None, typer.Option(min=1, help="Declared context capacity of the model (its unit).")
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"Declared context window of the model, in its unit (openai:NAME default: {DEFAULT_OPENAI_WINDOW:,} "
+            "tokens, a conservative guess; set the server's real window).",
+        ),
+    ] = None,
+    temperature: Annotated[float | None, typer.Option(min=0.0, help="Sampling temperature (openai:NAME).")] = None,
+    max_output_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Output token limit of each model reply (openai:NAME max_tokens).")
+    ] = None,
+    tool_choice: Annotated[
+        str | None, typer.Option(help="Tool choice of each request (openai:NAME): auto, required, none or a tool name.")
+    ] = None,
+    request_timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="Seconds one model request may take (openai:NAME; default 60).")
     ] = None,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit (the task budget).")] = None,
-    max_tokens: Annotated[int | None, typer.Option(min=1, help="Token budget.")] = None,
+    max_run_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Token budget of the whole run (all model requests together).")
+    ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     session_db: Annotated[
         str | None, typer.Option(help="Run as a durable session in this SQLite store (resumable).")
@@ -225,16 +294,27 @@ def run(
 ) -> None:
     """Run an agent on a task (API key from $QITOS_API_KEY or $OPENAI_API_KEY)."""
     factory = load_agent(agent)
-    adapter = resolve_model(model, base_url=base_url, max_input_units=max_input_units)
-    the_task = Task(objective=task, budget=TaskBudget(max_steps=max_steps, max_tokens=max_tokens))
-    hooks, renderer = renderer_hooks(json_out, max_tokens=max_tokens)
+    adapter = resolve_model(
+        model,
+        base_url=base_url,
+        max_input_units=max_input_units,
+        request=RequestOptions(
+            temperature=temperature,
+            max_output_tokens=max_output_tokens,
+            tool_choice=tool_choice,
+            timeout=request_timeout,
+        ),
+    )
+    require_model(factory, adapter, what="qitos run")
+    the_task = Task(objective=task, budget=TaskBudget(max_steps=max_steps, max_tokens=max_run_tokens))
+    hooks, renderer = renderer_hooks(json_out, max_tokens=max_run_tokens)
     with otlp_export(otel) as provider:
         if session_db:
             Path(session_db).expanduser().parent.mkdir(parents=True, exist_ok=True)
             store = SqliteCheckpointStore(session_db)
             composition = compose(
                 agent=factory,
-                store=store,
+                checkpoint_store=store,
                 model=adapter,
                 hooks=hooks,
                 trace_logdir=trace_dir,
@@ -246,8 +326,8 @@ def run(
                 result = session.run()
             finally:
                 store.close()
-            finish(result, json_out, renderer, session_id=session.session_id.value)
+            finish(result, json_out, renderer, adapter=adapter, session_id=session.session_id.value)
         instance = factory()
         context = ModelContext(compaction_policy=ClosedExchangeWindowCompactor() if compact else None)
         engine = Engine(instance, model=adapter, hooks=hooks, trace_logdir=trace_dir, context=context, otel=provider)
-        finish(engine.run(the_task), json_out, renderer)
+        finish(engine.run(the_task), json_out, renderer, adapter=adapter)

@@ -20,7 +20,7 @@ from rich.tree import Tree
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
 from qitos.cli.models import MODEL_FORMS, resolve_model
-from qitos.cli.running import compaction_extensions, finish, renderer_hooks
+from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
 from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
@@ -48,15 +48,24 @@ def open_store(db: str) -> Iterator[SqliteCheckpointStore]:
         store.close()
 
 
-def composition_for(store: SqliteCheckpointStore, session_id: str, agent: str | None, **kwargs: Any) -> Composition:
-    """A composition able to restore ``session_id`` (its recorded agent, or ``agent``)."""
+def composition_for(
+    store: SqliteCheckpointStore, session_id: str, agent: str | None, *, needs_model: bool = False, **kwargs: Any
+) -> Composition:
+    """A composition able to restore ``session_id`` (its recorded agent, or ``agent``).
+
+    With ``needs_model=True`` (resuming) an agent that decides through a model but was given none
+    stops here with a usage error, before the session is touched.
+    """
     head = store.get_session_head(session_id)
     if head is None:
         fail(f"session {session_id!r} not found", EXIT_NOT_FOUND)
     spec = agent or (head.metadata or {}).get("agent")
     if not spec:
         fail(f"session {session_id} does not record its agent; pass --agent module:Class", 2)
-    return compose(agent=load_agent(str(spec)), store=store, **kwargs)
+    factory = load_agent(str(spec))
+    if needs_model:
+        require_model(factory, kwargs.get("model"), what=f"qitos sessions resume {session_id}")
+    return compose(agent=factory, checkpoint_store=store, **kwargs)
 
 
 def _lifecycle_style(lifecycle: str) -> str:
@@ -87,18 +96,25 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
         out.print(f"no sessions in {db}", highlight=False)
         return
     table = Table(title=f"sessions in {db}", title_justify="left")
-    for column in ("session", "lifecycle", "sequence"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("task", overflow="ellipsis", no_wrap=True, max_width=48)
+
+    # Ids are never cut: the id column keeps its full width and the other columns give way (a
+    # narrow terminal folds them onto more lines instead of truncating anything you might copy).
+    def widest(key: str, header: str) -> int:
+        return max(len(header), *(len(str(row[key] or "")) for row in rows))
+
+    table.add_column("session", no_wrap=True, min_width=widest("session_id", "session"))
+    table.add_column("lifecycle", no_wrap=True, min_width=widest("lifecycle", "lifecycle"))
+    table.add_column("sequence", no_wrap=True, min_width=widest("sequence", "sequence"))
+    table.add_column("task", overflow="ellipsis", max_width=48)
     table.add_column("agent", overflow="fold")
-    table.add_column("forked from", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
+    table.add_column("forked from", overflow="fold")
+    table.add_column("updated", overflow="fold")
     for row in rows:
         table.add_row(
             row["session_id"],
             Text(row["lifecycle"], style=_lifecycle_style(row["lifecycle"])),
             str(row["sequence"]),
-            Text(str(row["task"] or "")),
+            Text(str(row["task"] or ""), no_wrap=True, overflow="ellipsis"),
             Text(str(row["agent"] or "")),
             row["parent_session_id"] or "",
             row["updated_at"] or "",
@@ -208,6 +224,7 @@ def resume(
             store,
             session_id,
             agent,
+            needs_model=True,
             model=adapter,
             hooks=hooks,
             trace_logdir=trace_dir,
@@ -216,7 +233,7 @@ def resume(
         )
         session = composition.restore(session_id)
         result = session.run(steering=steer)
-    finish(result, json_out, renderer, session_id=session_id)
+    finish(result, json_out, renderer, adapter=adapter, session_id=session_id)
 
 
 def _receipt(receipt: Any, json_out: bool, message: str) -> None:

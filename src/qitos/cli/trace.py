@@ -48,10 +48,10 @@ def list_traces(logdir: LogdirOption = DEFAULT_LOGDIR, json_out: JsonOption = Fa
         out.print(f"no runs in {logdir}", highlight=False)
         return
     table = Table(title=f"runs in {logdir}", title_justify="left")
-    table.add_column("run", no_wrap=True)
+    table.add_column("run", no_wrap=True, min_width=max(len(str(row["run_id"])) for row in rows))  # never cut
     for column in ("status", "steps", "stop reason", "tokens", "duration"):
         table.add_column(column, no_wrap=True)
-    table.add_column("task", overflow="ellipsis", no_wrap=True, max_width=60)
+    table.add_column("task", overflow="ellipsis", max_width=60)
     for row in rows:
         table.add_row(
             row["run_id"],
@@ -60,7 +60,7 @@ def list_traces(logdir: LogdirOption = DEFAULT_LOGDIR, json_out: JsonOption = Fa
             _fmt(row["stop_reason"]),
             _fmt(row["tokens"]),
             _fmt(row["duration_s"], " s"),
-            Text(str(row["task"] or "")),
+            Text(str(row["task"] or ""), no_wrap=True, overflow="ellipsis"),
         )
     out.print(table)
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from qitos.core.decision import Decision
-from qitos.core.errors import ConfigurationError
+from qitos.core.errors import ConfigurationError, RunFailedError
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
 from qitos.core.tool import ToolRegistry
@@ -19,7 +20,9 @@ from qitos.core.tool import ToolRegistry
 if TYPE_CHECKING:
     from qitos.core.memory import Memory
 
-__all__ = ["AgentModule"]
+__all__ = ["DEFAULT_THEME", "AgentModule"]
+
+DEFAULT_THEME = "research"
 
 StateT = TypeVar("StateT", bound=StateSchema)
 ObservationT = TypeVar("ObservationT")
@@ -29,16 +32,31 @@ ActionT = TypeVar("ActionT")
 class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
     """Base class of an agent: typed state plus hooks, run by the one canonical engine loop.
 
+    A subclass can declare its tools as a class attribute, ``tools = (word_count, ...)``; they form
+    the registry when none is passed, so ``MyAgent()`` and ``compose(agent=MyAgent)`` have them.
+
     Args:
-        tool_registry: the tools the agent may call (a ``ToolRegistry``; None means no tools).
-        llm: the model used when ``decide`` returns None (the model path): a model adapter, or a
-            plain function ``messages -> text | ModelResponse`` (the engine wraps it as a
-            ``qitos.models.function.FunctionModel``). Anything else raises ConfigurationError.
+        tool_registry: the tools the agent may call: a ``ToolRegistry`` or a sequence of tools
+            (None: the class's ``tools``, by default none).
+        llm: the model used when ``decide`` returns None (the model path); seed 004's name, an alias
+            of ``model=``. Stored as ``self.llm``. A model adapter, or a plain function
+            ``messages -> text | ModelResponse`` (the engine wraps it as a
+            ``qitos.models.function.FunctionModel``); anything else raises ConfigurationError.
         model_parser: a text protocol parser turning model text into a ``Decision``.
-        memory: an optional memory adapter.
-        history: an optional history adapter.
-        **config: extra settings, kept in ``self.config``.
+        memory: an optional ``Memory`` (anything with ``retrieve()``). On every model request the
+            engine recalls it fresh into the request context through
+            ``qitos.kit.memory.adapter.MemorySourceAdapter`` (namespace ``agent``); records become
+            ``user``-placed contributions, cited by revision in the request view.
+        history: must be None. qitos keeps the conversation in the run's exchange log, and what the
+            model sees of it is shaped by ``Engine(history_policy=)`` (a compaction policy) and the
+            context budget; any other value raises ConfigurationError rather than being ignored.
+        **config: extra settings, kept in ``self.config``; except ``model=``, the agent's model adapter
+            under the name used everywhere else (``Engine(model=)``, ``compose(model=)``), which is
+            taken out and stored as ``self.llm``. Give ``model=`` or ``llm=``, not two different ones.
     """
+
+    tools: ClassVar[Sequence[Any]] = ()
+    """Tools (``@tool`` functions or ToolSpecs) every instance gets when no ``tool_registry`` is passed."""
 
     def __init__(
         self,
@@ -49,7 +67,11 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         history: Any = None,
         **config: Any,
     ) -> None:
-        self.tool_registry: ToolRegistry = tool_registry if tool_registry is not None else ToolRegistry()
+        model = config.pop("model", None)  # the canonical name; the seed's signature keeps llm=
+        if model is not None and llm is not None and model is not llm:
+            raise ConfigurationError("pass the agent's model once: model= (llm= is seed 004's alias for it)")
+        self.tool_registry: ToolRegistry = _registry(tool_registry, type(self).tools)
+        llm = llm if llm is not None else model
         usable = callable(llm) or callable(getattr(llm, "complete", None))
         if llm is not None and (isinstance(llm, type) or not usable):
             raise ConfigurationError(
@@ -58,6 +80,16 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
             )
         self.llm = llm
         self.model_parser = model_parser
+        if memory is not None and not callable(getattr(memory, "retrieve", None)):
+            raise ConfigurationError(
+                f"memory= must be a Memory (with a retrieve() method), got {type(memory).__name__}"
+            )
+        if history is not None:
+            raise ConfigurationError(
+                "history= is not supported: the conversation is the run's exchange log. To shape what the "
+                "model sees of it, pass a compaction policy as Engine(history_policy=...) or "
+                "compose(compaction=...); to add recalled facts, pass memory=."
+            )
         self.memory = memory
         self.history = history
         self.config: dict[str, Any] = dict(config)
@@ -111,17 +143,24 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         render: Any = None,
         trace_logdir: str = "./runs",
         trace_prefix: str | None = None,
-        theme: str = "research",
+        theme: str = DEFAULT_THEME,
         otel: Any = None,
         **state_kwargs: Any,
     ) -> Any:
         """Build an Engine, run ``task``, and return ``state.final_result``
         (the whole ``EngineResult`` when ``return_state=True``).
 
+        A run that ends with status ``failed`` (the model unreachable, an HTTP error, a request that
+        does not fit its budget...) raises :class:`~qitos.core.errors.RunFailedError` carrying the
+        ``EngineResult``; with ``return_state=True`` the result is returned instead. A run that
+        stopped (a budget, max steps, a pause) returns its final result, which may be None.
+
         ``trace`` is None or True (write ``trace_logdir/<run_id>/``), False (no trace files), or a
-        ``TraceWriter``. ``render`` is a render hook object (for example the CLI's live renderer) or
-        None; ``theme`` is passed to renderers that support themes. ``otel`` turns on OpenTelemetry
-        spans (``True``, a TracerProvider or ``OtelSettings``; see ``qitos.engine.telemetry``).
+        ``TraceWriter``. ``render`` is a render hook object (for example the CLI's ``LiveRenderer``)
+        or None; ``theme`` is set on it (a renderer without a ``theme`` attribute, or no renderer,
+        accepts only the default theme). ``history_policy`` goes to the Engine (a compaction policy).
+        ``otel`` turns on OpenTelemetry spans (``True``, a TracerProvider or ``OtelSettings``; see
+        ``qitos.engine.telemetry``).
         ``state_kwargs`` go to ``init_state``.
         """
         # The one place core reaches up to the engine: the convenience entry point of seed 004.
@@ -130,8 +169,12 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         all_hooks = [*(hooks or []), *(render_hooks or [])]
         if render is not None and render is not False:
             if hasattr(render, "theme"):
-                render.theme = theme
+                render.theme = theme  # a renderer validates its themes when set
+            elif theme != DEFAULT_THEME:
+                raise ConfigurationError(f"theme={theme!r}: {type(render).__name__} has no themes")
             all_hooks.append(render)
+        elif theme != DEFAULT_THEME:
+            raise ConfigurationError(f"theme={theme!r} styles a renderer, but no render= hook was given")
         kwargs.setdefault("hooks", all_hooks)
         for name, value in (
             ("parser", parser),
@@ -150,4 +193,24 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
             kwargs.setdefault("trace_prefix", trace_prefix)
         engine = engine_module.Engine(self, **kwargs)
         result = engine.run(task, workspace=workspace, max_steps=max_steps, **state_kwargs)
-        return result if return_state else result.state.final_result
+        if return_state:
+            return result
+        task_result = result.task_result
+        if task_result is not None and task_result.status == "failed":
+            raise RunFailedError(
+                f"the run failed ({task_result.stop_reason}): {task_result.error or 'no error recorded'}",
+                result=result,
+                stop_reason=task_result.stop_reason,
+                error=task_result.error,
+            )
+        return result.state.final_result
+
+
+def _registry(given: Any, declared: Sequence[Any]) -> ToolRegistry:
+    if isinstance(given, ToolRegistry):
+        return given
+    if given is None:
+        return ToolRegistry(declared)
+    if isinstance(given, list | tuple):
+        return ToolRegistry(given)
+    raise ConfigurationError(f"tool_registry= must be a ToolRegistry or a list of tools, got {type(given).__name__}")

@@ -10,6 +10,7 @@ separate subtrees so callers can catch one without the other::
     │   ├── CodecError              a value cannot round-trip through the strict codec
     │   └── ToolDefinitionError     a @tool function whose signature cannot become a schema
     └── RunError                    something failed while running
+        ├── RunFailedError          ``agent.run(task)`` ended as failed; ``result`` holds the EngineResult
         ├── ModelError              a model adapter failed (HTTP, timeout, malformed reply)
         ├── ContextError            a request could not be built (see qitos.core.request_view)
         ├── CheckpointError         durable storage
@@ -41,6 +42,7 @@ __all__ = [
     "ModelError",
     "QitosError",
     "RunError",
+    "RunFailedError",
     "SessionBusyError",
     "SessionNotFoundError",
     "SnapshotIntegrityError",
@@ -96,6 +98,31 @@ class ToolDefinitionError(UsageError):
 
 class RunError(QitosError):
     """A failure while running an agent."""
+
+
+class RunFailedError(RunError):
+    """A run ended with status ``failed`` (the model unreachable, a request that cannot be built...).
+
+    Raised by ``AgentModule.run(task)`` instead of returning a final answer of None; with
+    ``return_state=True`` the result is returned as usual. ``result`` is the run's ``EngineResult``
+    (state, records, events, task result), ``stop_reason`` and ``error`` say why it failed. Pickling
+    keeps the message, ``stop_reason`` and ``error`` (``result`` becomes None).
+    """
+
+    def __init__(self, message: str, *, result: Any = None, stop_reason: str | None = None, error: str | None = None):
+        super().__init__(message)
+        self.result = result
+        self.stop_reason = stop_reason
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_run_failed, (self.__class__, str(self), self.stop_reason, self.error))
+
+
+def _rebuild_run_failed(
+    cls: type[RunFailedError], message: str, stop_reason: str | None, error: str | None
+) -> RunFailedError:
+    return cls(message, stop_reason=stop_reason, error=error)
 
 
 class ModelError(RunError):

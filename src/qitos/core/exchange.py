@@ -49,9 +49,9 @@ __all__ = [
     "ExchangeLogError",
     "ExchangeProjection",
     "ItemIdRange",
+    "LoggedToolCall",
     "Message",
     "Role",
-    "ToolCall",
     "categories_from_mask",
     "exchange_id_at",
 ]
@@ -219,8 +219,12 @@ class ItemIdRange(_LazyIds):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ToolCall:
-    """One tool call declared by an assistant message. ``arguments`` is a JSON object."""
+class LoggedToolCall:
+    """One tool call as recorded in the exchange log (declared by an assistant message).
+
+    ``arguments`` is a JSON object. Not to be confused with ``qitos.models.ToolCall``, the call a
+    model adapter returns (which also keeps the model's raw argument text).
+    """
 
     id: str
     name: str
@@ -231,9 +235,9 @@ class ToolCall:
         return {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
 
     @classmethod
-    def from_value(cls, value: ToolCall | Mapping[str, Any], path: str = "tool_call") -> ToolCall:
-        """Validate a ToolCall or a mapping with ``id``, ``name`` and ``arguments``."""
-        if isinstance(value, ToolCall):
+    def from_value(cls, value: LoggedToolCall | Mapping[str, Any], path: str = "tool_call") -> LoggedToolCall:
+        """Validate a LoggedToolCall or a mapping with ``id``, ``name`` and ``arguments``."""
+        if isinstance(value, LoggedToolCall):
             data: Mapping[str, Any] = value.to_dict()
         elif isinstance(value, Mapping):
             data = value
@@ -273,7 +277,7 @@ class Message:
 
     role: Role
     content: str | None = None
-    tool_calls: tuple[ToolCall, ...] = ()
+    tool_calls: tuple[LoggedToolCall, ...] = ()
     tool_call_id: str | None = None
     json_text: str = field(init=False, compare=False, repr=False)
 
@@ -316,7 +320,7 @@ class Message:
         raw_calls = value.get("tool_calls") or ()
         if isinstance(raw_calls, str | bytes) or not isinstance(raw_calls, Sequence):
             raise ExchangeLogError(f"{path}.tool_calls: must be a list of tool calls")
-        calls = tuple(ToolCall.from_value(c, f"{path}.tool_calls[{i}]") for i, c in enumerate(raw_calls))
+        calls = tuple(LoggedToolCall.from_value(c, f"{path}.tool_calls[{i}]") for i, c in enumerate(raw_calls))
         role = value.get("role")
         if role not in _ROLES:
             raise ExchangeLogError(f"{path}.role: must be one of {sorted(_ROLES)}, got {role!r}")
@@ -357,7 +361,7 @@ class Exchange:
         return (*self.inputs, self.output, *self.tool_results)
 
     @property
-    def tool_calls(self) -> tuple[ToolCall, ...]:
+    def tool_calls(self) -> tuple[LoggedToolCall, ...]:
         """The tool calls declared by the output (empty without one)."""
         return self.output.tool_calls if self.output is not None else ()
 
@@ -380,6 +384,8 @@ class _UnitPrefix:
     counter: _Counter
     # sums[i] = units of the closed exchanges [0, i).
     sums: list[int] = field(default_factory=lambda: [0])
+    # units of the log's first item (the task), counted once when first asked for.
+    first_item: int | None = None
 
 
 @dataclass(slots=True)
@@ -419,6 +425,19 @@ class ExchangeProjection:
         for i in range(len(sums) - 1, len(self.exchange_ids)):
             sums.append(sums[-1] + sum(count(text) for text in texts[offsets[i] : offsets[i + 1]]))
         return sums
+
+    def first_item_units(self, counter: _Counter) -> int:
+        """Units of the first closed item (the run's task) under ``counter``; counted once.
+
+        Call :meth:`unit_sums` with the same counter first (it creates the cache entry).
+        """
+        key: Any = getattr(counter, "cache_key", None)
+        prefix = self.units.get(key if key is not None else ("id", id(counter)))
+        if prefix is None:
+            return counter.count(self.item_json[0])
+        if prefix.first_item is None:
+            prefix.first_item = counter.count(self.item_json[0])
+        return prefix.first_item
 
 
 def _category_mask(exchange: Exchange) -> int:

@@ -24,6 +24,11 @@ builder leaves ``reserve_units`` of room for it and places the summary right aft
 contributions, before the selected history; the receipt's ``output_digest`` is the SHA-256 of the
 summary message's canonical JSON.
 
+The task is never dropped: when the first exchange is omitted, the run's first input (the log's
+first item, a ``user`` message: the task) is kept like the instructions, as a ``task`` context
+record placed after the contributions and before any summary, and its units are reserved before
+the omission is computed. ``summary()["pinned_task"]`` names it.
+
 Exchanges are omitted whole, so a tool result is never sent without the assistant call that
 declared it. Unit counts come from the log's incremental projection (prefix sums per counter), so a
 build costs O(selected items + log n), not a re-count of the whole log.
@@ -535,6 +540,7 @@ class RequestView:
                 ({"receipt_id": c["receipt_id"], "units": c["units"]} for c in contexts if c["kind"] == "summary"),
                 None,
             ),
+            "pinned_task": next((c["item_id"] for c in contexts if c["kind"] == "task"), None),
             "receipts": receipts,
             "authorizing_receipt_ids": list(prov.get("authorizing_receipt_ids", [])),
             "reasons": list(sel.reasons),
@@ -630,6 +636,15 @@ class RequestView:
             )
         counter = counter or unit_counter_for(sel.unit)
         dropped_units = sum(counter.count(text) for text in self.selected_items_json[:k])
+        context_json = self.context_json
+        task = None
+        if not sel.omitted_item_ids and k:  # the log's first item (the task) is among the dropped
+            task = _task_record(sel.selected_item_ids[0], self.selected_items_json[0], counter.count)
+        if task is not None:
+            dropped_units -= task["units"]
+            summaries = [i for i, text in enumerate(context_json) if json.loads(text)["kind"] == "summary"]
+            at = summaries[0] if summaries else len(context_json)
+            context_json = (*context_json[:at], canonical_json(task), *context_json[at:])
         prov = self.provenance
         prov["authorizing_receipt_ids"] = [*prov.get("authorizing_receipt_ids", []), receipt.receipt_id]
         new_selection = replace(
@@ -646,6 +661,7 @@ class RequestView:
             self,
             request_id="req-" + sha256_hex(canonical_json([self.request_id, receipt.to_dict()])),
             selected_items_json=remaining,
+            context_json=context_json,
             selection=new_selection,
             compaction_receipts=(*self.compaction_receipts, receipt),
             provenance_json=canonical_json(prov),
@@ -841,9 +857,13 @@ class _Builder:
         reasons: list[str] = []
         policy = self.compaction_policy
         summarizing = isinstance(policy, SummarizingCompactionPolicy)
+        task_record: dict[str, Any] | None = None
         if older_units > available - used:
             reserve = max(0, int(policy.reserve_units)) if summarizing else 0
-            room = available - used - reserve
+            first_units = proj.first_item_units(self.counter)
+            task_record = _task_record(proj.item_ids[0], proj.item_json[0], lambda _: first_units)
+            task_units = task_record["units"] if task_record is not None else 0
+            room = available - used - reserve - task_units
             cut = p_start if room < 0 else bisect_left(sums, older_units - room, 0, p_start + 1)
             cut = max(cut, 1)
         omitted_ids = ExchangeIdRange(0, cut)  # lazy: no per-request copy of every omitted id
@@ -878,7 +898,11 @@ class _Builder:
                 }
                 used += summary_units
         used += sums[p_start] - sums[cut]
+        if task_record is not None:
+            used += task_record["units"]
+            reasons.append(f"task: the run's first input ({task_record['item_id']}) is kept ahead of the history")
         if used > available:  # only reachable with a selection policy that ignores the budget
+            # (or when the task itself does not fit next to the protected exchanges)
             raise ContextBudgetExceededError(
                 f"the request needs {used} {unit} but only {available} are available "
                 f"(selection policy {_policy_id(self.selection_policy)})",
@@ -909,6 +933,8 @@ class _Builder:
             )
             for _, c in placed
         ]
+        if task_record is not None:
+            context_records.append(canonical_json(task_record))
         if summary_record is not None:
             context_records.append(canonical_json(summary_record))
         reasons.extend(selection.reasons)
@@ -932,7 +958,7 @@ class _Builder:
             tuple(c.contribution_id for c in selection.omitted),
             fixed_units + sums[closed] + open_units + selection.selected_units + selection.omitted_units,
             used,
-            sums[cut] + selection.omitted_units,
+            sums[cut] - (task_record["units"] if task_record is not None else 0) + selection.omitted_units,
             unit,
             tuple(reasons),
             tuple(proj.exchange_ids[p_start:closed]) + tuple(open_ids),
@@ -1089,6 +1115,15 @@ class _Builder:
                     policy_id=policy_id,
                 )
         return receipt, summary_message
+
+
+def _task_record(item_id: str, item_json: str, count: Any) -> dict[str, Any] | None:
+    """The context record that keeps the run's first input (the task) when its exchange is omitted;
+    None when the log's first item is not a plain user message."""
+    message = json.loads(item_json)
+    if message.get("role") != "user" or message.get("tool_calls"):
+        return None
+    return {"kind": "task", "item_id": item_id, "units": int(count(item_json)), "message": message}
 
 
 def _receipt_identity(receipt: CompactionReceipt) -> list[Any]:

@@ -252,6 +252,10 @@ class StateSchema:
 
     Subclass it as a dataclass to add fields. ``max_steps`` must be ``> 0`` and
     ``>= current_step``; violations raise :class:`StateValidationError` naming the field.
+
+    ``str(state)`` (the default model input of ``AgentModule.prepare``) is a readable rendering:
+    the task first, then the subclass's own fields that hold something, then the final result if
+    one is set; ``repr(state)`` stays the dataclass repr.
     """
 
     schema_version: int = 1
@@ -291,6 +295,19 @@ class StateSchema:
             journal = {}
             object.__setattr__(self, "_q_changes", journal)
         return journal
+
+    def __str__(self) -> str:
+        lines = [f"Task: {self.task}" if self.task else "Task: (none)"]
+        for name in field_hints(type(self)):
+            if name in _BASE_FIELDS:
+                continue
+            value = getattr(self, name, None)
+            if value is None or (isinstance(value, str | list | dict | tuple | set) and not value):
+                continue
+            lines.append(_render_field(name, value))
+        if self.final_result is not None:
+            lines.append(f"Final result: {self.final_result}")
+        return "\n".join(lines)
 
     # ---------------------------------------------------------------- validation and control
 
@@ -376,6 +393,34 @@ class StateSchema:
                 ops.append({"op": "set", "field": name, "value": _encode(value, hint, name, None)})
         journal.clear()
         return ops
+
+
+_BASE_FIELDS = frozenset(
+    {"schema_version", "task", "current_step", "max_steps", "final_result", "stop_reason", "metadata", "metrics"}
+)
+
+
+def _render_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, StrEnum):
+        return value.value
+    return repr(value) if not isinstance(value, list | dict | tuple) else _render_container(value)
+
+
+def _render_container(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_render_value(k)}: {_render_value(v)}" for k, v in value.items()) + "}"
+    return "[" + ", ".join(_render_value(v) for v in value) + "]"
+
+
+def _render_field(name: str, value: Any) -> str:
+    label = name.replace("_", " ").capitalize()
+    if isinstance(value, list | tuple) and any(isinstance(v, str) for v in value):
+        return f"{label}:\n" + "\n".join(f"- {_render_value(v)}" for v in value)
+    if isinstance(value, dict):
+        return f"{label}:\n" + "\n".join(f"- {_render_value(k)}: {_render_value(v)}" for k, v in value.items())
+    return f"{label}: {_render_value(value)}"
 
 
 def apply_changes(data: dict[str, Any], ops: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 ::
 
-    composition = compose(agent=NotesAgent, store=SqliteCheckpointStore("sessions.db"))
+    composition = compose(agent=NotesAgent, checkpoint_store=SqliteCheckpointStore("sessions.db"))
     session = composition.session("Index notes")
     result = session.run()
     same = composition.restore(session.session_id.value)   # in any process, with SQLite
@@ -110,6 +110,7 @@ def compose(
     lifecycle: Mapping[str, str] | None = None,
     model: Any = None,
     *,
+    checkpoint_store: CheckpointStore | None = None,
     durability: str = "sync",
     batch_steps: int = 16,
     batch_ms: float = 50.0,
@@ -119,7 +120,9 @@ def compose(
 ) -> Composition:
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
 
-    ``store`` defaults to an in-process ``InMemoryCheckpointStore``. ``durability`` is ``"sync"``
+    ``checkpoint_store`` is where sessions are stored (the name ``Engine(checkpoint_store=)`` and
+    ``composition.runtime.checkpoint_store`` use); ``store`` is the same parameter under SPEC's short
+    name (give one of them). It defaults to an in-process ``InMemoryCheckpointStore``. ``durability`` is ``"sync"``
     (commit every boundary) or ``"batched"`` (group commit every ``batch_steps`` boundaries or
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
     ``lease_ttl`` is how many seconds a run's hold on its session lasts without renewal: how long a
@@ -132,6 +135,9 @@ def compose(
         raise ConfigurationError(f"durability must be 'sync' or 'batched', got {durability!r}")
     if batch_steps < 1 or batch_ms <= 0:
         raise ConfigurationError("batch_steps must be >= 1 and batch_ms > 0")
+    if store is not None and checkpoint_store is not None and store is not checkpoint_store:
+        raise ConfigurationError("pass the checkpoint store once: checkpoint_store= (store= is its short alias)")
+    store = checkpoint_store if checkpoint_store is not None else store
     if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or lease_ttl <= 0:
         raise ConfigurationError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
     if tool_workers is not None:

@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from qitos.core.decision import Decision, Observation
+from qitos.core.errors import UsageError
 from qitos.core.task import TaskResult
 
 __all__ = [
@@ -258,9 +259,18 @@ class EventStream:
     def subscribe(self) -> asyncio.Queue[Any]:
         """A new queue receiving every event emitted from now on; ``None`` marks the end.
 
-        Must be called from a running event loop (the consumer's).
+        Must be called from a running event loop (the consumer's): the queue delivers on that loop.
+        Called outside one it raises UsageError (an ``async for event in stream`` or a call inside
+        an ``async def`` is the way to consume a stream).
         """
-        sub = _Subscriber(asyncio.get_running_loop(), self._max_queue)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise UsageError(
+                "EventStream.subscribe() needs a running event loop: call it from async code (inside an "
+                "async def, e.g. `async for event in stream`); its queue delivers events on that loop"
+            ) from None
+        sub = _Subscriber(loop, self._max_queue)
         with self._lock:
             if self._closed:
                 for event in self._history:

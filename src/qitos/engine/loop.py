@@ -41,6 +41,7 @@ from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.state import StateSchema, StopReason
 from qitos.core.task import Env, Task, TaskResult
 from qitos.core.tool import ToolResult
+from qitos.engine.agent_context import check_history_policy
 from qitos.engine.drivers import AsyncDriver, Backpressure, drive
 from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, ToolCall
 from qitos.engine.event_redaction import redact_event, redacting_sink
@@ -109,7 +110,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         stop_criteria: extra StopCriteria (FinalResultCriteria always applies).
         critics: Critics consulted after each REDUCE.
         env: an Env that executes actions instead of the ToolRegistry.
-        history_policy: reserved for history adapters; stored as given.
+        history_policy: a compaction policy shaping what the model sees of the run's history (used when
+            ``context`` names none; see ``qitos.engine.agent_context``); anything else is refused.
         trace_writer: a TraceWriter; or pass ``trace_logdir`` to create one.
         hooks: EngineHooks.
         search: the BranchSelector for ``branch`` decisions (default: first candidate).
@@ -161,7 +163,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         self._extra_stop_criteria = [c for c in self.stop_criteria if not isinstance(c, FinalResultCriteria)]
         self.critics = list(critics or [])
         self.env = env
-        self.history_policy = history_policy
+        self.history_policy = check_history_policy(history_policy, context)
         self.trace_writer = trace_writer
         self.trace_logdir = trace_logdir
         self.trace_prefix = trace_prefix
@@ -304,7 +306,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 E.RUN_START,
                 0,
                 phase=P.INIT,
-                payload={"run_id": run_id, "task": task.objective, "resumed": resume is not None, "run_dir": run_dir},
+                payload={
+                    "run_id": run_id,
+                    "task": task.objective,
+                    "resumed": resume is not None and not resume.fresh,
+                    "run_dir": run_dir,
+                },
             )
         )
         try:
@@ -407,6 +414,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             pending=resume.pending if resume else None,
             elapsed_before=float(used.get("elapsed_seconds", 0.0)),
             step_changes=list(resume.carry_changes) if resume else [],
+            first_step=state.current_step,
+            tokens_before=int(used.get("tokens", 0)),
         )
         if self._hook_table["on_run_start"]:
             ctx = HookContext(run_id, state.current_step, state, journal=journal)
@@ -688,11 +697,17 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             log_entries=list(log_entries),
             state_changes=list(changes),
             control_position=run.control_position,
+            approval_calls=self._approval_calls(decision),
         )
         run.pending = pending
         yield JournalCall(run.journal, "record_decision", (pending,))
         if run.writer is not None:
             self._trace_committed(run)  # a batched journal flushes its buffer first
+
+    def _approval_calls(self, decision: Decision[Any]) -> list[str]:
+        """The ids of the decision's calls whose tools need a human's approval."""
+        registry = self.agent.tool_registry
+        return [a.id for a in decision.actions if (spec := registry.get(a.name)) is not None and spec.needs_approval]
 
     def _model_decide(
         self, run: RunContext, step_id: int
@@ -706,7 +721,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if model_path is None or model_path.model is not self.model or model_path.parser is not self.parser:
             context = self.context if isinstance(self.context, ModelContext) else None
             model_path = self._model_path = ModelPath(
-                self.agent, self.model, self.parser, context, content_events=self.model_content_events
+                self.agent,
+                self.model,
+                self.parser,
+                context,
+                content_events=self.model_content_events,
+                history_policy=self.history_policy,
             )
         try:
             outcome = yield from model_path.decide(run, step_id)
@@ -934,17 +954,19 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             run_dir=run.run_dir,
         )
         if writer is not None:
-            writer.finish(
-                status,
-                {
-                    "stop_reason": reason.value,
-                    "final_result": state.final_result,
-                    "steps": state.current_step,
-                    "token_usage": {"total_tokens": run.tokens_used},
-                    "elapsed_seconds": round(elapsed, 6),
-                    "error": run.error,
-                },
-            )
+            # The run's own steps, tokens and time; a resumed session run also gives the session's.
+            summary: dict[str, Any] = {
+                "stop_reason": reason.value,
+                "final_result": state.final_result,
+                "steps": state.current_step - run.first_step,
+                "token_usage": {"total_tokens": run.tokens_used - run.tokens_before},
+                "elapsed_seconds": round(elapsed - run.elapsed_before, 6),
+                "error": run.error,
+            }
+            if run.first_step or run.tokens_before or run.elapsed_before:
+                session_total = {"steps": state.current_step, "total_tokens": run.tokens_used}
+                summary["session"] = {**session_total, "elapsed_seconds": round(elapsed, 6)}
+            writer.finish(status, summary)
         if self._hook_table["on_run_end"]:
             ctx = HookContext(run.run_id, state.current_step, state, result=result)
             self._call_hooks("on_run_end", run, ctx)

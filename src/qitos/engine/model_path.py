@@ -41,6 +41,7 @@ from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
 from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import ToolResult
+from qitos.engine.agent_context import request_compaction, request_contributors
 from qitos.engine.effects import Loop, ModelCall
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.engine.run_context import RunContext
@@ -97,6 +98,9 @@ class ModelPath:
         parser: a text protocol parser, or None for native tool calls.
         context: how requests are built (None: the defaults of ``ModelContext``).
         content_events: put the prompt and the reply in the model_request/model_response events.
+        history_policy: the engine's ``history_policy`` (a compaction policy), used when the context
+            names none; the agent's ``memory`` is recalled after the context's contributors (see
+            ``qitos.engine.agent_context``).
 
     It keeps no per-run state: everything a run needs is in its ``RunContext``, so one ModelPath
     serves any number of runs at once.
@@ -110,12 +114,15 @@ class ModelPath:
         context: ModelContext | None = None,
         *,
         content_events: bool = False,
+        history_policy: Any = None,
     ) -> None:
         self.agent = agent
         self.model = model
         self.parser = parser
         self.context: ModelContext = context if context is not None else ModelContext()
         self.content_events = content_events
+        self.contributors = request_contributors(agent, self.context.contributors)
+        self.compaction_policy = request_compaction(self.context.compaction_policy, history_policy)
 
     def decide(self, run: RunContext, step_id: int) -> Loop[ModelOutcome]:
         """Build the request, ask for the model call (an effect), record the reply, parse it."""
@@ -139,7 +146,7 @@ class ModelPath:
         native_tools = parser is None
         contributions = []
         request = ContextRequest(step_id=step_id, task=state.task, log=log, state=state)
-        for contributor in self.context.contributors:
+        for contributor in self.contributors:
             contributions.extend(contributor.contribute(request))
         budget = self.context.budget_policy.budget_for(
             getattr(model, "max_input_units", None), getattr(model, "unit", None)
@@ -154,7 +161,7 @@ class ModelPath:
             context_contributions=contributions,
             context_selection_policy=self.context.selection_policy,
             context_unit_counter=self.context.unit_counter,
-            compaction_policy=self.context.compaction_policy,
+            compaction_policy=self.compaction_policy,
             protocol_id=NATIVE_PROTOCOL_ID if native_tools else getattr(parser, "protocol_id", type(parser).__name__),
             tool_use_policy=tool_use(request) if callable(tool_use) else tool_use,
             tool_use_satisfied=bool(log.projection().category_or[-1] & CATEGORY_BITS["tool_results"]),

@@ -81,6 +81,8 @@ class RunContext:
     writer: TraceWriter | None = None
     run_dir: str | None = None
     live: bool = False
+    first_step: int = 0  # where this run started (a resumed session run starts past 0)
+    tokens_before: int = 0  # the session's tokens before this run
     cancel: bool = False
     cancel_immediate: bool = False
 

@@ -43,17 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.packing import unpack
 from qitos.checkpoint.store import (
     CheckpointStore,
-    ControlItem,
     DuplicateOperationError,
     SessionHeadRecord,
     SessionSnapshot,
@@ -62,9 +58,7 @@ from qitos.checkpoint.store import (
 )
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import (
-    CheckpointError,
     ConfigurationError,
-    IntegrityError,
     SessionNotFoundError,
 )
 from qitos.core.exchange import ExchangeLog
@@ -77,18 +71,42 @@ from qitos.core.identity import (
     WorkItemIdentity,
 )
 from qitos.core.redaction import Redactor, model_credentials
-from qitos.core.request_view import RequestView
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
 from qitos.engine.events import EngineResult
 from qitos.engine.loop import EngineLoop
+from qitos.sessions.control import (
+    ApprovalReceipt,
+    PauseReceipt,
+    SteeringReceipt,
+    aanswer_approval,
+    answer_approval,
+    apause_session,
+    asteer_session,
+    pause_session,
+    steer_session,
+)
+from qitos.sessions.inspection import (
+    SessionHead,
+    SessionInspection,
+    SessionLifecycle,
+    ToolBatchSnapshot,
+    ToolCallStatus,
+    inspect_session,
+    session_capabilities,
+)
 from qitos.sessions.journal import (
-    PendingStep,
     ResumePoint,
 )
 from qitos.sessions.lease import DEFAULT_LEASE_TTL, LeaseKeeper
-from qitos.sessions.step_journal import APPROVAL_KINDS, FORMAT, RestoredSession, SessionJournal, materialize, restore
-from qitos.sessions.stored_view import view_from_record
+from qitos.sessions.step_journal import (
+    RestoredSession,
+    SessionJournal,
+    first_payload,
+    fork_payload,
+    materialize,
+    restore,
+)
 
 __all__ = [
     "PauseReceipt",
@@ -149,60 +167,6 @@ class SessionHost(Protocol):
     def restore(self, session_id: str) -> Session: ...
 
 
-class SessionLifecycle(StrEnum):
-    """Where a session stands."""
-
-    CREATED = "created"
-    RUNNING = "running"
-    PAUSED = "paused"
-    AWAITING_APPROVAL = "awaiting_approval"
-    COMPLETED = "completed"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SessionHead:
-    """A session's durable head: its latest snapshot."""
-
-    session_id: str
-    snapshot_id: str
-    sequence: int
-    lifecycle: str
-    updated_at: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class PauseReceipt:
-    """A durable pause request; the run stops at its next boundary (never midway)."""
-
-    session_id: str
-    position: int
-    requested_at: str
-    status: str = "requested"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SteeringReceipt:
-    """A durable steering item; the loop takes it in once, at its next boundary."""
-
-    session_id: str
-    position: int
-    text_digest: str
-    submitted_at: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApprovalReceipt:
-    """A durable answer to a tool call awaiting approval."""
-
-    session_id: str
-    call_id: str
-    approved: bool
-    position: int
-    reason: str | None = None
-
-
 @dataclass(frozen=True, kw_only=True)
 class SessionForkReceipt:
     """Records where a forked session came from."""
@@ -212,46 +176,6 @@ class SessionForkReceipt:
     child_session_id: str
     operation_id: str | None
     created_at: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolCallStatus:
-    """One call of an in-flight tool batch."""
-
-    call_id: str
-    tool: str
-    args: Mapping[str, Any]
-    status: str  # awaiting_approval | approved | rejected | started | completed | failed | not_started
-    needs_approval: bool = False
-    error: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolBatchSnapshot:
-    """The tool calls of a step that has not finished."""
-
-    step_id: int
-    calls: tuple[ToolCallStatus, ...]
-
-    @property
-    def pending_approval(self) -> tuple[ToolCallStatus, ...]:
-        """Calls waiting for a human."""
-        return tuple(c for c in self.calls if c.status == "awaiting_approval")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SessionInspection:
-    """Read-only inspection result backed by the current durable head."""
-
-    head: SessionHead
-    lifecycle: SessionLifecycle
-    capabilities: tuple[str, ...]
-    snapshot_integrity: str
-    budget: Mapping[str, Any]
-    work_graph: Mapping[str, Any] | None
-    last_request_view: RequestView | None
-    task: str
-    tool_batch: ToolBatchSnapshot | None
 
 
 # --------------------------------------------------------------------------- the facade
@@ -383,12 +307,13 @@ class Session:
             state=state,
             log=restored.log,
             budget_used={
-                **(restored.snapshot.payload.get("budget_used") or {}),
+                **restored.budget_used,
                 "control_position": restored.control_position,
                 "pause_position": restored.pause_position,
             },
             pending=restored.pending,
             carry_changes=restored.carry_changes,
+            fresh=restored.snapshot.sequence == 0 and restored.lifecycle == SessionLifecycle.CREATED.value,
         )
         return journal, resume
 
@@ -398,78 +323,61 @@ class Session:
 
     def pause(self) -> PauseReceipt:
         """Request cooperative pause; durable status is returned at a boundary."""
-        item = self.store.append_control(self.session_id.value, "pause", {"requested_at": utc_now()})
-        return _pause_receipt(item)
+        return pause_session(self.store, self.session_id.value)
 
     async def apause(self) -> PauseReceipt:
         """Async twin of :meth:`pause`."""
-        item = await self.store.aappend_control(self.session_id.value, "pause", {"requested_at": utc_now()})
-        return _pause_receipt(item)
+        return await apause_session(self.store, self.session_id.value)
 
     def steer(self, text: str) -> SteeringReceipt:
         """Durably submit one canonical steering item to this Session."""
-        _check_steering(text)
-        item = self.store.append_control(self.session_id.value, "steer", {"text": self._redactor().redact_value(text)})
-        return _steering_receipt(item, text)
+        return steer_session(self.store, self.session_id.value, text, redactor=self._redactor())
 
     async def asteer(self, text: str) -> SteeringReceipt:
         """Async twin of :meth:`steer`."""
-        _check_steering(text)
-        payload = {"text": self._redactor().redact_value(text)}
-        item = await self.store.aappend_control(self.session_id.value, "steer", payload)
-        return _steering_receipt(item, text)
+        return await asteer_session(self.store, self.session_id.value, text, redactor=self._redactor())
 
     def approve(self, call_id: str) -> ApprovalReceipt:
         """Approve a tool call awaiting approval; the next ``run()`` executes it."""
-        self._check_awaiting(self.inspect(), call_id)
         return self._answer(call_id, True, None)
 
     async def aapprove(self, call_id: str) -> ApprovalReceipt:
         """Async twin of :meth:`approve`."""
-        self._check_awaiting(await self.ainspect(), call_id)
         return await self._aanswer(call_id, True, None)
 
     def reject(self, call_id: str, reason: str | None = None) -> ApprovalReceipt:
         """Reject a tool call awaiting approval; the next ``run()`` reports the rejection to the agent."""
-        self._check_awaiting(self.inspect(), call_id)
         return self._answer(call_id, False, reason)
 
     async def areject(self, call_id: str, reason: str | None = None) -> ApprovalReceipt:
         """Async twin of :meth:`reject`."""
-        self._check_awaiting(await self.ainspect(), call_id)
         return await self._aanswer(call_id, False, reason)
 
-    def _check_awaiting(self, inspection: SessionInspection, call_id: str) -> None:
-        batch = inspection.tool_batch
-        waiting = {c.call_id for c in batch.pending_approval} if batch else set()
-        if call_id not in waiting:
-            raise ConfigurationError(
-                f"session {self.session_id.value}: no tool call {call_id!r} is awaiting approval "
-                f"(awaiting: {sorted(waiting) or 'none'})"
-            )
-
     def _answer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
-        kind = "approve" if approved else "reject"
-        payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
-        item = self.store.append_control(self.session_id.value, kind, payload)
-        return ApprovalReceipt(
-            session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
+        return answer_approval(
+            self.store,
+            self.session_id.value,
+            call_id,
+            approved=approved,
+            reason=reason,
+            redactor=self._redactor(),
+            inspection=self.inspect(),
         )
 
     async def _aanswer(self, call_id: str, approved: bool, reason: str | None) -> ApprovalReceipt:
-        kind = "approve" if approved else "reject"
-        payload = self._redactor().redact_value({"call_id": call_id, "reason": reason})
-        item = await self.store.aappend_control(self.session_id.value, kind, payload)
-        return ApprovalReceipt(
-            session_id=item.session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
+        return await aanswer_approval(
+            self.store,
+            self.session_id.value,
+            call_id,
+            approved=approved,
+            reason=reason,
+            redactor=self._redactor(),
+            inspection=await self.ainspect(),
         )
 
     def capabilities(self) -> frozenset[str]:
         """What this session supports with its store."""
-        caps = {"run", "pause", "steer", "fork", "inspect", "approve"}
-        if not isinstance(self.store, InMemoryCheckpointStore):
-            caps.add("cross_process_restore")
-        return frozenset(caps)
+        return session_capabilities(self.store)
 
     # ---- forking
 
@@ -494,15 +402,7 @@ class Session:
         source = store.get_snapshot(snapshot_id)
         source_state = materialize(store, snapshot_id)  # verifies the whole chain the child will share
         child_id = SessionIdentity.new().value
-        # The child's first snapshot adds nothing: state, log and request view come from the chain.
-        inherited = ("step_id", "budget_used", "stop_reason", "pending")
-        payload: dict[str, Any] = {k: source.payload[k] for k in inherited if k in source.payload}
-        payload.update(
-            state={"delta": []},
-            control_position=0,
-            lifecycle=source_state.lifecycle,
-            fork_of={"session_id": source.session_id, "snapshot_id": snapshot_id},
-        )
+        payload = fork_payload(source, source_state.lifecycle)
         child = SessionSnapshot.create(
             session_id=child_id,
             parent_id=snapshot_id,
@@ -546,169 +446,33 @@ class Session:
     # ---- inspection
 
     def inspect(self) -> SessionInspection:
-        """Read the durable head: lifecycle, integrity, budget, work graph, last request, tool batch."""
-        store = self.store
-        sid = self.session_id.value
-        record = _require_head(store, sid)
-        head = SessionHead(
-            session_id=sid,
-            snapshot_id=record.snapshot_id,
-            sequence=record.sequence,
-            lifecycle=record.lifecycle,
-            updated_at=record.updated_at,
-        )
-        restored: RestoredSession | None = None
-        try:
-            restored = restore(store, sid, record.snapshot_id)
-            store.list_control(sid)  # control items are verified too (digests, none missing)
-            integrity = "verified"
-        except IntegrityError as exc:
-            integrity = f"corrupt: {exc}"
-            restored = None
-        payload = restored.snapshot.payload if restored else {}
-        used = dict(payload.get("budget_used") or {})
-        used["steps"] = int(payload.get("step_id", 0))
-        used["control_position"] = restored.control_position if restored else 0
-        budget: dict[str, Any] = {"used": used}
-        if restored is not None:
-            state_data = restored.state_data
-            task = self._task_or_load()
-            engine_budget = self.engine.budget
-            budget["limits"] = {
-                "max_steps": state_data.get("max_steps"),
-                "max_runtime_seconds": task.budget.max_runtime_seconds or engine_budget.max_runtime_seconds,
-                "max_tokens": task.budget.max_tokens or engine_budget.max_tokens,
-            }
+        """Read the durable head: lifecycle, integrity, budget, work graph, last request, tool batch
+        (``qitos.sessions.inspection``, plus this runtime's budget limits and journal lag)."""
+        budget = self.engine.budget
         journal = self._journal
-        budget["durability"] = {
-            "mode": journal.mode
-            if journal
-            else (self._composition.runtime.durability if self._composition else "sync"),
-            "unflushed_boundaries": journal.unflushed if journal else 0,
-        }
-        view = None
-        view_id = restored.request_view if restored else None
-        if view_id and restored is not None:
-            raw = store.get_blobs([view_id]).get(view_id)
-            if raw is not None:
-                view = view_from_record(json.loads(unpack(raw)), restored.log)
-        return SessionInspection(
-            head=head,
-            lifecycle=SessionLifecycle(record.lifecycle),
-            capabilities=tuple(sorted(self.capabilities())),
-            snapshot_integrity=integrity,
-            budget=budget,
-            work_graph=self._work_graph(store, sid) if restored else None,
-            last_request_view=view,
-            task=self._task_or_load().objective,
-            tool_batch=self._tool_batch(restored.pending if restored else None),
+        mode = self._composition.runtime.durability if self._composition else "sync"
+        return inspect_session(
+            self.store,
+            self.session_id.value,
+            limits={
+                "max_runtime_seconds": self._task_or_load().budget.max_runtime_seconds or budget.max_runtime_seconds,
+                "max_tokens": self._task_or_load().budget.max_tokens or budget.max_tokens,
+            },
+            durability={
+                "mode": journal.mode if journal else mode,
+                "unflushed_boundaries": journal.unflushed if journal else 0,
+            },
         )
 
     async def ainspect(self) -> SessionInspection:
         """Async twin of :meth:`inspect` (its reads run in a worker thread)."""
         return await asyncio.to_thread(self.inspect)
 
-    def _tool_batch(self, pending: PendingStep | None) -> ToolBatchSnapshot | None:
-        if pending is None:
-            return None
-        approvals = {
-            str(i.payload.get("call_id")): i
-            for i in self.store.list_control(self.session_id.value, kinds=APPROVAL_KINDS)
-        }
-        registry = self.engine.agent.tool_registry
-        calls = []
-        for action in pending.decision.get("actions") or []:
-            call_id = action["id"]
-            spec = registry.get(action["name"])
-            needs = bool(spec and spec.needs_approval)
-            result = pending.results.get(call_id)
-            error = None
-            if result is not None:
-                status = (
-                    "completed"
-                    if result.get("ok")
-                    else ("rejected" if result.get("error_kind") == "rejected" else "failed")
-                )
-                error = result.get("error")
-            elif call_id in pending.started:
-                status = "started"
-            elif needs and call_id in approvals:
-                status = "approved" if approvals[call_id].kind == "approve" else "rejected"
-            elif needs:
-                status = "awaiting_approval"
-            else:
-                status = "not_started"
-            calls.append(
-                ToolCallStatus(
-                    call_id=call_id,
-                    tool=action["name"],
-                    args=dict(action.get("args") or {}),
-                    status=status,
-                    needs_approval=needs,
-                    error=error,
-                )
-            )
-        return ToolBatchSnapshot(step_id=pending.step_id, calls=tuple(calls))
-
-    def _work_graph(self, store: CheckpointStore, sid: str, limit: int = 500) -> dict[str, Any]:
-        steps: dict[int, dict[str, Any]] = {}
-        snapshot_ids = store.list_session_snapshots(sid)[:limit]
-        run_id: str | None = None
-        for snapshot_id in reversed(snapshot_ids):
-            try:
-                snap = store.get_snapshot(snapshot_id)
-            except CheckpointError:
-                continue
-            run_id = snap.payload.get("run_id", run_id)  # written on a run's first snapshot only
-            for step in snap.payload.get("step") or []:
-                item = steps.setdefault(
-                    step["step_id"],
-                    {"work_item": f"step-{step['step_id']}", "kind": "step", "attempts": [], "tool_calls": []},
-                )
-                item["attempts"].append({"run_id": run_id, "snapshot_id": snapshot_id, "outcome": "committed"})
-                item["mode"] = step.get("mode")
-                item["tool_calls"] = [
-                    {
-                        "work_item": c["call_id"],
-                        "tool": c["tool"],
-                        "outcome": "ok" if c["ok"] else (c.get("error_kind") or "error"),
-                    }
-                    for c in step.get("calls") or []
-                ]
-            pending = snap.payload.get("pending")
-            if pending:
-                item = steps.setdefault(
-                    pending["step_id"],
-                    {"work_item": f"step-{pending['step_id']}", "kind": "step", "attempts": [], "tool_calls": []},
-                )
-                item["attempts"].append(
-                    {"run_id": run_id, "snapshot_id": snapshot_id, "outcome": snap.payload.get("lifecycle")}
-                )
-        return {"session_id": sid, "steps": [steps[k] for k in sorted(steps)]}
-
     def _task_or_load(self) -> Task:
         if self._task is None:
             record = _require_head(self.store, self.session_id.value)
             self._task = Task.from_dict(record.metadata.get("task") or {"objective": ""})
         return self._task
-
-
-def _pause_receipt(item: ControlItem) -> PauseReceipt:
-    return PauseReceipt(session_id=item.session_id, position=item.position, requested_at=item.created_at)
-
-
-def _check_steering(text: str) -> None:
-    if not isinstance(text, str) or not text.strip():
-        raise ConfigurationError("steering text must be a non-empty string")
-
-
-def _steering_receipt(item: ControlItem, text: str) -> SteeringReceipt:
-    return SteeringReceipt(
-        session_id=item.session_id,
-        position=item.position,
-        text_digest=sha256_hex(text),
-        submitted_at=item.created_at,
-    )
 
 
 def _require_head(store: CheckpointStore, session_id: str) -> SessionHeadRecord:
@@ -782,20 +546,7 @@ def _first_snapshot(
     session_id = SessionIdentity.new()
     redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
     full = redactor.redact_value(state.to_dict())
-    log = ExchangeLog(f"log-{session_id.value}")
-    payload: dict[str, Any] = {
-        "format": FORMAT,
-        "step_id": 0,
-        "lifecycle": SessionLifecycle.CREATED.value,
-        "stop_reason": None,
-        "budget_used": {},
-        "control_position": 0,
-        "pending": None,
-        "step": [],
-        "request_view": None,
-        "state": {"full": full},
-        "log": {"log_id": log.log_id, "position": 0, "digest": log.digest, "chunks": []},
-    }
+    payload = first_payload(full, ExchangeLog(f"log-{session_id.value}"), SessionLifecycle.CREATED.value)
     snapshot = SessionSnapshot.create(
         session_id=session_id.value, parent_id=None, base_id=None, sequence=0, payload=payload
     )

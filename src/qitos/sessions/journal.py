@@ -70,10 +70,13 @@ class PendingStep:
     started: set[str] = field(default_factory=set)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     control_position: int = 0
+    # The calls whose tools need a human's approval: recorded so inspection, the CLI and the
+    # viewer can show what a session waits for from the store alone, without the agent's code.
+    approval_calls: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native form."""
-        return {
+        """JSON-native form (``approval_calls`` only when there are some, as earlier versions wrote it)."""
+        out = {
             "step_id": self.step_id,
             "decision": self.decision,
             "model": self.model,
@@ -84,6 +87,9 @@ class PendingStep:
             "results": self.results,
             "control_position": self.control_position,
         }
+        if self.approval_calls:
+            out["approval_calls"] = list(self.approval_calls)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PendingStep:
@@ -98,6 +104,7 @@ class PendingStep:
             started=set(data.get("started") or []),
             results=dict(data.get("results") or {}),
             control_position=int(data.get("control_position") or 0),
+            approval_calls=[str(c) for c in data.get("approval_calls") or []],
         )
 
 
@@ -110,6 +117,8 @@ class ResumePoint:
     budget_used: Mapping[str, Any] = field(default_factory=dict)
     pending: PendingStep | None = None
     carry_changes: list[dict[str, Any]] = field(default_factory=list)
+    fresh: bool = False
+    """True for a session's first run (its created snapshot): the run is not reported as resumed."""
 
 
 @dataclass

@@ -56,7 +56,7 @@ from qitos.sessions.lease import LeaseKeeper
 from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 from qitos.sessions.stored_view import view_record
 
-__all__ = ["FORMAT", "RestoredSession", "SessionJournal", "materialize", "restore"]
+__all__ = ["FORMAT", "RestoredSession", "SessionJournal", "first_payload", "fork_payload", "materialize", "restore"]
 
 FORMAT = 2
 # A new base is written when the deltas since the last one exceed this multiple of its payload
@@ -99,6 +99,11 @@ class RestoredSession:
     pending_from_writes: bool = False
 
     @property
+    def budget_used(self) -> dict[str, Any]:
+        """What the session used so far (tokens, elapsed seconds), as its head records it."""
+        return dict(self.snapshot.payload.get("budget_used") or {})
+
+    @property
     def control_position(self) -> int:
         """Control items consumed so far (including by an unfinished step)."""
         position = int(self.snapshot.payload.get("control_position", 0))
@@ -108,6 +113,37 @@ class RestoredSession:
     def pause_position(self) -> int:
         """The position of the last pause request a run stopped for (0: none)."""
         return int(self.snapshot.payload.get("pause_position", 0))
+
+
+def first_payload(state_full: Mapping[str, Any], log: ExchangeLog, lifecycle: str) -> dict[str, Any]:
+    """The payload of a new session's first snapshot: a base holding the whole (encoded) state."""
+    return {
+        "format": FORMAT,
+        "step_id": 0,
+        "lifecycle": lifecycle,
+        "stop_reason": None,
+        "budget_used": {},
+        "control_position": 0,
+        "pending": None,
+        "step": [],
+        "request_view": None,
+        "state": {"full": dict(state_full)},
+        "log": {"log_id": log.log_id, "position": log.position, "digest": log.digest, "chunks": []},
+    }
+
+
+def fork_payload(source: SessionSnapshot, lifecycle: str) -> dict[str, Any]:
+    """The payload of a fork's first snapshot: it adds nothing, so state, log and request view come
+    from the chain it shares with ``source``; counters and an unfinished step carry over."""
+    inherited = ("step_id", "budget_used", "stop_reason", "pending")
+    payload: dict[str, Any] = {k: source.payload[k] for k in inherited if k in source.payload}
+    payload.update(
+        state={"delta": []},
+        control_position=0,
+        lifecycle=lifecycle,
+        fork_of={"session_id": source.session_id, "snapshot_id": source.snapshot_id},
+    )
+    return payload
 
 
 def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:

@@ -433,7 +433,7 @@ def session_detail(store: CheckpointStore, session_id: str, *, agent: str | None
     else:
         try:
             factory = load_agent(str(spec))
-            session = compose(agent=factory, store=store).restore(session_id)
+            session = compose(agent=factory, checkpoint_store=store).restore(session_id)
             inspection = inspection_to_dict(session.inspect())
         except QitosError as exc:
             error = f"{type(exc).__name__}: {exc}"

@@ -641,16 +641,33 @@
 
   // ------------------------------------------------------------------ request inspector
 
-  function idList(title, ids, cls, units) {
+  // Exchange ids come as plain ids or, in compact summaries, as runs [first, last]: one chip per
+  // id or run ("ex-000001 – ex-000003"), and the count is the number of ids, not of chips.
+  function idChips(ids) {
+    return (ids || []).map((item) => {
+      if (!Array.isArray(item)) return { id: String(item), label: String(item), count: 1 };
+      const [first, last] = item.map(String);
+      const span = Number(last.replace(/\D/g, "")) - Number(first.replace(/\D/g, "")) + 1;
+      return { id: first, label: first === last ? first : `${first} – ${last}`, count: Number.isFinite(span) && span > 0 ? span : 1 };
+    });
+  }
+
+  function idCount(ids, declared) {
+    if (typeof declared === "number") return declared;
+    return idChips(ids).reduce((n, c) => n + c.count, 0);
+  }
+
+  function idList(title, ids, cls, units, declaredCount) {
+    const chips = idChips(ids);
     return el(
       "div",
       { class: `idlist ${cls}` },
-      el("h3", null, `${title} `, el("span", { class: "count", text: `(${ids.length})` })),
-      ids.length
+      el("h3", null, `${title} `, el("span", { class: "count", text: `(${idCount(ids, declaredCount)})` })),
+      chips.length
         ? el(
             "ul",
             null,
-            ids.map((id) => el("li", { class: "chip mono", dataset: { exchange: id } }, id, units && units[id] !== undefined ? el("span", { class: "units", text: ` ${fmtNumber(units[id])}` }) : null))
+            chips.map((c) => el("li", { class: "chip mono", dataset: { exchange: c.id } }, c.label, units && c.count === 1 && units[c.id] !== undefined ? el("span", { class: "units", text: ` ${fmtNumber(units[c.id])}` }) : null))
           )
         : el("p", { class: "muted small", text: "none" })
     );
@@ -663,7 +680,7 @@
       el("h3", null, "Compaction receipt ", el("span", { class: "mono", text: receipt.receipt_id })),
       kv([
         ["policy", el("span", { class: "mono", text: receipt.policy_id })],
-        ["omitted exchanges", el("span", null, (receipt.input_exchange_ids || []).map((id) => el("span", { class: "chip mono", text: id })))],
+        ["omitted exchanges", el("span", null, idChips(receipt.input_exchange_ids).map((c) => el("span", { class: "chip mono", text: c.label })), el("span", { class: "muted small", text: ` (${idCount(receipt.input_exchange_ids, receipt.input_count)})` }))],
         ["output digest", el("span", { class: "mono small", text: receipt.output_digest })],
         ["model", receipt.model_reference || "none (no summary)"],
       ]),
@@ -694,7 +711,8 @@
       ),
       section(
         "Exchanges",
-        el("div", { class: "columns" }, idList("Selected", ex.selected || [], "selected", units), idList("Protected", ex.protected || [], "protected", units), idList("Omitted", ex.omitted || [], "omitted", units)),
+        el("div", { class: "columns" }, idList("Selected", ex.selected || [], "selected", units), idList("Protected", ex.protected || [], "protected", units), idList("Omitted", ex.omitted || [], "omitted", units, ex.omitted_count)),
+        rv.pinned_task ? kv([["task kept", el("span", { class: "chip mono", text: rv.pinned_task })]]) : null,
         units ? null : el("p", { class: "muted small", text: `Unit counts per exchange are not recorded; totals: ${fmtNumber((rv.units || {}).used)} selected, ${fmtNumber((rv.units || {}).omitted)} omitted ${rv.unit}.` })
       ),
       section(

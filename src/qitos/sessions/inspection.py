@@ -1,0 +1,282 @@
+"""The inspection read model: what a session is and what it waits for, from the store alone.
+
+Everything here reads the checkpoint store and nothing else: no agent class is imported, no user
+code runs. ``Session.inspect()`` adds what only a live runtime knows (the engine's budget limits, a
+batched journal's unflushed boundaries); ``qitos sessions show``, the viewer and the async twins
+use the same read model, so a session made by a script that no longer exists can still be shown,
+steered, paused and approved.
+
+What a pending call needs is recorded with the step (``PendingStep.approval_calls``). Steps stored
+by versions that did not record it are read by the rule those versions followed: a session
+awaiting approval stopped before the first call of its step that has neither started nor finished.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint.packing import unpack
+from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
+from qitos.core.errors import CheckpointError, IntegrityError, SessionNotFoundError
+from qitos.core.request_view import RequestView
+from qitos.core.task import Task
+from qitos.sessions.journal import PendingStep
+from qitos.sessions.step_journal import APPROVAL_KINDS, RestoredSession, restore
+from qitos.sessions.stored_view import view_from_record
+
+__all__ = [
+    "SessionHead",
+    "SessionInspection",
+    "SessionLifecycle",
+    "ToolBatchSnapshot",
+    "ToolCallStatus",
+    "inspect_session",
+    "session_capabilities",
+    "tool_batch",
+    "work_graph",
+]
+
+
+class SessionLifecycle(StrEnum):
+    """Where a session stands."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    PAUSED = "paused"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionHead:
+    """A session's durable head: its latest snapshot."""
+
+    session_id: str
+    snapshot_id: str
+    sequence: int
+    lifecycle: str
+    updated_at: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallStatus:
+    """One call of an in-flight tool batch."""
+
+    call_id: str
+    tool: str
+    args: Mapping[str, Any]
+    status: str  # awaiting_approval | approved | rejected | started | completed | failed | not_started
+    needs_approval: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolBatchSnapshot:
+    """The tool calls of a step that has not finished."""
+
+    step_id: int
+    calls: tuple[ToolCallStatus, ...]
+
+    @property
+    def pending_approval(self) -> tuple[ToolCallStatus, ...]:
+        """Calls waiting for a human."""
+        return tuple(c for c in self.calls if c.status == "awaiting_approval")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionInspection:
+    """Read-only inspection result backed by the current durable head."""
+
+    head: SessionHead
+    lifecycle: SessionLifecycle
+    capabilities: tuple[str, ...]
+    snapshot_integrity: str
+    budget: Mapping[str, Any]
+    work_graph: Mapping[str, Any] | None
+    last_request_view: RequestView | None
+    task: str
+    tool_batch: ToolBatchSnapshot | None
+
+
+def session_capabilities(store: CheckpointStore) -> frozenset[str]:
+    """What a session supports with ``store`` (``cross_process_restore`` for a store that outlives the process)."""
+    caps = {"run", "pause", "steer", "fork", "inspect", "approve"}
+    if not isinstance(store, InMemoryCheckpointStore):
+        caps.add("cross_process_restore")
+    return frozenset(caps)
+
+
+def inspect_session(
+    store: CheckpointStore,
+    session_id: str,
+    *,
+    limits: Mapping[str, Any] | None = None,
+    durability: Mapping[str, Any] | None = None,
+) -> SessionInspection:
+    """Read ``session_id``'s durable head and everything a restore would trust, verified.
+
+    Damage in any verified row (snapshots, blobs, pending writes, control items) is reported in
+    ``snapshot_integrity`` rather than raised; a damaged head or metadata row raises IntegrityError
+    (there is nothing to report it on). ``limits`` overrides budget limits the store cannot know
+    (an engine's ``RuntimeBudget``); ``durability`` is a live journal's mode and lag.
+    """
+    record = _require_head(store, session_id)
+    task = Task.from_dict(record.metadata.get("task") or {"objective": ""})
+    restored: RestoredSession | None = None
+    try:
+        restored = restore(store, session_id, record.snapshot_id)
+        store.list_control(session_id)  # control items are verified too (digests, none missing)
+        integrity = "verified"
+    except IntegrityError as exc:
+        integrity = f"corrupt: {exc}"
+        restored = None
+    payload = restored.snapshot.payload if restored else {}
+    used = dict(payload.get("budget_used") or {})
+    used["steps"] = int(payload.get("step_id", 0))
+    used["control_position"] = restored.control_position if restored else 0
+    budget: dict[str, Any] = {"used": used}
+    if restored is not None:
+        budget["limits"] = {
+            "max_steps": restored.state_data.get("max_steps"),
+            "max_runtime_seconds": task.budget.max_runtime_seconds,
+            "max_tokens": task.budget.max_tokens,
+            **{k: v for k, v in (limits or {}).items() if v is not None},
+        }
+    budget["durability"] = dict(durability or {"mode": "sync", "unflushed_boundaries": 0})
+    return SessionInspection(
+        head=SessionHead(
+            session_id=session_id,
+            snapshot_id=record.snapshot_id,
+            sequence=record.sequence,
+            lifecycle=record.lifecycle,
+            updated_at=record.updated_at,
+        ),
+        lifecycle=_lifecycle(record),
+        capabilities=tuple(sorted(session_capabilities(store))),
+        snapshot_integrity=integrity,
+        budget=budget,
+        work_graph=work_graph(store, session_id) if restored else None,
+        last_request_view=_request_view(store, restored) if restored else None,
+        task=task.objective,
+        tool_batch=tool_batch(store, session_id, restored.pending, record.lifecycle) if restored else None,
+    )
+
+
+def tool_batch(
+    store: CheckpointStore, session_id: str, pending: PendingStep | None, lifecycle: str
+) -> ToolBatchSnapshot | None:
+    """The unfinished step's calls and where each stands, or None when no step is unfinished."""
+    if pending is None:
+        return None
+    approvals = {str(i.payload.get("call_id")): i for i in store.list_control(session_id, kinds=APPROVAL_KINDS)}
+    actions: Iterable[Mapping[str, Any]] = pending.decision.get("actions") or []
+    needing = set(pending.approval_calls) or _legacy_awaited(pending, actions, lifecycle)
+    calls = []
+    for action in actions:
+        call_id = action["id"]
+        needs = call_id in needing
+        result = pending.results.get(call_id)
+        error = None
+        if result is not None:
+            status = (
+                "completed"
+                if result.get("ok")
+                else ("rejected" if result.get("error_kind") == "rejected" else "failed")
+            )
+            error = result.get("error")
+        elif call_id in pending.started:
+            status = "started"
+        elif needs and call_id in approvals:
+            status = "approved" if approvals[call_id].kind == "approve" else "rejected"
+        elif needs:
+            status = "awaiting_approval"
+        else:
+            status = "not_started"
+        calls.append(
+            ToolCallStatus(
+                call_id=call_id,
+                tool=action["name"],
+                args=dict(action.get("args") or {}),
+                status=status,
+                needs_approval=needs,
+                error=error,
+            )
+        )
+    return ToolBatchSnapshot(step_id=pending.step_id, calls=tuple(calls))
+
+
+def work_graph(store: CheckpointStore, session_id: str, limit: int = 500) -> dict[str, Any]:
+    """The session's work items (steps and their tool calls) with every attempt and outcome."""
+    steps: dict[int, dict[str, Any]] = {}
+    snapshot_ids = store.list_session_snapshots(session_id)[:limit]
+    run_id: str | None = None
+    for snapshot_id in reversed(snapshot_ids):
+        try:
+            snap = store.get_snapshot(snapshot_id)
+        except CheckpointError:
+            continue
+        run_id = snap.payload.get("run_id", run_id)  # written on a run's first snapshot only
+        for step in snap.payload.get("step") or []:
+            item = steps.setdefault(step["step_id"], _step_item(step["step_id"]))
+            item["attempts"].append({"run_id": run_id, "snapshot_id": snapshot_id, "outcome": "committed"})
+            item["mode"] = step.get("mode")
+            item["tool_calls"] = [
+                {
+                    "work_item": c["call_id"],
+                    "tool": c["tool"],
+                    "outcome": "ok" if c["ok"] else (c.get("error_kind") or "error"),
+                }
+                for c in step.get("calls") or []
+            ]
+        pending = snap.payload.get("pending")
+        if pending:
+            item = steps.setdefault(pending["step_id"], _step_item(pending["step_id"]))
+            item["attempts"].append(
+                {"run_id": run_id, "snapshot_id": snapshot_id, "outcome": snap.payload.get("lifecycle")}
+            )
+    return {"session_id": session_id, "steps": [steps[k] for k in sorted(steps)]}
+
+
+def _step_item(step_id: int) -> dict[str, Any]:
+    return {"work_item": f"step-{step_id}", "kind": "step", "attempts": [], "tool_calls": []}
+
+
+def _legacy_awaited(pending: PendingStep, actions: Iterable[Mapping[str, Any]], lifecycle: str) -> set[str]:
+    """For a step stored without ``approval_calls``: the call an approval wait stopped before."""
+    if lifecycle != SessionLifecycle.AWAITING_APPROVAL:
+        return set()
+    for action in actions:
+        if action["id"] not in pending.results and action["id"] not in pending.started:
+            return {action["id"]}
+    return set()
+
+
+def _lifecycle(record: SessionHeadRecord) -> SessionLifecycle:
+    try:
+        return SessionLifecycle(record.lifecycle)
+    except ValueError as exc:  # a verified head with a lifecycle this version does not know
+        raise IntegrityError(
+            "heads", record.session_id, f"unknown lifecycle {record.lifecycle!r}", session_id=record.session_id
+        ) from exc
+
+
+def _request_view(store: CheckpointStore, restored: RestoredSession) -> RequestView | None:
+    view_id = restored.request_view
+    if not view_id:
+        return None
+    raw = store.get_blobs([view_id]).get(view_id)
+    return None if raw is None else view_from_record(json.loads(unpack(raw)), restored.log)
+
+
+def _require_head(store: CheckpointStore, session_id: str) -> SessionHeadRecord:
+    head = store.get_session_head(session_id)
+    if head is None:
+        raise SessionNotFoundError(session_id)
+    return head
