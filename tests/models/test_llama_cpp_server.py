@@ -325,7 +325,10 @@ def test_an_agent_calls_a_tool_then_answers_through_the_engine(
     def tool_use(request: ContextRequest) -> str:
         return "required" if request.step_id == 0 else "none"
 
-    agent = policy_agent(lambda state, obs: None, tools=[add], llm=model_for(llama_server))
+    # A 135M model rambles: end its answer at the first line break so it is not cut at max_tokens
+    # (a cut reply is never taken as an answer).
+    model = model_for(llama_server, max_tokens=64, extra_body={"stop": ["\n"]})
+    agent = policy_agent(lambda state, obs: None, tools=[add], llm=model)
     engine = Engine(agent, context=ModelContext(tool_use_policy=tool_use), trace_logdir=str(tmp_path))
     result = engine.run("What is 2 + 3? Use the add tool.")
 
