@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +153,72 @@ def test_prune_and_vacuum_report_what_they_did(cli: Any, workdir: Path) -> None:
     assert "vacuumed" in cli.run("sessions", "vacuum", "--db", "s.db", code=0).stdout
 
 
-def test_show_with_an_agent_that_cannot_be_imported_still_shows_the_store_view(cli: Any, workdir: Path) -> None:
-    sid = _session(cli)
-    detail = cli.json("sessions", "show", sid, "--db", "s.db", "--agent", "no_such_mod:Agent", "--json")
-    assert detail["inspection"] is None
-    assert "cannot import agent module" in detail["inspection_error"]
-    assert detail["integrity"] == "verified"
+SCRIPT = """
+from dataclasses import dataclass, field
+import sys
+
+from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, compose, tool
+from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+
+
+@tool(needs_approval=True)
+def publish(text: str) -> str:
+    \"\"\"Publish a text (a human approves).
+
+    Args:
+        text: what to publish.
+    \"\"\"
+    return "published " + text
+
+
+@dataclass
+class ScriptState(StateSchema):
+    done: list[str] = field(default_factory=list)
+
+
+class ScriptAgent(AgentModule):
+    def init_state(self, task, **kwargs):
+        return ScriptState(task=task, max_steps=4)
+
+    def decide(self, state, observation):
+        if state.done:
+            return Decision.final("ok")
+        return Decision.act([Action("publish", {"text": "hi"}, "call-1")])
+
+    def reduce(self, state, observation, decision):
+        state.done.extend(r.as_text() for r in observation.results)
+        return state
+
+
+composition = compose(lambda: ScriptAgent(tool_registry=ToolRegistry([publish])), SqliteCheckpointStore("s.db"))
+session = composition.session("publish from a script")
+print(session.run().state.stop_reason, session.session_id.value)
+"""
+
+
+def test_a_session_made_by_a_script_is_shown_steered_and_approved_with_the_script_gone(cli: Any, workdir: Path) -> None:
+    script = workdir / "make_session.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    made = subprocess.run([sys.executable, str(script)], cwd=workdir, capture_output=True, text=True, check=True)
+    stop, sid = made.stdout.split()
+    assert stop == "awaiting_approval"
+    script.unlink()  # the agent class lived in that script's __main__: nothing can import it now
+
+    detail = cli.json("sessions", "show", sid, "--db", "s.db", "--json")
+    assert detail["inspection_error"] is None and detail["integrity"] == "verified"
+    inspection = detail["inspection"]
+    assert inspection["task"] == "publish from a script"
+    assert inspection["lifecycle"] == "awaiting_approval"
+    (call,) = inspection["tool_batch"]["calls"]
+    assert (call["call_id"], call["status"], call["needs_approval"]) == ("call-1", "awaiting_approval", True)
+    assert "publish from a script" in cli.run("sessions", "show", sid, "--db", "s.db", code=0).stdout
+    assert cli.json("sessions", "steer", sid, "go on", "--db", "s.db", "--json")["position"] == 1
+    assert cli.json("sessions", "pause", sid, "--db", "s.db", "--json")["position"] == 2
+    assert cli.json("sessions", "approve", sid, "call-1", "--db", "s.db", "--json")["approved"] is True
+    refused = cli.run("sessions", "approve", sid, "call-2", "--db", "s.db", code=2)
+    assert "awaiting" in refused.stdout + refused.stderr
+    again = cli.json("sessions", "show", sid, "--db", "s.db", "--json")
+    assert again["inspection"]["tool_batch"]["calls"][0]["status"] == "approved"
 
 
 @pytest.mark.parametrize(

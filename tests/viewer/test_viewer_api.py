@@ -155,10 +155,14 @@ def test_session_detail_shows_the_last_request_view_and_its_receipts(api: Any, v
     assert body["runs"], "the runs of a session are linked"
 
 
-def test_a_session_whose_agent_cannot_be_imported_still_shows_the_store_view(api: Any, viewer_data: ViewerData) -> None:
+def test_a_session_whose_agent_cannot_be_imported_is_inspected_from_the_store(
+    api: Any, viewer_data: ViewerData
+) -> None:
+    # The read-only viewer never imports the agent: the whole inspection comes from the store.
     _, _, body = api(f"/api/sessions/{viewer_data.orphan_session}")
-    assert body["inspection"] is None
-    assert "LocalOnlyAgent" in body["inspection_error"]
+    assert body["inspection_error"] is None
+    assert body["inspection"]["snapshot_integrity"] == "verified"
+    assert body["inspection"]["head"]["session_id"] == viewer_data.orphan_session
     assert body["integrity"] == "verified"
     assert body["lineage"]["session_id"] == viewer_data.orphan_session
 

@@ -23,6 +23,7 @@ from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
+from qitos.sessions.control import answer_approval, pause_session, steer_session
 from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
@@ -127,12 +128,13 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
 def show(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Inspect a session: lifecycle, integrity, budget, pending tool calls, lineage, snapshots."""
+    """Inspect a session: lifecycle, integrity, budget, pending tool calls, lineage, snapshots.
+
+    Read from the store alone: the session's agent is not imported (it may be gone)."""
     with open_store(db) as store:
-        detail = session_detail(store, session_id, agent=agent)
+        detail = session_detail(store, session_id)
     if json_out:
         print_json(detail)
         return
@@ -249,12 +251,11 @@ def steer(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     text: Annotated[str, typer.Argument(help="The steering instruction.")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Queue a steering instruction; the session takes it in at its next boundary (exactly once)."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).steer(text)
+        receipt = steer_session(store, session_id, text)
     _receipt(
         receipt, json_out, f"steering queued at position {receipt.position}; run: qitos sessions resume {session_id}"
     )
@@ -265,12 +266,11 @@ def steer(
 def pause(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Request a cooperative pause; a running session stops at its next boundary."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).pause()
+        receipt = pause_session(store, session_id)
     _receipt(receipt, json_out, f"pause requested at position {receipt.position}")
 
 
@@ -280,12 +280,11 @@ def approve(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     call_id: Annotated[str, typer.Argument(help="The tool call awaiting approval (see sessions show).")],
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Approve a tool call awaiting approval; the next resume runs it."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).approve(call_id)
+        receipt = answer_approval(store, session_id, call_id, approved=True)
     _receipt(receipt, json_out, f"approved {call_id}; run: qitos sessions resume {session_id}")
 
 
@@ -296,12 +295,11 @@ def reject(
     call_id: Annotated[str, typer.Argument(help="The tool call awaiting approval.")],
     reason: Annotated[str | None, typer.Option(help="Why (the agent sees it).")] = None,
     db: DbOption = DEFAULT_DB,
-    agent: AgentOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Reject a tool call awaiting approval; the next resume reports the rejection to the agent."""
     with open_store(db) as store:
-        receipt = composition_for(store, session_id, agent).restore(session_id).reject(call_id, reason)
+        receipt = answer_approval(store, session_id, call_id, approved=False, reason=reason)
     _receipt(receipt, json_out, f"rejected {call_id}; run: qitos sessions resume {session_id}")
 
 

@@ -34,7 +34,7 @@ from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.agent_module import AgentModule
 from qitos.core.errors import CheckpointError, ConfigurationError, QitosError, UsageError
 from qitos.core.redaction import Redactor
-from qitos.engine.composition import compose
+from qitos.sessions.inspection import inspect_session
 from qitos.trace.reader import RunTrace, TraceError, list_runs
 from qitos.trace.writer import displayed_messages
 
@@ -413,30 +413,24 @@ def lineage(
     return _shown(node(root))
 
 
-def session_detail(store: CheckpointStore, session_id: str, *, agent: str | None = None) -> dict[str, Any]:
-    """A session page: summary, ``Session.inspect()`` (when the agent can be imported), snapshot ids,
-    the fork lineage and the run ids recorded in its snapshots.
+def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:
+    """A session page: summary, its inspection, snapshot ids, the fork lineage and the run ids
+    recorded in its snapshots.
 
-    ``agent`` overrides the ``"module:qualname"`` recorded in the session's metadata. When the agent
-    cannot be imported the page still shows the store's view (head, integrity, lineage) and
-    ``inspection_error`` says why the inspection is missing.
+    Everything is read from the store (``qitos.sessions.inspection``): no agent is imported and no
+    user code runs. When even the inspection cannot be read (a damaged head row) the page still
+    shows the store's view and ``inspection_error`` says why.
     """
     heads = store.list_sessions()
     head = next((h for h in heads if h.session_id == session_id), None)
     if head is None:
         raise NotFoundError(f"session {session_id!r} not found")
-    spec = agent or (head.metadata or {}).get("agent")
     inspection: dict[str, Any] | None = None
     error: str | None = None
-    if not spec:
-        error = "the session does not record its agent"
-    else:
-        try:
-            factory = load_agent(str(spec))
-            session = compose(agent=factory, checkpoint_store=store).restore(session_id)
-            inspection = inspection_to_dict(session.inspect())
-        except QitosError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+    try:
+        inspection = inspection_to_dict(inspect_session(store, session_id))
+    except QitosError as exc:
+        error = f"{type(exc).__name__}: {exc}"
     integrity = inspection["snapshot_integrity"] if inspection else _chain_integrity(store, head.snapshot_id)
     snapshot_ids = store.list_session_snapshots(session_id)
     runs: list[str] = []
