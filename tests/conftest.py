@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pg_server import pg_dsn  # noqa: F401  (the PostgreSQL server fixture, for every test folder)
 from qitos import AgentModule, Decision, StateSchema, ToolRegistry
 
 

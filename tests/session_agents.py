@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
+from qitos.checkpoint.targets import open_store
 from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Action, Decision, Observation
 from qitos.core.errors import QitosError
@@ -353,7 +353,7 @@ def make_composition(
     extensions = {"policy": lifecycle} if lifecycle is not None else None
     return compose(
         agent=factory,
-        store=store if store is not None else SqliteCheckpointStore(db),
+        store=store if store is not None else open_store(db),  # a SQLite file or a postgresql:// URL
         extensions=extensions,
         lifecycle={"provider": "policy"} if lifecycle is not None else None,
         model=model,

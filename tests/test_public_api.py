@@ -100,6 +100,8 @@ SURFACES = {
         "CheckpointStore": "qitos.checkpoint.store",
         "InMemoryCheckpointStore": "qitos.checkpoint.memory_store",
         "SqliteCheckpointStore": "qitos.checkpoint.sqlite_store",
+        "PostgresCheckpointStore": "qitos.checkpoint.postgres_store",
+        "open_store": "qitos.checkpoint.targets",
     },
     "qitos.tools": {
         "MCPConnectionError": "qitos.kit.tools.mcp",
@@ -128,7 +130,7 @@ def test_each_surface_exports_exactly_its_names_as_the_canonical_objects(package
 
 @pytest.mark.parametrize(
     ("package", "heavy"),
-    [("qitos.models", ("httpx", "cyllama")), ("qitos.checkpoint", ("sqlite3",)), ("qitos.tools", ("mcp",))],
+    [("qitos.models", ("httpx", "cyllama")), ("qitos.checkpoint", ("sqlite3", "psycopg")), ("qitos.tools", ("mcp",))],
 )
 def test_a_surface_loads_its_optional_dependencies_only_on_access(package: str, heavy: tuple[str, ...]) -> None:
     code = (

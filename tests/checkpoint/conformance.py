@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from pg_server import pg_store
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import (
@@ -124,9 +125,13 @@ STORE_FACTORIES: dict[str, Callable[[Path], CheckpointStore]] = {
 }
 
 
-@pytest.fixture(params=sorted(STORE_FACTORIES))
+@pytest.fixture(params=[*sorted(STORE_FACTORIES), "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
-    """Each registered store, fresh and empty."""
+    """Each registered store, fresh and empty; PostgreSQL on a schema of its own (see pg_server)."""
+    if request.param == "postgres":
+        with pg_store(request.getfixturevalue("pg_dsn")) as instance:
+            yield instance
+        return
     instance = STORE_FACTORIES[request.param](tmp_path)
     yield instance
     instance.close()

@@ -1,9 +1,11 @@
 """qitos.checkpoint: where sessions are stored.
 
 The ``CheckpointStore`` contract (``qitos.checkpoint.store``) and its implementations: the
-in-process ``InMemoryCheckpointStore`` (``memory_store``, imported eagerly) and the
-``SqliteCheckpointStore`` (``sqlite_store``), which loads on first access so ``import qitos`` never
-imports ``sqlite3``::
+in-process ``InMemoryCheckpointStore`` (``memory_store``, imported eagerly), the
+``SqliteCheckpointStore`` (``sqlite_store``) and the ``PostgresCheckpointStore`` (``postgres_store``,
+extra ``qitos[postgres]``), which load on first access so ``import qitos`` never imports ``sqlite3``
+or psycopg. ``open_store`` (``targets``) opens a store from the text naming it: a path,
+``sqlite:///...`` or a ``postgresql://`` DSN::
 
     from qitos.checkpoint import SqliteCheckpointStore
     composition = compose(agent=MyAgent, checkpoint_store=SqliteCheckpointStore("sessions.db"))
@@ -17,9 +19,19 @@ from typing import Any
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
 
-__all__ = ["CheckpointStore", "InMemoryCheckpointStore", "SqliteCheckpointStore"]
+__all__ = [
+    "CheckpointStore",
+    "InMemoryCheckpointStore",
+    "PostgresCheckpointStore",
+    "SqliteCheckpointStore",
+    "open_store",
+]
 
-_LAZY = {"SqliteCheckpointStore": "qitos.checkpoint.sqlite_store"}
+_LAZY = {
+    "SqliteCheckpointStore": "qitos.checkpoint.sqlite_store",
+    "PostgresCheckpointStore": "qitos.checkpoint.postgres_store",
+    "open_store": "qitos.checkpoint.targets",
+}
 
 
 def __getattr__(name: str) -> Any:

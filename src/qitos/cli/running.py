@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.targets import open_store, sqlite_path
 from qitos.cli.common import (
     DEFAULT_DB,
     DEFAULT_LOGDIR,
@@ -185,7 +185,7 @@ def demo(
     ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit.")] = None,
-    db: Annotated[str, typer.Option("--db", help="SQLite session store the demo session is kept in.")] = DEFAULT_DB,
+    db: Annotated[str, typer.Option("--db", help="Session store (SQLite file or postgresql:// URL).")] = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
     otel: Annotated[
         bool, typer.Option("--otel", help="Export OpenTelemetry spans over OTLP/HTTP (set by OTEL_EXPORTER_OTLP_*).")
@@ -218,11 +218,11 @@ def demo(
         origin = "bundled notes copied" if copied else "existing notes"
         what = f"policy {chosen}" + (f", model {model_spec}" if model_spec else "")
         console().print(f"workspace: {root} ({origin}); {what}", highlight=False)
-    Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(db)
     with otlp_export(otel) as provider:
         composition = compose(
             agent=lambda: NotesAgent(root, policy=chosen),  # type: ignore[arg-type]
-            checkpoint_store=SqliteCheckpointStore(db),
+            checkpoint_store=open_store(db),
             model=adapter,
             hooks=hooks,
             trace_logdir=trace_dir,
@@ -243,6 +243,13 @@ def demo(
 
 
 # --------------------------------------------------------------------------- qitos run
+
+
+def _make_parent(db: str) -> None:
+    """Create the directory a SQLite store's file goes in (a PostgreSQL URL needs none)."""
+    path = sqlite_path(db)
+    if path is not None:
+        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
 def compaction_extensions(compact: bool) -> dict[str, Any]:
@@ -282,7 +289,7 @@ def run(
     ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     session_db: Annotated[
-        str | None, typer.Option(help="Run as a durable session in this SQLite store (resumable).")
+        str | None, typer.Option(help="Run as a durable session in this store: SQLite file or postgresql:// URL.")
     ] = None,
     compact: Annotated[
         bool, typer.Option(help="Let old closed exchanges be omitted (with receipts) when the context is full.")
@@ -310,8 +317,8 @@ def run(
     hooks, renderer = renderer_hooks(json_out, max_tokens=max_run_tokens)
     with otlp_export(otel) as provider:
         if session_db:
-            Path(session_db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            store = SqliteCheckpointStore(session_db)
+            _make_parent(session_db)
+            store = open_store(session_db)
             composition = compose(
                 agent=factory,
                 checkpoint_store=store,

@@ -1,8 +1,9 @@
-"""``qitos sessions``: list, inspect, resume and control durable sessions in a SQLite store.
+"""``qitos sessions``: list, inspect, resume and control durable sessions in a session store.
 
-Every command takes ``--db`` (default ``./.qitos/sessions.db``). Commands that act on a session
-restore it through ``compose(...).restore(id)``, which needs its agent: the ``"module:qualname"``
-recorded in the session's metadata is imported, or ``--agent`` names another one.
+Every command takes ``--db``: a SQLite file (default ``./.qitos/sessions.db``) or a ``postgresql://``
+URL. Commands that act on a session restore it through ``compose(...).restore(id)``, which needs its
+agent: the ``"module:qualname"`` recorded in the session's metadata is imported, or ``--agent`` names
+another one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
+from qitos.checkpoint.targets import describe_target, store_exists
+from qitos.checkpoint.targets import open_store as open_target
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
@@ -30,7 +34,7 @@ __all__ = ["app"]
 
 app = typer.Typer(help="Durable sessions in a SQLite store: list, show, resume, steer, pause, approve, fork...")
 
-DbOption = Annotated[str, typer.Option("--db", help="The SQLite session store.")]
+DbOption = Annotated[str, typer.Option("--db", help="The session store: a SQLite file or a postgresql:// URL.")]
 AgentOption = Annotated[
     str | None, typer.Option("--agent", help="module:Class to restore with (default: the one recorded).")
 ]
@@ -38,11 +42,12 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 @contextmanager
-def open_store(db: str) -> Iterator[SqliteCheckpointStore]:
-    """The store in ``db``; exits 3 when the file does not exist (never creates one)."""
-    if not os.path.isfile(db):
+def open_store(db: str) -> Iterator[CheckpointStore]:
+    """The store ``db`` names (a SQLite file or a postgresql:// URL); exits 3 when the file does not
+    exist (never creates one)."""
+    if not store_exists(db):
         fail(f"no session store at {db}", EXIT_NOT_FOUND)
-    store = SqliteCheckpointStore(db)
+    store = open_target(db)
     try:
         yield store
     finally:
@@ -50,7 +55,7 @@ def open_store(db: str) -> Iterator[SqliteCheckpointStore]:
 
 
 def composition_for(
-    store: SqliteCheckpointStore, session_id: str, agent: str | None, *, needs_model: bool = False, **kwargs: Any
+    store: CheckpointStore, session_id: str, agent: str | None, *, needs_model: bool = False, **kwargs: Any
 ) -> Composition:
     """A composition able to restore ``session_id`` (its recorded agent, or ``agent``).
 
@@ -84,13 +89,13 @@ def _lifecycle_style(lifecycle: str) -> str:
 @cli_command
 def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
     """List the sessions in the store (newest last)."""
-    if not os.path.isfile(db):
+    if not store_exists(db):
         rows: list[dict[str, Any]] = []
     else:
         with open_store(db) as store:
             rows = [session_summary(h) for h in store.list_sessions()]
     if json_out:
-        print_json({"db": os.path.abspath(db), "sessions": rows})
+        print_json({"db": describe_target(db), "sessions": rows})
         return
     out = console()
     if not rows:
@@ -358,14 +363,16 @@ def prune(
 def vacuum(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
     """Reclaim the space freed by pruning."""
     with open_store(db) as store:
-        before = _db_bytes(db)
+        before = _db_bytes(db, store)
         store.vacuum()
-    after = _db_bytes(db)
+        after = _db_bytes(db, store)
     if json_out:
-        print_json({"db": os.path.abspath(db), "bytes_before": before, "bytes_after": after})
+        print_json({"db": describe_target(db), "bytes_before": before, "bytes_after": after})
     else:
         console().print(f"vacuumed {db}: {before:,} -> {after:,} bytes", highlight=False)
 
 
-def _db_bytes(db: str) -> int:
+def _db_bytes(db: str, store: CheckpointStore) -> int:
+    if isinstance(store, PostgresCheckpointStore):  # the tables' sizes on the server
+        return sum(entry.bytes for entry in store.table_sizes())
     return sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))

@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from qitos.checkpoint.targets import describe_target
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, cli_command, console, print_json
 from qitos.viewer.data import find_run, run_detail, runs_board
 
@@ -153,7 +154,7 @@ def summary_id(detail: dict[str, Any]) -> str:
 def serve(
     logdir: LogdirOption = DEFAULT_LOGDIR,
     db: Annotated[
-        str, typer.Option("--db", help="SQLite session store shown on the board (if it exists).")
+        str, typer.Option("--db", help="Session store on the board (SQLite file, if it exists, or postgresql:// URL).")
     ] = DEFAULT_DB,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0 picks a free one).")] = 8765,
 ) -> None:
@@ -161,7 +162,7 @@ def serve(
     from qitos.viewer.server import ViewerServer
 
     server = ViewerServer(logdir, db=db, port=port)
-    typer.echo(f"qitos viewer on {server.url}  (traces: {os.path.abspath(logdir)}; sessions: {os.path.abspath(db)})")
+    typer.echo(f"qitos viewer on {server.url}  (traces: {os.path.abspath(logdir)}; sessions: {describe_target(db)})")
     typer.echo("press Ctrl-C to stop")
     try:
         server.serve_forever()

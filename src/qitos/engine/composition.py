@@ -23,6 +23,7 @@ from typing import Any
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
+from qitos.checkpoint.targets import open_store
 from qitos.core.agent_module import AgentModule
 from qitos.core.errors import ConfigurationError
 from qitos.core.task import Task
@@ -104,7 +105,7 @@ class Composition:
 
 def compose(
     agent: type[AgentModule[Any, Any, Any]] | Callable[[], AgentModule[Any, Any, Any]] | AgentModule[Any, Any, Any],
-    store: CheckpointStore | None = None,
+    store: CheckpointStore | str | None = None,
     extensions: Mapping[str, Any] | None = None,
     compaction: Mapping[str, str] | None = None,
     lifecycle: Mapping[str, str] | None = None,
@@ -122,7 +123,9 @@ def compose(
 
     ``checkpoint_store`` is where sessions are stored (the name ``Engine(checkpoint_store=)`` and
     ``composition.runtime.checkpoint_store`` use); ``store`` is the same parameter under SPEC's short
-    name (give one of them). It defaults to an in-process ``InMemoryCheckpointStore``. ``durability`` is ``"sync"``
+    name (give one of them). It defaults to an in-process ``InMemoryCheckpointStore``; text names one
+    (a SQLite file path, ``sqlite:///path`` or a ``postgresql://`` DSN; see ``qitos.checkpoint.targets``).
+    ``durability`` is ``"sync"``
     (commit every boundary) or ``"batched"`` (group commit every ``batch_steps`` boundaries or
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
     ``lease_ttl`` is how many seconds a run's hold on its session lasts without renewal: how long a
@@ -147,6 +150,8 @@ def compose(
         engine_kwargs["tool_executor"] = concurrent.futures.ThreadPoolExecutor(
             tool_workers, thread_name_prefix="qitos-tool"
         )
+    if isinstance(store, str):
+        store = open_store(store)
     agent_factory = _agent_factory(agent)
     bound: dict[str, Any] = {}
     references: list[ResolverReference] = []

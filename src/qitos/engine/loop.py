@@ -68,6 +68,7 @@ from qitos.engine.subagent import (
     child_session_id,
 )
 from qitos.engine.telemetry import OtelOption, otel_hook
+from qitos.models.function import as_model
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
 
@@ -130,7 +131,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         trace_writer: a TraceWriter; or pass ``trace_logdir`` to create one.
         hooks: EngineHooks.
         search: the BranchSelector for ``branch`` decisions (default: first candidate).
-        model: the model adapter (defaults to ``agent.llm``).
+        model: the model adapter (defaults to ``agent.llm``); a plain function ``messages -> text``
+            is wrapped as a ``FunctionModel``, anything else raises ConfigurationError.
         lifecycle: a LifecyclePolicy consulted at every boundary and before each tool call.
         context: model-path settings (contributors, budget policy, compactor); see ``qitos.engine.model_path``.
         checkpoint_store: the store used by ``Engine.session``.
@@ -186,7 +188,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         self.trace_prefix = trace_prefix
         self.hooks = list(hooks or [])
         self.search: BranchSelector = search or FirstCandidateSelector()
-        self.model = model if model is not None else agent.llm
+        self.model = as_model(model if model is not None else agent.llm)  # a plain callable -> FunctionModel
         self.lifecycle = lifecycle
         self.context = context
         self.checkpoint_store = checkpoint_store

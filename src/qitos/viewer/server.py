@@ -7,6 +7,7 @@ fetched from the network) and a read-only JSON API over the trace reader and the
 ``GET /api/runs``                       the runs board (``{"logdir", "runs": [summary...]}``)
 ``GET /api/runs/<id>``                  ``{"run": summary, "manifest", "steps": [...]}``
 ``GET /api/runs/<id>/events?after=N``   ``{"events": [...], "next": n}`` (poll with ``after``)
+``GET /api/runs/<id>/steps/<n>/request`` one step's request: messages sent, reply, failed attempts
 ``GET /api/sessions``                   ``{"db", "available", "sessions": [summary...]}``
 ``GET /api/sessions/<id>``              inspection, snapshot ids, fork lineage with integrity
 ======================================  =====================================================
@@ -28,7 +29,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
+from qitos.checkpoint.targets import describe_target, open_store, store_exists
 from qitos.core.errors import QitosError, UsageError
 from qitos.core.redaction import Redactor
 from qitos.trace.reader import TraceError
@@ -37,6 +39,7 @@ from qitos.viewer.data import (
     find_run,
     run_detail,
     run_events,
+    run_request,
     runs_board,
     session_detail,
     session_summary,
@@ -74,7 +77,7 @@ class ViewerServer:
             raise UsageError(f"port must be an int between 0 and 65535, got {port!r}")
         self.logdir = logdir
         self.db = db
-        self._store: SqliteCheckpointStore | None = None
+        self._store: CheckpointStore | None = None
         self._store_lock = threading.Lock()
         self._static: dict[str, bytes] = {}
         handler = type("ViewerHandler", (_Handler,), {"viewer": self})
@@ -125,11 +128,11 @@ class ViewerServer:
 
     # ---- data access
 
-    def store(self) -> SqliteCheckpointStore | None:
-        """The session store, opened on first use once its file exists."""
+    def store(self) -> CheckpointStore | None:
+        """The session store (a SQLite file or a postgresql:// URL), opened on first use once it exists."""
         with self._store_lock:
-            if self._store is None and self.db and os.path.isfile(self.db):
-                self._store = SqliteCheckpointStore(self.db)
+            if self._store is None and self.db and store_exists(self.db):
+                self._store = open_store(self.db)
             return self._store
 
     def static_file(self, name: str) -> bytes:
@@ -152,11 +155,15 @@ class ViewerServer:
             if not after_text.isdigit():
                 raise UsageError(f"after must be a non-negative integer, got {after_text!r}")
             return run_events(find_run(self.logdir, parts[1]), after=int(after_text))
+        if len(parts) == 5 and parts[0] == "runs" and parts[2] == "steps" and parts[4] == "request":
+            if not parts[3].isdigit():
+                raise UsageError(f"a step id is a non-negative integer, got {parts[3]!r}")
+            return run_request(find_run(self.logdir, parts[1]), int(parts[3]))
         if parts == ["sessions"]:
             store = self.store()
             sessions = [session_summary(h) for h in store.list_sessions()] if store is not None else []
             return {
-                "db": os.path.abspath(self.db) if self.db else None,
+                "db": describe_target(self.db) if self.db else None,
                 "available": store is not None,
                 "sessions": sessions,
             }

@@ -1,0 +1,330 @@
+"""The PostgreSQL checkpoint store's schema, migrations and statements, for one schema name.
+
+Kept apart from :mod:`qitos.checkpoint.postgres_store` (which runs them) so the SQL can be read in
+one place. Every statement names its tables through the store's schema (tests use one schema
+each); payloads are ``bytea`` holding the exact canonical JSON bytes (or a Zstandard frame of them,
+see ``encoding``), never ``jsonb``, which would reorder keys and break the digests. Timestamps the
+contract returns are the stores' shared ISO text (``utc_now``); lease expiry uses the database
+clock (``clock_timestamp()``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from qitos.core.errors import ConfigurationError
+
+__all__ = ["SCHEMA_VERSION", "Migration", "StoreSql", "channel_name"]
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One step of the schema history: its version, a name, and its statements (``{s}`` = schema)."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+# Ordered schema history. Never edit an applied migration: append a new one.
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        1,
+        "initial schema: snapshots, heads with their lease, session metadata, verified rows",
+        (
+            "CREATE TABLE {s}.snapshots (snapshot_id text PRIMARY KEY, session_id text NOT NULL, "
+            "parent_id text, base_id text, sequence bigint NOT NULL, created_at text NOT NULL, "
+            "encoding text NOT NULL, payload bytea NOT NULL)",
+            # The row every commit rewrites stays small: the metadata (with the task) lives in
+            # sessions, written once. created_seq orders list_sessions; control_seq is the last control
+            # position; the lease lives in the head row, so a commit's UPDATE checks the fencing token
+            # on the very row it moves (READ COMMITTED re-checks it after waiting on a concurrent lease
+            # change). lease_expires is seconds since the epoch by the database clock.
+            "CREATE TABLE {s}.heads (session_id text PRIMARY KEY, "
+            "created_seq bigint GENERATED ALWAYS AS IDENTITY, snapshot_id text NOT NULL, "
+            "sequence bigint NOT NULL, lifecycle text NOT NULL, updated_at text NOT NULL, digest text NOT NULL, "
+            "control_seq bigint NOT NULL DEFAULT 0, lease_owner text, lease_token bigint NOT NULL DEFAULT 0, "
+            "lease_expires double precision NOT NULL DEFAULT 0)",
+            "CREATE TABLE {s}.sessions (session_id text PRIMARY KEY, metadata bytea NOT NULL, digest text NOT NULL)",
+            "CREATE TABLE {s}.writes (session_id text NOT NULL, base_snapshot_id text NOT NULL, "
+            "kind text NOT NULL, key text NOT NULL, step_id bigint NOT NULL, payload bytea NOT NULL, "
+            "digest text NOT NULL, write_seq bigint GENERATED ALWAYS AS IDENTITY, "
+            "PRIMARY KEY (session_id, base_snapshot_id, kind, key))",
+            "CREATE INDEX writes_base ON {s}.writes (base_snapshot_id)",
+            "CREATE TABLE {s}.control (session_id text NOT NULL, position bigint NOT NULL, "
+            "kind text NOT NULL, payload bytea NOT NULL, created_at text NOT NULL, digest text NOT NULL, "
+            "PRIMARY KEY (session_id, position))",
+            "CREATE TABLE {s}.blobs (digest text PRIMARY KEY, data bytea NOT NULL)",
+            "CREATE TABLE {s}.operations (operation_id text PRIMARY KEY, session_id text NOT NULL, "
+            "snapshot_id text NOT NULL, created_at text NOT NULL)",
+        ),
+    ),
+)
+SCHEMA_VERSION: Final[int] = MIGRATIONS[-1].version
+"""The schema version this code writes; older schemas are migrated to it on open."""
+
+
+def channel_name(schema: str) -> str:
+    """The LISTEN/NOTIFY channel on which a schema's control appends are announced."""
+    return f"qitos_control_{schema}"
+
+
+class StoreSql:
+    """Every statement of the store, formatted once for one (validated) schema name."""
+
+    def __init__(self, schema: str) -> None:
+        if not isinstance(schema, str) or _SCHEMA_NAME.fullmatch(schema) is None:
+            raise ConfigurationError(
+                f"schema must be a lower-case SQL identifier of at most 41 characters "
+                f"([a-z_][a-z0-9_]*), got {schema!r}"
+            )
+        self.schema = schema
+        self.channel = channel_name(schema)
+        s = f'"{schema}"'
+        self.migrations = tuple(
+            Migration(m.version, m.name, tuple(statement.format(s=s) for statement in m.statements)) for m in MIGRATIONS
+        )
+        self.create_schema = f"CREATE SCHEMA IF NOT EXISTS {s}"
+        self.migration_lock = "SELECT pg_advisory_xact_lock(hashtext(%s))"
+        self.schema_table = (
+            f"CREATE TABLE IF NOT EXISTS {s}.schema_version "
+            "(version integer PRIMARY KEY, name text NOT NULL, applied_at text NOT NULL)"
+        )
+        self.schema_version = f"SELECT COALESCE(MAX(version), 0) FROM {s}.schema_version"
+        self.schema_record = f"INSERT INTO {s}.schema_version (version, name, applied_at) VALUES (%s, %s, %s)"
+
+        # ---- heads and commits (one statement each; see PostgresCheckpointStore.commit_session_snapshot)
+        now = "extract(epoch FROM clock_timestamp())::float8"
+        self.now = now
+        self._commits: dict[tuple[bool, ...], str] = {}
+        # Why a commit changed nothing: the head and its lease, the operation's owner, the parent.
+        self.commit_refused = (
+            f"SELECT h.snapshot_id, h.lease_owner, h.lease_token, h.lease_expires, {now},"
+            f" (SELECT session_id FROM {s}.operations WHERE operation_id = %(op)s::text),"
+            " (%(parent)s::text IS NULL OR %(parent)s::text = %(expected)s::text"
+            f" OR EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = %(parent)s::text))"
+            f" FROM (SELECT 1) AS one LEFT JOIN {s}.heads h ON h.session_id = %(sid)s::text"
+        )
+        head_columns = (
+            "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata, m.digest"
+            f" FROM {s}.heads h LEFT JOIN {s}.sessions m ON m.session_id = h.session_id"
+        )
+        self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
+        self.head_list = f"SELECT {head_columns} ORDER BY h.created_seq"
+        self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
+
+        # ---- leases: read with the database clock, then a compare-and-swap on the lease columns
+        self.lease_get = f"SELECT lease_owner, lease_token, lease_expires, {now} FROM {s}.heads WHERE session_id = %s"
+        self.lease_swap = (
+            f"UPDATE {s}.heads SET lease_owner = %(owner)s::text, lease_token = %(token)s::bigint,"
+            f" lease_expires = {now} + %(ttl)s::float8"
+            " WHERE session_id = %(sid)s::text AND lease_owner IS NOT DISTINCT FROM %(old_owner)s::text"
+            " AND lease_token = %(old_token)s::bigint AND lease_expires = %(old_expires)s::float8"
+            " RETURNING lease_expires"
+        )
+        self.lease_release = (
+            f"UPDATE {s}.heads SET lease_expires = 0 WHERE session_id = %s AND lease_token = %s AND lease_owner = %s"
+        )
+
+        # ---- snapshots and chains
+        columns = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload"
+        self.snapshot_get = f"SELECT {columns} FROM {s}.snapshots WHERE snapshot_id = %s"
+        # The snapshot and its ancestors up to its base (``stop``), in one recursive query.
+        self.chain = (
+            f"WITH RECURSIVE chain({columns}, stop, depth) AS ("
+            f" SELECT {columns}, base_id, 0 FROM {s}.snapshots WHERE snapshot_id = %s"
+            " UNION ALL"
+            " SELECT p.snapshot_id, p.session_id, p.parent_id, p.base_id, p.sequence, p.created_at, p.encoding,"
+            " p.payload, chain.stop, chain.depth + 1"
+            f" FROM chain JOIN {s}.snapshots p ON p.snapshot_id = chain.parent_id"
+            " WHERE chain.stop IS NOT NULL AND chain.snapshot_id <> chain.stop AND chain.depth < %s)"
+            f" SELECT {columns}, stop, depth FROM chain"
+        )
+        self.session_chain = (
+            "WITH RECURSIVE chain(snapshot_id, parent_id, depth) AS ("
+            f" SELECT s.snapshot_id, s.parent_id, 0 FROM {s}.heads h JOIN {s}.snapshots s"
+            " ON s.snapshot_id = h.snapshot_id WHERE h.session_id = %(sid)s::text"
+            " UNION ALL"
+            f" SELECT p.snapshot_id, p.parent_id, chain.depth + 1 FROM chain JOIN {s}.snapshots p"
+            " ON p.snapshot_id = chain.parent_id WHERE p.session_id = %(sid)s::text)"
+            " SELECT snapshot_id, depth FROM chain"
+            f" UNION ALL SELECT NULL, -1 WHERE NOT EXISTS (SELECT 1 FROM {s}.heads WHERE session_id = %(sid)s::text)"
+            " ORDER BY 2"
+        )
+
+        # ---- pending writes: the base check, the fence and the inserts in one statement. The head rows
+        # are locked FOR SHARE, so a lease cannot change hands while the write is being made.
+        self.writes_put = (
+            "WITH input AS MATERIALIZED (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
+            " %s::bigint[], %b::bytea[], %s::text[], %s::bigint[]) WITH ORDINALITY"
+            " AS t(session_id, base_snapshot_id, kind, key, step_id, payload, digest, token, ord)),"
+            f" fence AS MATERIALIZED (SELECT h.session_id, h.lease_owner, h.lease_token, h.lease_expires, {now} AS now"
+            f" FROM {s}.heads h WHERE h.session_id IN (SELECT session_id FROM input) FOR SHARE OF h),"
+            " tokens AS (SELECT DISTINCT ON (session_id) session_id, token FROM input ORDER BY session_id, ord),"
+            " bad AS (SELECT i.base_snapshot_id, i.session_id, s.session_id AS owner FROM input i"
+            f" LEFT JOIN {s}.snapshots s ON s.snapshot_id = i.base_snapshot_id"
+            " WHERE s.session_id IS DISTINCT FROM i.session_id ORDER BY i.ord LIMIT 1),"
+            " fenced AS (SELECT t.session_id, t.token, f.lease_owner, f.lease_token, f.lease_expires, f.now"
+            " FROM tokens t JOIN fence f ON f.session_id = t.session_id WHERE CASE WHEN t.token IS NULL"
+            " THEN f.lease_owner IS NOT NULL AND f.lease_expires > f.now"
+            " ELSE NOT (f.lease_token = t.token AND f.lease_owner IS NOT NULL AND f.lease_expires > f.now) END),"
+            f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
+            " SELECT session_id, base_snapshot_id, kind, key, step_id, payload, digest FROM input"
+            " WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord"
+            " ON CONFLICT (session_id, base_snapshot_id, kind, key) DO NOTHING"
+            " RETURNING session_id, base_snapshot_id, kind, key)"
+            " SELECT 'bad', base_snapshot_id, session_id, owner, NULL, NULL, NULL FROM bad"
+            " UNION ALL SELECT 'fence', session_id, lease_owner, token::text, lease_token::text,"
+            " lease_expires::text, now::text FROM fenced"
+            " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key, NULL, NULL FROM ins"
+        )
+        self.writes_list = (
+            f"SELECT step_id, kind, key, payload, digest FROM {s}.writes"
+            " WHERE session_id = %s AND base_snapshot_id = %s ORDER BY write_seq"
+        )
+
+        # ---- control items: the position from the head row's counter, the row digest computed here (it
+        # covers the position) and the notify, all in the same statement
+        sep = "convert_to(chr(31), 'UTF8')"
+        self.control_append = (
+            f"WITH pos AS (UPDATE {s}.heads SET control_seq = control_seq + 1 WHERE session_id = %(sid)s::text"
+            " RETURNING control_seq),"
+            f" ins AS (INSERT INTO {s}.control (session_id, position, kind, payload, created_at, digest)"
+            " SELECT %(sid)s::text, control_seq, %(kind)s::text, %(payload)b::bytea, %(now)s::text,"
+            " encode(sha256(convert_to('control', 'UTF8') || "
+            + sep
+            + " || convert_to(%(sid)s::text, 'UTF8') || "
+            + sep
+            + " || convert_to(control_seq::text, 'UTF8') || "
+            + sep
+            + " || convert_to(%(kind)s::text, 'UTF8')"
+            " || " + sep + " || %(payload)b::bytea || " + sep + " || convert_to(%(now)s::text, 'UTF8')), 'hex')"
+            " FROM pos RETURNING position)"
+            " SELECT position, pg_notify(%(channel)s::text, %(sid)s::text)::text FROM ins"
+        )
+        # The head row's counter first (position -1; no row: no such session), then the items.
+        self.control_list = (
+            f"SELECT -1, NULL, NULL, NULL, NULL, control_seq FROM {s}.heads WHERE session_id = %(sid)s::text"
+            f" UNION ALL SELECT position, kind, payload, created_at, digest, NULL FROM {s}.control"
+            " WHERE session_id = %(sid)s::text AND position > %(after)s::bigint ORDER BY 1"
+        )
+        self.listen = f'LISTEN "{self.channel}"'
+
+        # ---- blobs
+        self.blobs_put = (
+            f"INSERT INTO {s}.blobs (digest, data) SELECT * FROM unnest(%s::text[], %b::bytea[])"
+            " ON CONFLICT (digest) DO NOTHING"
+        )
+        self.blobs_get = f"SELECT digest, data FROM {s}.blobs WHERE digest = ANY(%s::text[])"
+
+        # ---- retention (one transaction; EXCLUSIVE locks let readers in and keep writers out)
+        self.prune_lock = (
+            f"LOCK TABLE {s}.heads, {s}.snapshots, {s}.writes, {s}.blobs, {s}.operations IN EXCLUSIVE MODE"
+        )
+        self.prune_missing = (
+            "SELECT k FROM unnest(%s::text[]) AS k"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = k) ORDER BY k LIMIT 1"
+        )
+        self.prune_doomed = (
+            "WITH RECURSIVE reach(snapshot_id) AS ("
+            f" SELECT snapshot_id FROM {s}.heads UNION SELECT unnest(%s::text[])"
+            f" UNION SELECT p.parent_id FROM {s}.snapshots p JOIN reach r ON p.snapshot_id = r.snapshot_id"
+            " WHERE p.parent_id IS NOT NULL)"
+            f" SELECT {columns} FROM {s}.snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
+        )
+        self.prune_snapshots = f"DELETE FROM {s}.snapshots WHERE snapshot_id = ANY(%s::text[])"
+        self.prune_writes = (
+            f"DELETE FROM {s}.writes w WHERE NOT EXISTS"
+            f" (SELECT 1 FROM {s}.snapshots s WHERE s.snapshot_id = w.base_snapshot_id) RETURNING payload"
+        )
+        self.snapshot_count = f"SELECT count(*) FROM {s}.snapshots"
+        self.all_snapshots = f"SELECT {columns} FROM {s}.snapshots"
+        self.all_writes = f"SELECT payload FROM {s}.writes"
+        self.blobs_present = f"SELECT digest FROM {s}.blobs WHERE digest = ANY(%s::text[])"
+        self.blobs_delete = f"DELETE FROM {s}.blobs WHERE digest = ANY(%s::text[])"
+        tables = ("snapshots", "heads", "sessions", "writes", "control", "blobs", "operations")
+        self.vacuum = tuple(f"VACUUM (ANALYZE) {s}.{table}" for table in tables)
+        # Sizes of the store's tables with their indexes and TOAST (benchmarks, `qitos sessions` stats).
+        self.table_sizes = (
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY c.relname"
+        )
+
+    def commit(self, *, create: bool, parent: bool, op: bool, blobs: bool, meta: bool, token: bool) -> str:
+        """The one statement of a head commit, with only the parts this commit needs.
+
+        ``create``: insert the head (``ON CONFLICT DO NOTHING``) instead of the conditional
+        ``UPDATE ... WHERE snapshot_id = expected``; ``parent``: check that a parent other than the
+        expected head is stored; ``op``: check and record the operation id; ``blobs``: insert blobs;
+        ``meta``: replace the session metadata (a new session always writes it); ``token``: the fence
+        wants this lease token (otherwise: no live lease may be held). Everything after the head
+        runs only when the head moved; the statement returns how many heads moved (0 or 1).
+        """
+        key = (create, parent, op, blobs, meta, token)
+        cached = self._commits.get(key)
+        if cached is not None:
+            return cached
+        s, now = f'"{self.schema}"', self.now
+        conditions = []
+        if parent:
+            conditions.append(f"EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = %(parent)s::text)")
+        if op:
+            conditions.append(f"NOT EXISTS (SELECT 1 FROM {s}.operations WHERE operation_id = %(op)s::text)")
+        if create:
+            head = (
+                f"INSERT INTO {s}.heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest)"
+                " SELECT %(sid)s::text, %(id)s::text, %(seq)s::bigint, %(lifecycle)s::text, %(now)s::text,"
+                f" %(digest)s::text WHERE {' AND '.join(conditions) or 'true'}"
+                " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
+            )
+        else:
+            # The fence, on the very row the UPDATE moves: a token must be the live lease's; without one,
+            # no live lease may be held.
+            if token:
+                conditions.append(
+                    f"lease_token = %(token)s::bigint AND lease_owner IS NOT NULL AND lease_expires > {now}"
+                )
+            else:
+                conditions.append(f"NOT (lease_owner IS NOT NULL AND lease_expires > {now})")
+            head = (
+                f"UPDATE {s}.heads SET snapshot_id = %(id)s::text, sequence = %(seq)s::bigint,"
+                " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text"
+                " WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text"
+                f" AND {' AND '.join(conditions)} RETURNING 1"
+            )
+        parts = [
+            f"WITH head AS ({head})",
+            f"snap AS (INSERT INTO {s}.snapshots"
+            " (snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload)"
+            " SELECT %(id)s::text, %(sid)s::text, %(parent)s::text, %(base)s::text, %(seq)s::bigint,"
+            " %(created)s::text, %(encoding)s::text, %(payload)b::bytea FROM head"
+            " ON CONFLICT (snapshot_id) DO NOTHING)",
+        ]
+        if blobs:
+            parts.append(
+                f"blob AS (INSERT INTO {s}.blobs (digest, data) SELECT t.digest, t.data FROM head,"
+                " unnest(%(digests)s::text[], %(datas)b::bytea[]) AS t(digest, data) ON CONFLICT (digest) DO NOTHING)"
+            )
+        if op:
+            parts.append(
+                f"op AS (INSERT INTO {s}.operations (operation_id, session_id, snapshot_id, created_at)"
+                " SELECT %(op)s::text, %(sid)s::text, %(id)s::text, %(now)s::text FROM head)"
+            )
+        if create:
+            parts.append(
+                f"meta AS (INSERT INTO {s}.sessions (session_id, metadata, digest)"
+                " SELECT %(sid)s::text, %(metadata)b::bytea, %(metadata_digest)s::text FROM head)"
+            )
+        elif meta:
+            parts.append(
+                f"meta AS (UPDATE {s}.sessions SET metadata = %(metadata)b::bytea, digest = %(metadata_digest)s::text"
+                " FROM head WHERE session_id = %(sid)s::text)"
+            )
+        statement = ", ".join(parts) + " SELECT count(*) FROM head"
+        self._commits[key] = statement
+        return statement

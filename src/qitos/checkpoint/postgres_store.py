@@ -1,0 +1,1126 @@
+"""``PostgresCheckpointStore``: the checkpoint store in a PostgreSQL schema, for many machines.
+
+Install with the ``qitos[postgres]`` extra (psycopg 3 and psycopg_pool). Design:
+
+- sync methods run on psycopg's ``ConnectionPool``, the async twins natively on an
+  ``AsyncConnectionPool`` (one per event loop), never ``asyncio.run`` per call and never behind a
+  store-wide lock. Connections are autocommit, so a one-statement method is one round trip; a
+  connection idle for ``check_idle_after`` seconds or more is checked with
+  ``ConnectionPool.check_connection`` before use (cloud databases drop idle connections during
+  long model calls). ``prepare_threshold`` is passed to psycopg (None for PgBouncer in
+  transaction mode);
+- the head commit is ONE statement at READ COMMITTED: the conditional ``UPDATE`` of the head
+  (``WHERE snapshot_id = expected``, or an ``INSERT ... ON CONFLICT DO NOTHING`` for a new session)
+  with the snapshot, blob and operation inserts in data-modifying CTEs that run only when the head
+  moved. When nothing moved, one lookup tells ``HeadConflictError`` from an unknown session, a
+  used operation id or a missing parent;
+- payloads are ``bytea`` holding their exact canonical JSON bytes (a Zstandard frame when at least
+  ``compress_min_bytes`` long and 10% smaller, as in SQLite); snapshots are verified against their
+  digest on every read;
+- control positions come from a counter in the head row (``UPDATE ... RETURNING``), and the append
+  sends ``pg_notify`` in the same statement; :meth:`PostgresCheckpointStore.wait_for_control`
+  LISTENs for it (a slow poll takes over while the listening connection is lost);
+- a ``schema_version`` table and ordered migrations (:mod:`qitos.checkpoint.postgres_sql`), applied
+  under an advisory lock so processes opening the same schema at once migrate it once.
+
+Each method is written once, as a *plan*: a generator that yields ``(sql, params)`` and receives
+the rows, driven by a sync or an async runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from qitos.checkpoint.packing import PackingError, pack, unpack
+from qitos.checkpoint.postgres_sql import SCHEMA_VERSION, StoreSql
+from qitos.checkpoint.store import (
+    CheckpointStore,
+    ControlItem,
+    DuplicateOperationError,
+    PruneReport,
+    SessionCommitReceipt,
+    SessionHeadRecord,
+    SessionLease,
+    SessionSnapshot,
+    SessionSnapshotCommit,
+    SnapshotNotFoundError,
+    StepWrite,
+    StoredSnapshotRow,
+    check_after,
+    check_blobs,
+    check_control,
+    check_fence,
+    check_lease_ttl,
+    control_digest,
+    head_digest,
+    json_text,
+    mentioned_digests,
+    metadata_digest,
+    name_set,
+    next_lease,
+    renewed_lease,
+    stored_object,
+    stored_text,
+    utc_now,
+    verified_head,
+    write_digest,
+)
+from qitos.core.errors import (
+    CheckpointError,
+    ConfigurationError,
+    HeadConflictError,
+    IntegrityError,
+    SessionNotFoundError,
+    SnapshotIntegrityError,
+)
+
+if TYPE_CHECKING:
+    import psycopg_pool
+
+__all__ = ["APPLICATION_NAME", "SCHEMA_VERSION", "PostgresCheckpointStore", "TableSize"]
+
+APPLICATION_NAME: Final = "qitos"
+"""The ``application_name`` of the store's connections (unless the DSN names one)."""
+
+_T = TypeVar("_T")
+
+Rows = list[tuple[Any, ...]]
+Query = tuple[str, Sequence[Any] | Mapping[str, Any]]
+Plan = Generator[Query, Rows, _T]
+"""A store operation: yields each statement with its parameters, receives its rows, returns the result."""
+
+_MAX_CHAIN: Final = 10_000_000  # guards the recursive chain query against a cycle in corrupted rows
+_COMMIT_ATTEMPTS: Final = 8  # a refused commit whose lookup finds nothing wrong (a race) is retried
+_EXTRA = "PostgresCheckpointStore needs the qitos[postgres] extra: pip install 'qitos[postgres]'"
+
+
+def _psycopg() -> tuple[Any, Any]:
+    """psycopg and psycopg_pool, imported on first use (``import qitos`` never imports them)."""
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:
+        raise ConfigurationError(f"{_EXTRA} ({exc})") from exc
+    return psycopg, psycopg_pool
+
+
+@dataclass(frozen=True, slots=True)
+class TableSize:
+    """One table of the store and its size on disk in bytes (with its indexes and TOAST)."""
+
+    table: str
+    bytes: int
+
+
+_LIVE: weakref.WeakSet[PostgresCheckpointStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_LIVE):
+        store._forget_parent_pools()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class PostgresCheckpointStore(CheckpointStore):
+    """A :class:`~qitos.checkpoint.store.CheckpointStore` in one PostgreSQL schema (see module docs).
+
+    ``dsn`` is a libpq connection string or ``postgresql://`` URL; ``schema`` the schema holding
+    the tables (created with them on first use). ``min_size``/``max_size`` bound each connection
+    pool; ``pool_timeout`` is how long a call waits for a free connection. A pooled connection idle
+    for at least ``check_idle_after`` seconds is checked before use (0: before every use, one
+    round trip more per call). ``prepare_threshold`` is psycopg's (None: never prepare, for
+    PgBouncer in transaction mode). ``compress_min_bytes`` (None: never) is the payload size from
+    which Zstandard compression is tried. ``poll_interval`` is how often
+    :meth:`wait_for_control` polls while it has no listening connection.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "qitos",
+        min_size: int = 1,
+        max_size: int = 10,
+        pool_timeout: float = 30.0,
+        check_idle_after: float = 1.0,
+        prepare_threshold: int | None = 5,
+        compress_min_bytes: int | None = 512,
+        poll_interval: float = 2.0,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn:
+            raise ConfigurationError(f"dsn must be a non-empty PostgreSQL connection string, got {dsn!r}")
+        sizes_ok = isinstance(min_size, int) and isinstance(max_size, int) and 0 <= min_size <= max_size >= 1
+        if not sizes_ok:
+            raise ConfigurationError(f"need 0 <= min_size <= max_size, max_size >= 1; got {min_size!r}, {max_size!r}")
+        for name, value in (("pool_timeout", pool_timeout), ("poll_interval", poll_interval)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(check_idle_after, int | float) or isinstance(check_idle_after, bool) or check_idle_after < 0:
+            raise ConfigurationError(f"check_idle_after must be a number of seconds >= 0, got {check_idle_after!r}")
+        if prepare_threshold is not None and (not isinstance(prepare_threshold, int) or prepare_threshold < 0):
+            raise ConfigurationError(f"prepare_threshold must be None or an int >= 0, got {prepare_threshold!r}")
+        if compress_min_bytes is not None and (not isinstance(compress_min_bytes, int) or compress_min_bytes < 0):
+            raise ConfigurationError(f"compress_min_bytes must be None or an int >= 0, got {compress_min_bytes!r}")
+        self._psycopg, self._pool_module = _psycopg()
+        self.dsn = dsn
+        self.sql = StoreSql(schema)
+        self.schema = schema
+        self._min_size = min_size
+        self._max_size = max_size
+        self._pool_timeout = float(pool_timeout)
+        self._check_idle_after = float(check_idle_after)
+        self._prepare_threshold = prepare_threshold
+        self._compress_min = compress_min_bytes
+        self._poll_interval = float(poll_interval)
+        self._where = _describe(self._psycopg, dsn, schema)
+        self._application_name = {} if "application_name" in dsn else {"application_name": APPLICATION_NAME}
+        self._lock = threading.Lock()  # guards opening and closing the pools, never a call
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = None
+        # One AsyncConnectionPool per event loop, with the task that closes it when its loop ends.
+        self._apools: dict[asyncio.AbstractEventLoop, tuple[psycopg_pool.AsyncConnectionPool[Any], asyncio.Task[None]]]
+        self._apools = {}
+        self._migrated = False
+        self._closed = False
+        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        _LIVE.add(self)
+
+    def __repr__(self) -> str:
+        return f"PostgresCheckpointStore({self._where})"
+
+    # ---- pools
+
+    def _forget_parent_pools(self) -> None:
+        """In a forked child: drop the parent's pools without touching their threads or sockets."""
+        self._lock = threading.Lock()
+        self._pool = None
+        self._apools = {}
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        # application_name unless the DSN sets its own: operators can tell qitos' connections apart.
+        return {"autocommit": True, "prepare_threshold": self._prepare_threshold, **self._application_name}
+
+    def _stamp(self, conn: Any) -> None:
+        """Pool ``reset`` callback: remember when a connection went back idle."""
+        self._returned[conn] = time.monotonic()
+
+    def _idle_too_long(self, conn: Any) -> bool:
+        returned = self._returned.get(conn)
+        return returned is None or time.monotonic() - returned >= self._check_idle_after
+
+    def _check(self, conn: Any) -> None:
+        """Pool ``check`` callback: ``ConnectionPool.check_connection`` on a connection idle too long."""
+        if self._idle_too_long(conn):
+            self._pool_module.ConnectionPool.check_connection(conn)
+
+    async def _acheck(self, conn: Any) -> None:
+        if self._idle_too_long(conn):
+            await self._pool_module.AsyncConnectionPool.check_connection(conn)
+
+    async def _astamp(self, conn: Any) -> None:
+        self._stamp(conn)
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise CheckpointError(f"{self!r} is closed")
+
+    def _sync_pool(self) -> psycopg_pool.ConnectionPool[Any]:
+        pool = self._pool
+        if pool is not None:
+            return pool
+        with self._lock:
+            self._ensure_open()
+            if self._pool is None:
+                self._migrate()
+                self._pool = self._pool_module.ConnectionPool(
+                    self.dsn,
+                    min_size=self._min_size,
+                    max_size=self._max_size,
+                    timeout=self._pool_timeout,
+                    kwargs=self._connect_kwargs(),
+                    check=self._check,
+                    reset=self._stamp,
+                    name=f"qitos-{self.schema}",
+                    open=True,
+                )
+            return self._pool
+
+    async def _async_pool(self) -> psycopg_pool.AsyncConnectionPool[Any]:
+        loop = asyncio.get_running_loop()
+        known = self._apools.get(loop)
+        if known is not None:
+            return known[0]
+        self._ensure_open()
+        if not self._migrated:
+            await asyncio.to_thread(self._migrate_once)
+        for stale in [other for other in self._apools if other.is_closed()]:
+            del self._apools[stale]  # closed by its guard before its loop ended
+        pool: psycopg_pool.AsyncConnectionPool[Any] = self._pool_module.AsyncConnectionPool(
+            self.dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            timeout=self._pool_timeout,
+            kwargs=self._connect_kwargs(),
+            check=self._acheck,
+            reset=self._astamp,
+            name=f"qitos-{self.schema}-async",
+            open=False,
+        )
+        try:  # with its minimum of connections made, no connection attempt is left running when the loop ends
+            await pool.open(wait=True, timeout=self._pool_timeout)
+        except self._pool_module.PoolTimeout as exc:
+            await pool.close()
+            raise CheckpointError(f"cannot connect to PostgreSQL ({self._where}): {exc}") from exc
+        guard = loop.create_task(_close_with_loop(pool), name=f"qitos-{self.schema}-pool-guard")
+        self._apools[loop] = (pool, guard)
+        return pool
+
+    def _migrate_once(self) -> None:
+        with self._lock:
+            self._ensure_open()
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring the schema to SCHEMA_VERSION (caller holds ``_lock``); one transaction per migration."""
+        if self._migrated:
+            return
+        psycopg = self._psycopg
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+        except psycopg.Error as exc:
+            raise CheckpointError(f"cannot connect to PostgreSQL ({self._where}): {exc}") from exc
+        sql = self.sql
+        try:
+            with conn:
+                for migration in sql.migrations:
+                    with conn.transaction():
+                        conn.execute(sql.migration_lock, (f"qitos.migrate.{self.schema}",))
+                        conn.execute(sql.create_schema)
+                        conn.execute(sql.schema_table)
+                        version = int(conn.execute(sql.schema_version).fetchone()[0])
+                        if version > SCHEMA_VERSION:
+                            raise CheckpointError(
+                                f"{self._where} has checkpoint schema version {version}, newer than this qitos "
+                                f"supports ({SCHEMA_VERSION}); upgrade qitos to open it"
+                            )
+                        if version < migration.version:
+                            for statement in migration.statements:
+                                conn.execute(statement)
+                            conn.execute(sql.schema_record, (migration.version, migration.name, utc_now()))
+        except psycopg.Error as exc:
+            raise CheckpointError(f"migrating {self._where} failed: {exc}") from exc
+        self._migrated = True
+
+    # ---- running plans
+
+    def _error(self, exc: Exception) -> CheckpointError:
+        return CheckpointError(f"PostgreSQL error on {self._where}: {exc}")
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        pool = self._sync_pool()
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except self._pool_module.PoolTimeout as exc:
+            raise CheckpointError(
+                f"no PostgreSQL connection free within {self._pool_timeout:g} s ({self._where}): {exc}"
+            ) from exc
+        except self._pool_module.PoolClosed as exc:
+            raise CheckpointError(f"{self!r} is closed") from exc
+
+    @asynccontextmanager
+    async def _aconnection(self) -> AsyncIterator[Any]:
+        pool = await self._async_pool()
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except self._pool_module.PoolTimeout as exc:
+            raise CheckpointError(
+                f"no PostgreSQL connection free within {self._pool_timeout:g} s ({self._where}): {exc}"
+            ) from exc
+        except self._pool_module.PoolClosed as exc:
+            raise CheckpointError(f"{self!r} is closed") from exc
+
+    def _run(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
+        """Drive ``plan`` on one pooled connection (inside one transaction if ``transaction``)."""
+        self._ensure_open()
+        psycopg = self._psycopg
+        try:
+            with self._connection() as conn:
+                if transaction:
+                    with conn.transaction():
+                        return _drive(conn, plan, psycopg.Error)
+                return _drive(conn, plan, psycopg.Error)
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+
+    async def _arun(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
+        self._ensure_open()
+        psycopg = self._psycopg
+        try:
+            async with self._aconnection() as conn:
+                if transaction:
+                    async with conn.transaction():
+                        return await _adrive(conn, plan, psycopg.Error)
+                return await _adrive(conn, plan, psycopg.Error)
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+
+    def _encode(self, payload_json: str) -> tuple[str, bytes]:
+        raw = payload_json.encode("utf-8")
+        if self._compress_min is not None and len(payload_json) >= self._compress_min:
+            packed = pack(raw)
+            if packed is not None:
+                return "zstd", packed
+        return "json", raw
+
+    # ---- plans: sessions and snapshots
+
+    def _plan_get_head(self, session_id: str) -> Plan[SessionHeadRecord | None]:
+        rows = yield self.sql.head_get, (session_id,)
+        return _pg_head(rows[0]) if rows else None
+
+    def _plan_commit(self, request: SessionSnapshotCommit) -> Plan[SessionCommitReceipt]:
+        payload_json = request.validate()
+        metadata = request.session_metadata
+        metadata_json = None if metadata is None else json_text(metadata, "session_metadata")
+        blobs = check_blobs(request.blobs) if request.blobs else []
+        snapshot = request.snapshot
+        encoding, stored = self._encode(payload_json)
+        session_id = request.session_id
+        expected = request.expected_head
+        operation_id = request.operation_id
+        token = request.lease_token
+        sql = self.sql
+        if expected is None and metadata_json is None:
+            metadata_json = "{}"
+        params: dict[str, Any] = {
+            "sid": session_id,
+            "expected": expected,
+            "id": snapshot.snapshot_id,
+            "seq": snapshot.sequence,
+            "lifecycle": request.lifecycle,
+            "metadata": None if metadata_json is None else metadata_json.encode("utf-8"),
+            "metadata_digest": None if metadata_json is None else metadata_digest(session_id, metadata_json),
+            "parent": snapshot.parent_id,
+            "base": snapshot.base_id,
+            "created": snapshot.created_at,
+            "encoding": encoding,
+            "payload": stored,
+            "digests": [digest for digest, _ in blobs],
+            "datas": [data for _, data in blobs],
+            "op": operation_id,
+            "token": token,
+        }
+        statement = sql.commit(
+            create=expected is None,
+            parent=snapshot.parent_id is not None and snapshot.parent_id != expected,
+            op=operation_id is not None,
+            blobs=bool(blobs),
+            meta=metadata_json is not None,
+            token=token is not None,
+        )
+        for _ in range(_COMMIT_ATTEMPTS):
+            now = params["now"] = utc_now()
+            params["digest"] = head_digest(session_id, snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
+            try:
+                rows = yield statement, params
+            except Exception as exc:  # a concurrent commit took the operation id first
+                if operation_id is None or getattr(exc, "sqlstate", None) != "23505":
+                    raise
+                rows = [(0,)]
+            if rows[0][0] == 1:
+                return SessionCommitReceipt(
+                    session_id=session_id,
+                    snapshot_id=snapshot.snapshot_id,
+                    previous_head=expected,
+                    sequence=snapshot.sequence,
+                    committed_at=now,
+                )
+            actual, owner, lease_token, lease_expires, clock, op_owner, parent_found = (
+                yield (
+                    sql.commit_refused,
+                    params,
+                )
+            )[0]
+            if expected is None:
+                if actual is not None:
+                    raise HeadConflictError(session_id, None, actual)
+            else:
+                if actual is None:
+                    raise SessionNotFoundError(session_id)
+                check_fence(session_id, _lease_of(session_id, owner, lease_token, lease_expires), token, clock)
+                if actual != expected:
+                    raise HeadConflictError(session_id, expected, actual)
+            if op_owner is not None:
+                raise DuplicateOperationError(operation_id or "", op_owner)
+            if not parent_found:
+                raise SnapshotNotFoundError(snapshot.parent_id or "")
+        raise CheckpointError(
+            f"commit of {snapshot.snapshot_id} to session {session_id!r} was refused {_COMMIT_ATTEMPTS} times "
+            "while its head, lease, operation and parent all checked out (concurrent changes?)"
+        )
+
+    def _plan_find_operation(self, operation_id: str) -> Plan[str | None]:
+        rows = yield self.sql.operation_get, (operation_id,)
+        return None if not rows else str(rows[0][0])
+
+    def _plan_get_snapshot(self, snapshot_id: str) -> Plan[SessionSnapshot]:
+        rows = yield self.sql.snapshot_get, (snapshot_id,)
+        if not rows:
+            raise SnapshotNotFoundError(snapshot_id)
+        return SessionSnapshot.from_stored_rows([_stored_row(rows[0])])[0]
+
+    def _plan_load_chain(self, snapshot_id: str) -> Plan[list[SessionSnapshot]]:
+        rows = yield self.sql.chain, (snapshot_id, _MAX_CHAIN)
+        if not rows:
+            raise SnapshotNotFoundError(snapshot_id)
+        rows.sort(key=lambda row: row[9], reverse=True)
+        oldest = rows[0]
+        stop, depth = oldest[8], oldest[9]
+        if stop is not None and oldest[0] != stop:
+            if depth >= _MAX_CHAIN:
+                reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
+            elif oldest[2] is None:
+                reason = f"its base {stop} is not among its ancestors (reached the root)"
+            else:
+                reason = f"ancestor {oldest[2]} is missing from the store"
+            raise SnapshotIntegrityError(snapshot_id, reason)
+        return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
+
+    def _plan_list_sessions(self) -> Plan[list[SessionHeadRecord]]:
+        rows = yield self.sql.head_list, ()
+        return [_pg_head(row) for row in rows]
+
+    def _plan_session_snapshots(self, session_id: str) -> Plan[list[str]]:
+        rows = yield self.sql.session_chain, {"sid": session_id}
+        if rows and rows[0][1] == -1:
+            raise SessionNotFoundError(session_id)
+        return [str(row[0]) for row in rows]
+
+    # ---- plans: pending writes, control, blobs
+
+    def _plan_put_writes(self, writes: Sequence[StepWrite]) -> Plan[list[bool]]:
+        texts = [w.payload_json() for w in writes]
+        if not writes:
+            return []
+        columns = (
+            [w.session_id for w in writes],
+            [w.base_snapshot_id for w in writes],
+            [w.kind for w in writes],
+            [w.key for w in writes],
+            [w.step_id for w in writes],
+            [text.encode("utf-8") for text in texts],
+            [write_digest(w, text) for w, text in zip(writes, texts, strict=True)],
+            [w.lease_token for w in writes],
+        )
+        rows = yield self.sql.writes_put, columns
+        new: set[tuple[str, str, str, str]] = set()
+        fences: list[tuple[Any, ...]] = []
+        for tag, *fields in rows:
+            if tag == "bad":
+                base, session_id, owner = fields[:3]
+                if owner is None:
+                    raise SnapshotNotFoundError(base)
+                raise CheckpointError(
+                    f"write to session {session_id!r}: base snapshot {base} belongs to session {owner!r}, "
+                    f"not to {session_id!r}"
+                )
+            if tag == "fence":
+                fences.append(tuple(fields))
+            else:
+                new.add((fields[0], fields[1], fields[2], fields[3]))
+        for session_id, owner, token, lease_token, lease_expires, clock in sorted(fences):
+            check_fence(
+                session_id,
+                _lease_of(session_id, owner, int(lease_token), float(lease_expires)),
+                None if token is None else int(token),
+                float(clock),
+            )
+        if fences:  # the statement refused the batch, so the fence must have failed above
+            raise CheckpointError(f"write batch fenced off for sessions {sorted(f[0] for f in fences)}")
+        out: list[bool] = []
+        for write in writes:
+            key = (write.session_id, write.base_snapshot_id, write.kind, write.key)
+            out.append(key in new)
+            new.discard(key)  # a key written twice in one batch: the first occurrence is the new one
+        return out
+
+    def _plan_get_writes(self, session_id: str, base_snapshot_id: str) -> Plan[list[StepWrite]]:
+        rows = yield self.sql.writes_list, (session_id, base_snapshot_id)
+        out: list[StepWrite] = []
+        for step_id, kind, key, payload, digest in rows:
+            where = f"{kind}/{key}"
+            payload_json = stored_text(payload, "writes", where, session_id)
+            write = StepWrite(
+                session_id=session_id,
+                base_snapshot_id=base_snapshot_id,
+                step_id=int(step_id),
+                kind=kind,
+                key=key,
+                payload={},
+            )
+            if digest != write_digest(write, payload_json):
+                raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
+            out.append(replace(write, payload=stored_object(payload_json, "writes", where, session_id)))
+        return out
+
+    def _plan_append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> Plan[ControlItem]:
+        payload_json = check_control(session_id, kind, payload)
+        now = utc_now()
+        params = {
+            "sid": session_id,
+            "kind": kind,
+            "payload": payload_json.encode("utf-8"),
+            "now": now,
+            "channel": self.sql.channel,
+        }
+        rows = yield self.sql.control_append, params
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        return ControlItem(
+            session_id=session_id,
+            position=int(rows[0][0]),
+            kind=kind,
+            payload=stored_object(payload_json, "control", str(rows[0][0]), session_id),
+            created_at=now,
+        )
+
+    def _plan_list_control(
+        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+    ) -> Plan[list[ControlItem]]:
+        wanted = name_set(kinds, "kinds")
+        start = check_after(after)
+        rows = yield self.sql.control_list, {"sid": session_id, "after": start}
+        if not rows or rows[0][0] != -1:
+            raise SessionNotFoundError(session_id)
+        count = int(rows[0][5])
+        items: list[ControlItem] = []
+        expected = start
+        for position, kind, payload, created_at, digest, _ in rows[1:]:
+            where = str(position)
+            payload_json = stored_text(payload, "control", where, session_id)
+            if digest != control_digest(session_id, int(position), kind, payload_json, created_at):
+                raise IntegrityError("control", where, "content does not match its digest", session_id=session_id)
+            expected += 1
+            if position != expected:
+                raise IntegrityError("control", str(expected), "the item is missing", session_id=session_id)
+            if wanted is None or kind in wanted:
+                items.append(
+                    ControlItem(
+                        session_id=session_id,
+                        position=int(position),
+                        kind=kind,
+                        payload=stored_object(payload_json, "control", where, session_id),
+                        created_at=created_at,
+                    )
+                )
+        if expected < count:
+            raise IntegrityError(
+                "control", str(expected + 1), f"the item is missing ({count} were appended)", session_id=session_id
+            )
+        return items
+
+    # ---- plans: leases (the rules are store.py's; the clock is the database's)
+
+    def _plan_read_lease(self, session_id: str) -> Plan[tuple[SessionLease | None, float] | None]:
+        rows = yield self.sql.lease_get, (session_id,)
+        if not rows:
+            return None
+        owner, token, expires, clock = rows[0]
+        return _lease_of(session_id, owner, token, expires), float(clock)
+
+    def _plan_swap_lease(
+        self, session_id: str, current: SessionLease | None, new: SessionLease, ttl: float
+    ) -> Plan[float | None]:
+        """Set the lease to ``new`` (its expiry: the database clock + ``ttl``) if it is still ``current``."""
+        rows = yield (
+            self.sql.lease_swap,
+            {
+                "sid": session_id,
+                "owner": new.owner,
+                "token": new.token,
+                "ttl": ttl,
+                "old_owner": None if current is None else current.owner,
+                "old_token": 0 if current is None else current.token,
+                "old_expires": 0.0 if current is None else current.expires_at,
+            },
+        )
+        return float(rows[0][0]) if rows else None
+
+    def _plan_acquire_lease(
+        self, session_id: str, owner: str, ttl_seconds: float, take_over_from: str | None
+    ) -> Plan[SessionLease]:
+        ttl = check_lease_ttl(ttl_seconds)
+        while True:
+            found = yield from self._plan_read_lease(session_id)
+            if found is None:
+                raise SessionNotFoundError(session_id)
+            current, clock = found
+            lease = next_lease(current, session_id, owner, ttl, clock, take_over_from)
+            expires = yield from self._plan_swap_lease(session_id, current, lease, ttl)
+            if expires is not None:
+                return replace(lease, expires_at=expires)
+
+    def _plan_renew_lease(self, lease: SessionLease, ttl_seconds: float) -> Plan[SessionLease]:
+        ttl = check_lease_ttl(ttl_seconds)
+        while True:
+            found = yield from self._plan_read_lease(lease.session_id)
+            current, clock = (None, time.time()) if found is None else found
+            renewed = renewed_lease(current, lease, ttl, clock)
+            expires = yield from self._plan_swap_lease(lease.session_id, current, renewed, ttl)
+            if expires is not None:
+                return replace(renewed, expires_at=expires)
+
+    def _plan_release_lease(self, lease: SessionLease) -> Plan[None]:
+        yield self.sql.lease_release, (lease.session_id, lease.token, lease.owner)
+
+    def _plan_get_lease(self, session_id: str) -> Plan[SessionLease | None]:
+        found = yield from self._plan_read_lease(session_id)
+        return None if found is None else found[0]
+
+    def _plan_put_blobs(self, blobs: Mapping[str, bytes]) -> Plan[None]:
+        checked = check_blobs(blobs)
+        if checked:
+            yield self.sql.blobs_put, ([digest for digest, _ in checked], [data for _, data in checked])
+
+    def _plan_get_blobs(self, digests: Iterable[str]) -> Plan[dict[str, bytes]]:
+        wanted = sorted(name_set(digests, "digests") or ())
+        if not wanted:
+            return {}
+        rows = yield self.sql.blobs_get, (wanted,)
+        found = {str(digest): bytes(data) for digest, data in rows}
+        check_blobs(found)  # BlobIntegrityError if stored bytes were altered
+        return found
+
+    # ---- plans: retention
+
+    def _plan_prune(self, keep: Iterable[str]) -> Plan[PruneReport]:
+        named = sorted(name_set(keep, "keep") or ())
+        sql = self.sql
+        yield sql.prune_lock, ()
+        missing = yield sql.prune_missing, (named,)
+        if missing:
+            raise SnapshotNotFoundError(missing[0][0])
+        doomed = yield sql.prune_doomed, (named,)
+        candidates: set[str] = set()
+        for row in doomed:
+            candidates |= mentioned_digests(_payload_or_empty(row))
+        if doomed:
+            yield sql.prune_snapshots, ([row[0] for row in doomed],)
+        for (payload,) in (yield sql.prune_writes, ()):
+            candidates |= mentioned_digests(bytes(payload))
+        kept = int((yield sql.snapshot_count, ())[0][0])
+        dropped = 0
+        if candidates:
+            present = {row[0] for row in (yield sql.blobs_present, (sorted(candidates),))}
+            if present:
+                # Kept payloads are scanned whole (prune is maintenance, not a hot path); if any does
+                # not decode, nothing is deleted, since what it references cannot be known.
+                for row in (yield sql.all_snapshots, ()):
+                    payload = _payload_or_empty(row)
+                    if not payload:
+                        present = set()
+                        break
+                    present -= mentioned_digests(payload)
+                for (payload,) in (yield sql.all_writes, ()) if present else ():
+                    present -= mentioned_digests(bytes(payload))
+                if present:
+                    yield sql.blobs_delete, (sorted(present),)
+                dropped = len(present)
+        return PruneReport(deleted_snapshots=len(doomed), kept_snapshots=kept, deleted_blobs=dropped)
+
+    def _plan_vacuum(self) -> Plan[None]:
+        for statement in self.sql.vacuum:
+            yield statement, ()
+
+    def _plan_table_sizes(self) -> Plan[list[TableSize]]:
+        rows = yield self.sql.table_sizes, (self.schema,)
+        return [TableSize(str(name), int(size)) for name, size in rows]
+
+    # ---- the contract: sync methods
+
+    def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
+        """Read the current mutable head for one session (None if there is no such session)."""
+        return self._run(self._plan_get_head(session_id))
+
+    def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS), in one statement."""
+        return self._run(self._plan_commit(request))
+
+    def find_session_by_operation(self, operation_id: str) -> str | None:
+        """The session a commit with this ``operation_id`` created, or None."""
+        return self._run(self._plan_find_operation(operation_id))
+
+    def get_snapshot(self, snapshot_id: str) -> SessionSnapshot:
+        """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
+        return self._run(self._plan_get_snapshot(snapshot_id))
+
+    def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
+        """The snapshot and its ancestors back to and including its base, oldest first, verified."""
+        return self._run(self._plan_load_chain(snapshot_id))
+
+    def list_sessions(self) -> list[SessionHeadRecord]:
+        """Every session head, in creation order."""
+        return self._run(self._plan_list_sessions())
+
+    def list_session_snapshots(self, session_id: str) -> list[str]:
+        """The session's head chain within the session, newest first."""
+        return self._run(self._plan_session_snapshots(session_id))
+
+    def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        """Store pending writes in one statement; per write, whether it was new (first wins)."""
+        return self._run(self._plan_put_writes(writes))
+
+    def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
+        """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
+        return self._run(self._plan_get_writes(session_id, base_snapshot_id))
+
+    def append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        """Durably append one control item (position from the head's counter) and notify waiters."""
+        return self._run(self._plan_append_control(session_id, kind, payload))
+
+    def list_control(self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[ControlItem]:
+        """Control items with position > ``after`` (optionally only ``kinds``), by position."""
+        return self._run(self._plan_list_control(session_id, after=after, kinds=kinds))
+
+    def acquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it.
+
+        ``take_over_from`` names a holder the caller knows is dead: its live lease is taken over.
+        """
+        return self._run(self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
+
+    def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        """Extend a held lease; LeaseLostError if it expired or was taken over."""
+        return self._run(self._plan_renew_lease(lease, ttl_seconds))
+
+    def release_lease(self, lease: SessionLease) -> None:
+        """Give the lease up now (a no-op if it is no longer current); its token stays used."""
+        self._run(self._plan_release_lease(lease))
+
+    def get_lease(self, session_id: str) -> SessionLease | None:
+        """The session's current lease (possibly lapsed), or None if it never had one."""
+        return self._run(self._plan_get_lease(session_id))
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
+        self._run(self._plan_put_blobs(blobs))
+
+    def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        """The stored blobs among ``digests`` (absent digests are absent from the result); verified."""
+        return self._run(self._plan_get_blobs(digests))
+
+    def prune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        """Delete snapshots not reachable from a head or ``keep`` (with their writes), then the
+        blobs that only they mentioned, in one transaction that keeps writers out meanwhile."""
+        return self._run(self._plan_prune(keep), transaction=True)
+
+    def vacuum(self) -> None:
+        """``VACUUM (ANALYZE)`` the store's tables: space freed by pruning becomes reusable."""
+        self._run(self._plan_vacuum())
+
+    def table_sizes(self) -> list[TableSize]:
+        """The store's tables and their total sizes on disk, by name."""
+        return self._run(self._plan_table_sizes())
+
+    def wait_for_control(
+        self, session_id: str, *, after: int = 0, timeout: float = 1.0, kinds: Iterable[str] | None = None
+    ) -> list[ControlItem]:
+        """Wait up to ``timeout`` seconds for control items after ``after``; [] when none came.
+
+        LISTENs on the schema's channel on a connection of its own (taken before the first look,
+        so an append between the look and the wait is not missed); while that connection is lost
+        it polls every ``poll_interval`` seconds and tries to listen again.
+        """
+        deadline = time.monotonic() + _check_timeout(timeout)
+        psycopg = self._psycopg
+        listener = self._listen()
+        try:
+            while True:
+                items = self.list_control(session_id, after=after, kinds=kinds)
+                remaining = deadline - time.monotonic()
+                if items or remaining <= 0:
+                    return items
+                if listener is None:
+                    time.sleep(min(self._poll_interval, remaining))
+                    listener = self._listen()
+                    continue
+                try:
+                    for notify in listener.notifies(timeout=remaining):
+                        if notify.payload == session_id:
+                            break
+                except psycopg.Error:
+                    listener.close()
+                    listener = None
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def _listen(self) -> Any:
+        """A fresh connection LISTENing on the control channel, or None when it cannot be had."""
+        self._ensure_open()
+        psycopg = self._psycopg
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None, **self._application_name)
+        except psycopg.Error:
+            return None
+        try:
+            conn.execute(self.sql.listen)
+        except psycopg.Error:
+            conn.close()
+            return None
+        return conn
+
+    def close(self) -> None:
+        """Close the pools; later calls raise CheckpointError. Idempotent."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            apools, self._apools = self._apools, {}
+        if pool is not None:
+            pool.close()
+        for loop, (apool, guard) in apools.items():
+            if not loop.is_closed() and not loop.is_running():
+                guard.cancel()
+                loop.run_until_complete(apool.close())
+
+    # ---- the contract: async twins (native, on the AsyncConnectionPool)
+
+    async def aget_session_head(self, session_id: str) -> SessionHeadRecord | None:
+        return await self._arun(self._plan_get_head(session_id))
+
+    async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        return await self._arun(self._plan_commit(request))
+
+    async def afind_session_by_operation(self, operation_id: str) -> str | None:
+        return await self._arun(self._plan_find_operation(operation_id))
+
+    async def aget_snapshot(self, snapshot_id: str) -> SessionSnapshot:
+        return await self._arun(self._plan_get_snapshot(snapshot_id))
+
+    async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
+        return await self._arun(self._plan_load_chain(snapshot_id))
+
+    async def alist_sessions(self) -> list[SessionHeadRecord]:
+        return await self._arun(self._plan_list_sessions())
+
+    async def alist_session_snapshots(self, session_id: str) -> list[str]:
+        return await self._arun(self._plan_session_snapshots(session_id))
+
+    async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        return await self._arun(self._plan_put_writes(writes))
+
+    async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
+        return await self._arun(self._plan_get_writes(session_id, base_snapshot_id))
+
+    async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        return await self._arun(self._plan_append_control(session_id, kind, payload))
+
+    async def alist_control(
+        self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+    ) -> list[ControlItem]:
+        return await self._arun(self._plan_list_control(session_id, after=after, kinds=kinds))
+
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return await self._arun(self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
+
+    async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        return await self._arun(self._plan_renew_lease(lease, ttl_seconds))
+
+    async def arelease_lease(self, lease: SessionLease) -> None:
+        await self._arun(self._plan_release_lease(lease))
+
+    async def aget_lease(self, session_id: str) -> SessionLease | None:
+        return await self._arun(self._plan_get_lease(session_id))
+
+    async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        await self._arun(self._plan_put_blobs(blobs))
+
+    async def aget_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        return await self._arun(self._plan_get_blobs(digests))
+
+    async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        return await self._arun(self._plan_prune(keep), transaction=True)
+
+    async def avacuum(self) -> None:
+        await self._arun(self._plan_vacuum())
+
+    async def atable_sizes(self) -> list[TableSize]:
+        """Async twin of :meth:`table_sizes`."""
+        return await self._arun(self._plan_table_sizes())
+
+    async def await_control(
+        self, session_id: str, *, after: int = 0, timeout: float = 1.0, kinds: Iterable[str] | None = None
+    ) -> list[ControlItem]:
+        """Async twin of :meth:`wait_for_control` (an async LISTEN connection of its own)."""
+        deadline = time.monotonic() + _check_timeout(timeout)
+        psycopg = self._psycopg
+        listener = await self._alisten()
+        try:
+            while True:
+                items = await self.alist_control(session_id, after=after, kinds=kinds)
+                remaining = deadline - time.monotonic()
+                if items or remaining <= 0:
+                    return items
+                if listener is None:
+                    await asyncio.sleep(min(self._poll_interval, remaining))
+                    listener = await self._alisten()
+                    continue
+                try:
+                    async for notify in listener.notifies(timeout=remaining):
+                        if notify.payload == session_id:
+                            break
+                except psycopg.Error:
+                    await listener.close()
+                    listener = None
+        finally:
+            if listener is not None:
+                await listener.close()
+
+    async def _alisten(self) -> Any:
+        self._ensure_open()
+        psycopg = self._psycopg
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, prepare_threshold=None, **self._application_name
+            )
+        except psycopg.Error:
+            return None
+        try:
+            await conn.execute(self.sql.listen)
+        except psycopg.Error:
+            await conn.close()
+            return None
+        return conn
+
+    async def aclose(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            apools, self._apools = self._apools, {}
+        if pool is not None:
+            await asyncio.to_thread(pool.close)
+        loop = asyncio.get_running_loop()
+        for owner, (apool, guard) in apools.items():
+            if owner is loop:
+                guard.cancel()
+                await apool.close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+async def _close_with_loop(pool: Any) -> None:
+    """Wait until cancelled, then close ``pool``: a pool must be closed while its loop still runs.
+
+    ``asyncio.run`` cancels every task before closing its loop, this one included; the pool's own
+    workers ignore a cancellation that arrives while they run a task, so without this an
+    ``asyncio.run`` that used the store would never end.
+    """
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await pool.close()
+
+
+def _drive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
+    """Run a plan's statements on a sync connection, sending each one's rows back into it."""
+    try:
+        query = next(plan)
+        while True:
+            try:
+                cur = conn.execute(*query)
+                rows = cur.fetchall() if cur.description is not None else []
+            except errors as exc:
+                query = plan.throw(exc)
+                continue
+            query = plan.send(rows)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+
+
+async def _adrive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
+    """Run a plan's statements on an async connection."""
+    try:
+        query = next(plan)
+        while True:
+            try:
+                cur = await conn.execute(*query)
+                rows = await cur.fetchall() if cur.description is not None else []
+            except errors as exc:
+                query = plan.throw(exc)
+                continue
+            query = plan.send(rows)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+
+
+def _check_timeout(timeout: float) -> float:
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
+        raise ConfigurationError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+def _describe(psycopg: Any, dsn: str, schema: str) -> str:
+    """Where the store is, for messages: host, port, database and schema; never the password."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return f"schema {schema!r} (unparsable DSN)"
+    host = parts.get("host") or "localhost"
+    port = parts.get("port")
+    where = f"{host}:{port}" if port else str(host)
+    return f"postgresql {where}/{parts.get('dbname') or parts.get('user') or ''} schema {schema!r}"
+
+
+def _payload_or_empty(row: Any) -> bytes:
+    """A snapshots row's payload JSON, or b"" when it does not decode."""
+    try:
+        payload = _stored_row(row)[6]
+    except SnapshotIntegrityError:
+        return b""
+    return payload if isinstance(payload, bytes) else payload.encode("utf-8")
+
+
+def _stored_row(row: Any) -> StoredSnapshotRow:
+    """A snapshots row as ``SessionSnapshot.from_stored_rows`` takes it, decompressed."""
+    snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload = row[:8]
+    payload = bytes(payload)
+    if encoding == "zstd":
+        try:
+            payload = unpack(payload)
+        except (PackingError, TypeError) as exc:
+            raise SnapshotIntegrityError(snapshot_id, f"compressed payload is unreadable: {exc}") from exc
+    elif encoding != "json":
+        raise SnapshotIntegrityError(snapshot_id, f"unknown payload encoding {encoding!r}")
+    return (snapshot_id, session_id, parent_id, base_id, int(sequence), created_at, payload)
+
+
+def _lease_of(session_id: str, owner: str | None, token: int, expires: float) -> SessionLease | None:
+    """The lease columns of a head row as a SessionLease (None: the session never had one)."""
+    if owner is None:
+        return None
+    return SessionLease(session_id=session_id, owner=owner, token=int(token), expires_at=float(expires))
+
+
+def _pg_head(row: Any) -> SessionHeadRecord:
+    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest = row
+    metadata = None if metadata_raw is None else bytes(metadata_raw)
+    return verified_head(session_id, snapshot_id, int(sequence), lifecycle, updated_at, digest, metadata, meta_digest)

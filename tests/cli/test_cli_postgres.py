@@ -1,0 +1,45 @@
+"""``qitos run --session-db`` and ``qitos sessions ... --db`` with a ``postgresql://`` URL, through the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pg_server import pg_store
+from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+
+
+@pytest.fixture
+def url(pg_dsn: str) -> Iterator[str]:
+    """A postgresql:// URL naming a fresh schema (``?schema=``), dropped afterwards."""
+    with pg_store(pg_dsn) as store:
+        separator = "&" if "?" in pg_dsn else "?"
+        yield f"{pg_dsn}{separator}schema={store.schema}"
+
+
+def test_the_approval_flow_runs_on_postgres_from_the_cli(cli: Any, workdir: Path, url: str) -> None:
+    started = cli.json("run", "cli_agents:ApprovalAgent", "publish hello", "--session-db", url, "--json", code=0)
+    sid = str(started["session_id"])
+    listed = cli.json("sessions", "list", "--db", url, "--json")
+    assert [(row["session_id"], row["lifecycle"]) for row in listed["sessions"]] == [(sid, "awaiting_approval")]
+    assert listed["db"] == url
+    detail = cli.json("sessions", "show", sid, "--db", url, "--json")
+    assert detail["integrity"] == "verified"
+    cli.json("sessions", "approve", sid, "call-publish", "--db", url, "--json")
+    done = cli.json("sessions", "resume", sid, "--db", url, "--json")
+    assert (done["status"], done["final_result"]) == ("completed", "done: published hello")
+    vacuumed = cli.json("sessions", "vacuum", "--db", url, "--json")
+    assert vacuumed["bytes_after"] > 0
+    assert not (workdir / ".qitos").exists()  # nothing was written locally
+
+
+def test_a_password_in_the_url_is_never_printed(cli: Any, workdir: Path, pg_dsn: str) -> None:
+    from qitos.checkpoint.targets import describe_target
+
+    assert describe_target("postgresql://user:hunter2@db.example/qitos") == "postgresql://user:***@db.example/qitos"
+    store = PostgresCheckpointStore(pg_dsn)
+    assert "hunter2" not in repr(store)
+    store.close()
