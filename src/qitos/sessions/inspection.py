@@ -21,7 +21,7 @@ from typing import Any
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.packing import unpack
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
+from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord, SessionSnapshot
 from qitos.core.errors import CheckpointError, IntegrityError, SessionNotFoundError
 from qitos.core.request_view import RequestView
 from qitos.core.task import Task
@@ -232,13 +232,9 @@ def work_graph(store: CheckpointStore, session_id: str, limit: int = 500, depth:
     with the child's ``lifecycle``, down to ``depth`` levels): the tree of work reads from the root.
     """
     steps: dict[int, dict[str, Any]] = {}
-    snapshot_ids = store.list_session_snapshots(session_id)[:limit]
     run_id: str | None = None
-    for snapshot_id in reversed(snapshot_ids):
-        try:
-            snap = store.get_snapshot(snapshot_id)
-        except CheckpointError:
-            continue
+    for snap in _newest_snapshots(store, session_id, limit):
+        snapshot_id = snap.snapshot_id
         run_id = snap.payload.get("run_id", run_id)  # written on a run's first snapshot only
         for step in snap.payload.get("step") or []:
             item = steps.setdefault(step["step_id"], _step_item(step["step_id"]))
@@ -263,9 +259,10 @@ def work_graph(store: CheckpointStore, session_id: str, limit: int = 500, depth:
                     {"work_item": a["id"], "tool": a["name"], "outcome": "pending"}
                     for a in (pending.get("decision") or {}).get("actions") or []
                 ]
+    children = _delegated_children(store, session_id) if any(i["tool_calls"] for i in steps.values()) else {}
     for item in steps.values():
         for call in item["tool_calls"]:
-            child = delegated_child(store, session_id, str(call["work_item"]))
+            child = children.get(str(call["work_item"]))
             if child is None:
                 continue
             call["child_session_id"] = child.session_id
@@ -275,6 +272,41 @@ def work_graph(store: CheckpointStore, session_id: str, limit: int = 500, depth:
                     "lifecycle": child.lifecycle,
                 }
     return {"session_id": session_id, "steps": [steps[k] for k in sorted(steps)]}
+
+
+def _delegated_children(store: CheckpointStore, session_id: str) -> dict[str, SessionHeadRecord]:
+    """The sessions delegated by ``session_id``'s calls, by call id (one listing, not a read per call)."""
+    out: dict[str, SessionHeadRecord] = {}
+    for head in store.list_sessions():
+        link = (head.metadata or {}).get("delegated_from")
+        if isinstance(link, Mapping) and link.get("session_id") == session_id:
+            call_id = str(link.get("call_id"))
+            if delegated_child(store, session_id, call_id) is not None:  # the id it derives, as a restore finds it
+                out[call_id] = head
+    return out
+
+
+def _newest_snapshots(store: CheckpointStore, session_id: str, limit: int) -> list[SessionSnapshot]:
+    """The session's newest ``limit`` snapshots (within the session), oldest first.
+
+    Read a chain segment at a time (``load_chain``: a snapshot back to its base, one query) rather
+    than a snapshot at a time: on a networked store that is a few round trips, not hundreds. A
+    damaged segment ends the walk; what was read before it is kept.
+    """
+    head = store.get_session_head(session_id)
+    newest_first: list[SessionSnapshot] = []
+    current = head.snapshot_id if head is not None else None
+    while current is not None and len(newest_first) < limit:
+        try:
+            chain = store.load_chain(current)
+        except CheckpointError:
+            break
+        for snap in reversed(chain):
+            if snap.session_id != session_id or len(newest_first) >= limit:
+                return newest_first[::-1]
+            newest_first.append(snap)
+        current = chain[0].parent_id
+    return newest_first[::-1]
 
 
 def _step_item(step_id: int) -> dict[str, Any]:
