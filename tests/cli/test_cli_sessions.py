@@ -39,6 +39,7 @@ INSPECTION_KEYS = {
     "budget",
     "work_graph",
     "last_request_view",
+    "last_request_messages",
     "task",
     "tool_batch",
 }

@@ -160,6 +160,19 @@ def test_context_budget_defaults_and_available_units() -> None:
     assert ContextBudget.from_dict(b.to_dict()) == b
 
 
+@pytest.mark.parametrize(("window", "reserve"), [(2_000, 500), (4_096, 1_024), (40_000, 8_000), (3, 0)])
+def test_a_small_declared_window_gets_a_reserve_that_scales_with_it(window: int, reserve: int) -> None:
+    budget = ContextBudget(max_input_units=window)
+    assert budget.reserved_output_units == reserve
+    assert budget.available_input_units == window - reserve
+    assert budget.to_dict()["reserved_output_units"] == reserve
+    assert ContextBudget.from_dict(budget.to_dict()) == budget
+
+
+def test_an_explicit_reserve_is_kept_even_when_larger_than_the_scaled_one() -> None:
+    assert ContextBudget(max_input_units=2_000, reserved_output_units=1_500).available_input_units == 500
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

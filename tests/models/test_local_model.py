@@ -192,6 +192,15 @@ def test_tool_use_policy_none_forces_an_answer_and_required_forces_a_call(model:
 
 @needs_model
 @pytest.mark.slow
+def test_a_tool_use_policy_naming_a_tool_makes_the_model_call_that_tool(model: Any) -> None:
+    # The question is about the weather; the policy still demands the add tool.
+    view = view_of("What will the weather be in Tokyo tomorrow?", tools=[ADD, FORECAST], tool_use_policy="add")
+    [call] = model.complete(view).tool_calls
+    assert call.name == "add" and set(call.arguments or {}) == {"a", "b"}
+
+
+@needs_model
+@pytest.mark.slow
 def test_output_cut_at_max_tokens_is_never_a_final_answer() -> None:
     short = local_module.LocalModel(max_tokens=4)
     response = short.complete(view_of("What is 17 + 25?", tools=[ADD]))

@@ -20,12 +20,18 @@ from loopback_chat_server import (
 )
 
 import qitos.models.base as model_base
-from qitos.core.errors import ContextError, ModelError
+from qitos.core.codec import canonical_json
+from qitos.core.context import TokenCounter
+from qitos.core.errors import ConfigurationError, ContextError, ModelError
 from qitos.core.exchange import ExchangeLog
-from qitos.core.request_view import RequestView
+from qitos.core.request_view import ReasoningPolicy, RequestView
+from qitos.core.state import StopReason
+from qitos.core.tool import tool
+from qitos.engine.engine import Engine
+from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import decision_from_tool_calls
-from qitos.models.base import ModelRequestsDisabledError
+from qitos.models.base import ModelRequestsDisabledError, Usage
 from qitos.models.openai_compat import OpenAICompatibleModel, to_openai_messages
 
 ADD_TOOL = {
@@ -37,6 +43,7 @@ ADD_TOOL = {
         "required": ["a", "b"],
     },
 }
+MUL_TOOL = {**ADD_TOOL, "name": "multiply", "description": "Multiply two integers."}
 KEY = "sk-test-SECRET-0123456789abcdef"
 
 
@@ -128,9 +135,9 @@ def test_tool_call_round_trip_keeps_calls_and_results_paired(server: LoopbackCha
             "function": {"name": "add", "description": "Add two integers.", "parameters": ADD_TOOL["parameters"]},
         }
     ]
-    assert "tool_choice" not in sent
+    assert sent["tool_choice"] == "auto"
     assistant, tool_msg = sent["messages"][2], sent["messages"][3]
-    assert assistant["role"] == "assistant" and assistant["content"] is None
+    assert assistant["role"] == "assistant" and assistant["content"] == ""
     [call] = assistant["tool_calls"]
     assert call["id"] == "call_9" and call["type"] == "function" and call["function"]["name"] == "add"
     assert json.loads(call["function"]["arguments"]) == {"a": 2, "b": 3}
@@ -139,8 +146,14 @@ def test_tool_call_round_trip_keeps_calls_and_results_paired(server: LoopbackCha
 
 def test_required_tool_use_policy_is_sent_as_tool_choice(server: LoopbackChatServer) -> None:
     server.push(json_reply(completion(tool_calls=[{"id": "c", "name": "add", "arguments": '{"a":1,"b":1}'}])))
-    model_for(server).complete(view_of(tools=[ADD_TOOL], tool_use_policy="required"))
+    model_for(server).complete(view_of(tools=[ADD_TOOL, MUL_TOOL], tool_use_policy="required"))
     assert server.requests[0].body["tool_choice"] == "required"
+
+
+def test_required_with_a_single_tool_is_sent_as_that_named_tool(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion(tool_calls=[{"id": "c", "name": "add", "arguments": '{"a":1,"b":1}'}])))
+    model_for(server).complete(view_of(tools=[ADD_TOOL], tool_use_policy="required"))
+    assert server.requests[0].body["tool_choice"] == {"type": "function", "function": {"name": "add"}}
 
 
 def test_wrong_tool_name_and_malformed_arguments_are_kept_and_reported(server: LoopbackChatServer) -> None:
@@ -274,6 +287,7 @@ def test_429_then_success_retries_and_reports_the_retry_as_an_event(server: Loop
                 "delay_s": 0.03,
                 "reason": "HTTP 429",
                 "status_code": 429,
+                "error": f"loopback-model at {server.url}/chat/completions: HTTP 429: slow down",
             },
         )
     ]
@@ -467,3 +481,167 @@ def test_developer_messages_go_out_in_the_configured_role_and_the_target_is_decl
         "api_mode": "chat",
     }
     assert model.url == "http://127.0.0.1:9/v1/chat/completions"
+
+
+# --------------------------------------------------------------------------- issue 15: real-server compatibility
+
+
+def test_an_assistant_tool_call_message_is_sent_with_empty_content_not_null() -> None:
+    messages = [
+        {"role": "user", "content": "add"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 1}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "assistant", "content": ""},
+    ]
+    out = to_openai_messages(messages)
+    assert [m["content"] for m in out] == ["add", "", "1", ""]
+
+
+def test_a_500_whose_body_says_the_request_failed_validation_is_not_retried(server: LoopbackChatServer) -> None:
+    body = {
+        "error": {
+            "message": "1 validation error:\n  {'type': 'string_type', 'msg': 'Input should be a valid string'}",
+            "type": "internal_server_error",
+        }
+    }
+    server.push(json_reply(body, status=500), json_reply(completion("never sent")))
+    model = model_for(server, max_retries=3)
+    retries: list[str] = []
+    model.subscribe(lambda kind, payload: retries.append(kind))
+
+    with pytest.raises(ModelError) as info:
+        model.complete(view_of())
+
+    assert info.value.status_code == 500 and "validation error" in str(info.value)
+    assert "gave up" not in str(info.value)
+    assert len(server.requests) == 1 and retries == []
+
+
+@pytest.mark.parametrize("status", [404, 422])
+def test_a_rejected_request_is_not_retried(server: LoopbackChatServer, status: int) -> None:
+    server.push(json_reply({"detail": "Not Found"}, status=status), json_reply(completion("never sent")))
+    with pytest.raises(ModelError) as info:
+        model_for(server, max_retries=3).complete(view_of())
+    assert info.value.status_code == status
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "satisfied", "sent"),
+    [
+        ("auto", False, "auto"),
+        ("none", True, "none"),
+        ("required", False, {"type": "function", "function": {"name": "add"}}),
+        ("required", True, "auto"),
+        ("add", False, {"type": "function", "function": {"name": "add"}}),
+        ("add", True, "auto"),
+    ],
+)
+def test_the_views_tool_use_policy_drives_tool_choice_per_request(
+    server: LoopbackChatServer, policy: str, satisfied: bool, sent: Any
+) -> None:
+    server.push(json_reply(completion("ok")))
+    log = ExchangeLog(log_id="policy-log")
+    log.open([{"role": "user", "content": "What is 2 + 3?"}])
+    view = RequestView.from_exchange_log(
+        log, tool_schemas=[ADD_TOOL], tool_use_policy=policy, tool_use_satisfied=satisfied
+    )
+    model_for(server).complete(view)
+    assert server.requests[0].body["tool_choice"] == sent
+
+
+def test_a_tool_choice_given_to_the_constructor_wins_over_the_view(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("ok")))
+    model_for(server, tool_choice="none").complete(view_of(tools=[ADD_TOOL], tool_use_policy="required"))
+    assert server.requests[0].body["tool_choice"] == "none"
+
+
+def test_a_view_without_tools_sends_no_tool_choice(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("ok")))
+    model_for(server).complete(view_of())
+    assert "tool_choice" not in server.requests[0].body and "tools" not in server.requests[0].body
+
+
+def test_a_tool_use_policy_naming_an_unknown_tool_is_refused() -> None:
+    log = ExchangeLog(log_id="x")
+    log.open([{"role": "user", "content": "t"}])
+    with pytest.raises(ConfigurationError, match="subtract"):
+        RequestView.from_exchange_log(log, tool_schemas=[ADD_TOOL], tool_use_policy="subtract")
+
+
+def test_the_reasoning_effort_of_the_view_is_sent_as_reasoning_effort(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("ok")), json_reply(completion("ok")))
+    log = ExchangeLog(log_id="x")
+    log.open([{"role": "user", "content": "t"}])
+    model = model_for(server)
+    model.complete(RequestView.from_exchange_log(log, reasoning_policy=ReasoningPolicy(effort="low")))
+    model.complete(RequestView.from_exchange_log(log))
+    assert server.requests[0].body["reasoning_effort"] == "low"
+    assert "reasoning_effort" not in server.requests[1].body
+    with pytest.raises(ConfigurationError, match="effort"):
+        ReasoningPolicy(effort="extreme")
+
+
+def _expected_tokens(body: dict[str, Any], completion_texts: list[str]) -> tuple[int, int]:
+    counter = TokenCounter()
+    prompt = sum(counter.count(canonical_json(m)) for m in body["messages"])
+    prompt += sum(counter.count(canonical_json(t)) for t in body.get("tools", []))
+    return prompt, sum(counter.count(t) for t in completion_texts)
+
+
+def test_a_stream_without_usage_is_counted_locally_and_marked_estimated(server: LoopbackChatServer) -> None:
+    server.push(
+        sse_reply([delta_chunk(content="The sum "), delta_chunk(content="is 5."), delta_chunk(finish_reason="stop")])
+    )
+    response = model_for(server).complete(view_of(), on_delta=lambda _: None)
+
+    prompt, completion_tokens = _expected_tokens(server.requests[0].body, ["The sum is 5."])
+    assert response.usage == Usage(input_tokens=prompt, output_tokens=completion_tokens, estimated=True)
+    assert prompt > 0 and completion_tokens > 0
+    assert response.to_dict()["usage"]["estimated"] is True
+
+
+def test_a_body_without_usage_counts_text_and_tool_calls_locally(server: LoopbackChatServer) -> None:
+    body = completion(tool_calls=[{"id": "c", "name": "add", "arguments": '{"a": 2, "b": 3}'}])
+    del body["usage"]
+    server.push(json_reply(body))
+    response = model_for(server).complete(view_of(tools=[ADD_TOOL]))
+
+    prompt, completion_tokens = _expected_tokens(server.requests[0].body, ["add", '{"a": 2, "b": 3}'])
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (prompt, completion_tokens)
+    assert response.usage.estimated
+
+
+def test_reported_usage_is_not_marked_estimated(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("5", usage=(21, 2))))
+    usage = model_for(server).complete(view_of()).usage
+    assert usage == Usage(input_tokens=21, output_tokens=2) and not usage.estimated
+    assert "estimated" not in usage.to_dict()
+
+
+def test_an_agent_on_a_stream_without_usage_hits_its_token_budget(
+    server: LoopbackChatServer, policy_agent: Any
+) -> None:
+    # The model keeps calling a tool; only the estimated usage can stop the run at its token budget.
+    for i in range(6):
+        server.push(
+            sse_reply(
+                [
+                    delta_chunk(tool_calls=[{"index": 0, "id": f"c{i}", "function": {"name": "add", "arguments": ""}}]),
+                    delta_chunk(tool_calls=[{"index": 0, "function": {"arguments": '{"a": 1, "b": 2}'}}]),
+                    delta_chunk(finish_reason="tool_calls"),
+                ]
+            )
+        )
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    agent = policy_agent(lambda state, obs: None, tools=[add], llm=model_for(server))
+    events: list[Any] = []  # a listener makes the run live, so the model is asked to stream
+    result = Engine(agent, budget=RuntimeBudget(max_tokens=5)).run("add forever", on_event=events.append)
+
+    assert len(server.requests) == 1
+    assert result.state.stop_reason == StopReason.BUDGET_TOKENS.value

@@ -16,7 +16,8 @@ from qitos.core.errors import ConfigurationError, ModelError
 from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.models.base import ModelAdapter, ModelResponse, ToolCall, Usage, request_digest
-from qitos.models.scripted import FunctionModel, ScriptedModel
+from qitos.models.function import FunctionModel
+from qitos.models.scripted import ScriptedModel
 
 
 def view_of(task: str = "task") -> RequestView:

@@ -30,7 +30,6 @@ the rows, driven by a sync or an async runner.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 import time
@@ -68,7 +67,10 @@ from qitos.checkpoint.store import (
     name_set,
     next_lease,
     renewed_lease,
+    stored_object,
+    stored_text,
     utc_now,
+    verified_head,
     write_digest,
 )
 from qitos.core.errors import (
@@ -386,7 +388,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def _plan_get_head(self, session_id: str) -> Plan[SessionHeadRecord | None]:
         rows = yield self.sql.head_get, (session_id,)
-        return _head_record(rows[0]) if rows else None
+        return _pg_head(rows[0]) if rows else None
 
     def _plan_commit(self, request: SessionSnapshotCommit) -> Plan[SessionCommitReceipt]:
         payload_json = request.validate()
@@ -498,7 +500,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def _plan_list_sessions(self) -> Plan[list[SessionHeadRecord]]:
         rows = yield self.sql.head_list, ()
-        return [_head_record(row) for row in rows]
+        return [_pg_head(row) for row in rows]
 
     def _plan_session_snapshots(self, session_id: str) -> Plan[list[str]]:
         rows = yield self.sql.session_chain, {"sid": session_id}
@@ -559,7 +561,7 @@ class PostgresCheckpointStore(CheckpointStore):
         out: list[StepWrite] = []
         for step_id, kind, key, payload, digest in rows:
             where = f"{kind}/{key}"
-            payload_json = _text(payload, "writes", where, session_id)
+            payload_json = stored_text(payload, "writes", where, session_id)
             write = StepWrite(
                 session_id=session_id,
                 base_snapshot_id=base_snapshot_id,
@@ -570,7 +572,7 @@ class PostgresCheckpointStore(CheckpointStore):
             )
             if digest != write_digest(write, payload_json):
                 raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
-            out.append(replace(write, payload=_loads(payload_json, "writes", where, session_id)))
+            out.append(replace(write, payload=stored_object(payload_json, "writes", where, session_id)))
         return out
 
     def _plan_append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> Plan[ControlItem]:
@@ -590,7 +592,7 @@ class PostgresCheckpointStore(CheckpointStore):
             session_id=session_id,
             position=int(rows[0][0]),
             kind=kind,
-            payload=_loads(payload_json, "control", str(rows[0][0]), session_id),
+            payload=stored_object(payload_json, "control", str(rows[0][0]), session_id),
             created_at=now,
         )
 
@@ -607,7 +609,7 @@ class PostgresCheckpointStore(CheckpointStore):
         expected = start
         for position, kind, payload, created_at, digest, _ in rows[1:]:
             where = str(position)
-            payload_json = _text(payload, "control", where, session_id)
+            payload_json = stored_text(payload, "control", where, session_id)
             if digest != control_digest(session_id, int(position), kind, payload_json, created_at):
                 raise IntegrityError("control", where, "content does not match its digest", session_id=session_id)
             expected += 1
@@ -619,7 +621,7 @@ class PostgresCheckpointStore(CheckpointStore):
                         session_id=session_id,
                         position=int(position),
                         kind=kind,
-                        payload=_loads(payload_json, "control", where, session_id),
+                        payload=stored_object(payload_json, "control", where, session_id),
                         created_at=created_at,
                     )
                 )
@@ -1111,27 +1113,6 @@ def _stored_row(row: Any) -> StoredSnapshotRow:
     return (snapshot_id, session_id, parent_id, base_id, int(sequence), created_at, payload)
 
 
-def _head_record(row: Any) -> SessionHeadRecord:
-    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest = row
-    if digest != head_digest(session_id, snapshot_id, int(sequence), lifecycle, updated_at):
-        raise IntegrityError("heads", str(session_id), "content does not match its digest", session_id=session_id)
-    if metadata_raw is None:
-        raise IntegrityError(
-            "sessions", str(session_id), "the session's metadata row is missing", session_id=session_id
-        )
-    metadata_json = _text(metadata_raw, "sessions", session_id, session_id)
-    if meta_digest != metadata_digest(session_id, metadata_json):
-        raise IntegrityError("sessions", session_id, "content does not match its digest", session_id=session_id)
-    return SessionHeadRecord(
-        session_id=session_id,
-        snapshot_id=snapshot_id,
-        sequence=int(sequence),
-        lifecycle=lifecycle,
-        updated_at=updated_at,
-        metadata=_loads(metadata_json, "sessions", session_id, session_id),
-    )
-
-
 def _lease_of(session_id: str, owner: str | None, token: int, expires: float) -> SessionLease | None:
     """The lease columns of a head row as a SessionLease (None: the session never had one)."""
     if owner is None:
@@ -1139,19 +1120,7 @@ def _lease_of(session_id: str, owner: str | None, token: int, expires: float) ->
     return SessionLease(session_id=session_id, owner=owner, token=int(token), expires_at=float(expires))
 
 
-def _text(raw: bytes, table: str, row: str, session_id: str) -> str:
-    """A stored bytea column decoded as UTF-8; a damaged one raises IntegrityError naming it."""
-    try:
-        return bytes(raw).decode("utf-8")
-    except (UnicodeDecodeError, TypeError) as exc:
-        raise IntegrityError(table, row, f"stored text is not valid UTF-8: {exc}", session_id=session_id) from exc
-
-
-def _loads(text: str, table: str, row: str, session_id: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise IntegrityError(table, row, f"stored JSON is unreadable: {exc}", session_id=session_id) from exc
-    if not isinstance(value, dict):
-        raise IntegrityError(table, row, "stored JSON is not an object", session_id=session_id)
-    return value
+def _pg_head(row: Any) -> SessionHeadRecord:
+    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest = row
+    metadata = None if metadata_raw is None else bytes(metadata_raw)
+    return verified_head(session_id, snapshot_id, int(sequence), lifecycle, updated_at, digest, metadata, meta_digest)

@@ -69,7 +69,10 @@ from qitos.checkpoint.store import (
     name_set,
     next_lease,
     renewed_lease,
+    stored_object,
+    stored_text,
     utc_now,
+    verified_head,
     write_digest,
 )
 from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
@@ -464,7 +467,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
         """Read the current mutable head for one session (None if there is no such session)."""
         row = self._run(lambda cur: _one(cur.execute(_SQL_HEAD_GET, (session_id,))), write=False)
-        return None if row is None else _head_record(row)
+        return None if row is None else verified_head(*row)
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS)."""
@@ -567,7 +570,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def list_sessions(self) -> list[SessionHeadRecord]:
         """Every session head, in creation order."""
         rows = self._run(lambda cur: cur.execute(_SQL_HEAD_LIST).fetchall(), write=False)
-        return [_head_record(row) for row in rows]
+        return [verified_head(*row) for row in rows]
 
     def list_session_snapshots(self, session_id: str) -> list[str]:
         """The session's head chain within the session, newest first."""
@@ -616,10 +619,10 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         )
         out = []
         for step_id, kind_raw, key_raw, payload_raw, digest in rows:
-            kind = _text(kind_raw, "writes", "?", session_id)
-            key = _text(key_raw, "writes", kind, session_id)
+            kind = stored_text(kind_raw, "writes", "?", session_id)
+            key = stored_text(key_raw, "writes", kind, session_id)
             where = f"{kind}/{key}"
-            payload_json = _text(payload_raw, "writes", where, session_id)
+            payload_json = stored_text(payload_raw, "writes", where, session_id)
             write = StepWrite(
                 session_id=session_id,
                 base_snapshot_id=base_snapshot_id,
@@ -630,7 +633,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             )
             if digest != write_digest(write, payload_json):
                 raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
-            out.append(replace(write, payload=_loads(payload_json, "writes", where, session_id)))
+            out.append(replace(write, payload=stored_object(payload_json, "writes", where, session_id)))
         return out
 
     # ---- control items
@@ -654,7 +657,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             session_id=session_id,
             position=position,
             kind=kind,
-            payload=_loads(payload_json, "control", str(position), session_id),
+            payload=stored_object(payload_json, "control", str(position), session_id),
             created_at=created_at,
         )
 
@@ -678,9 +681,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         expected = start
         for position, kind_raw, payload_raw, created_raw, digest in rows:
             where = str(position)
-            kind = _text(kind_raw, "control", where, session_id)
-            payload_json = _text(payload_raw, "control", where, session_id)
-            created_at = _text(created_raw, "control", where, session_id)
+            kind = stored_text(kind_raw, "control", where, session_id)
+            payload_json = stored_text(payload_raw, "control", where, session_id)
+            created_at = stored_text(created_raw, "control", where, session_id)
             if digest != control_digest(session_id, position, kind, payload_json, created_at):
                 raise IntegrityError("control", where, "content does not match its digest", session_id=session_id)
             expected += 1
@@ -692,7 +695,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                         session_id=session_id,
                         position=position,
                         kind=kind,
-                        payload=_loads(payload_json, "control", where, session_id),
+                        payload=stored_object(payload_json, "control", where, session_id),
                         created_at=created_at,
                     )
                 )
@@ -974,50 +977,9 @@ def _stored_row(row: Any) -> StoredSnapshotRow:
     return (snapshot_id, session_id, parent_id, base_id, sequence, created_at, payload)
 
 
-def _head_record(row: Any) -> SessionHeadRecord:
-    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest = row
-    if digest != head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at):
-        raise IntegrityError("heads", str(session_id), "content does not match its digest", session_id=session_id)
-    if metadata_raw is None:
-        raise IntegrityError(
-            "sessions", str(session_id), "the session's metadata row is missing", session_id=session_id
-        )
-    metadata_json = _text(metadata_raw, "sessions", session_id, session_id)
-    if meta_digest != metadata_digest(session_id, metadata_json):
-        raise IntegrityError("sessions", session_id, "content does not match its digest", session_id=session_id)
-    return SessionHeadRecord(
-        session_id=session_id,
-        snapshot_id=snapshot_id,
-        sequence=sequence,
-        lifecycle=lifecycle,
-        updated_at=updated_at,
-        metadata=_loads(metadata_json, "sessions", session_id, session_id),
-    )
-
-
 def _lease(cur: sqlite3.Cursor, session_id: str) -> SessionLease | None:
     row = _one(cur.execute(_SQL_LEASE_GET, (session_id,)))
     if row is None:
         return None
     owner, token, expires_at = row
     return SessionLease(session_id=session_id, owner=str(owner), token=int(token), expires_at=float(expires_at))
-
-
-def _text(raw: bytes | str, table: str, row: str, session_id: str) -> str:
-    """A stored text column read as bytes, decoded; a damaged one raises IntegrityError naming it."""
-    if isinstance(raw, str):
-        return raw
-    try:
-        return bytes(raw).decode("utf-8")
-    except (UnicodeDecodeError, TypeError) as exc:
-        raise IntegrityError(table, row, f"stored text is not valid UTF-8: {exc}", session_id=session_id) from exc
-
-
-def _loads(text: str, table: str, row: str, session_id: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise IntegrityError(table, row, f"stored JSON is unreadable: {exc}", session_id=session_id) from exc
-    if not isinstance(value, dict):
-        raise IntegrityError(table, row, "stored JSON is not an object", session_id=session_id)
-    return value

@@ -84,7 +84,10 @@ __all__ = [
     "renewed_lease",
     "snapshot_content_text",
     "snapshot_digest",
+    "stored_object",
+    "stored_text",
     "utc_now",
+    "verified_head",
     "write_digest",
 ]
 
@@ -736,6 +739,55 @@ def write_digest(write: StepWrite, payload_json: str) -> str:
 def control_digest(session_id: str, position: int, kind: str, payload_json: str, created_at: str) -> str:
     """The digest of a control-item row."""
     return _row_digest("control", session_id, position, kind, payload_json, created_at)
+
+
+def stored_text(raw: bytes | str, table: str, row: str, session_id: str) -> str:
+    """A stored text column (read as bytes) decoded; a damaged one raises IntegrityError naming it."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return bytes(raw).decode("utf-8")
+    except (UnicodeDecodeError, TypeError) as exc:
+        raise IntegrityError(table, row, f"stored text is not valid UTF-8: {exc}", session_id=session_id) from exc
+
+
+def stored_object(text: str, table: str, row: str, session_id: str) -> dict[str, Any]:
+    """A stored JSON object; unreadable JSON or another value raises IntegrityError naming the row."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise IntegrityError(table, row, f"stored JSON is unreadable: {exc}", session_id=session_id) from exc
+    if not isinstance(value, dict):
+        raise IntegrityError(table, row, "stored JSON is not an object", session_id=session_id)
+    return value
+
+
+def verified_head(
+    session_id: str,
+    snapshot_id: str,
+    sequence: int,
+    lifecycle: str,
+    updated_at: str,
+    digest: str,
+    metadata_raw: bytes | str | None,
+    meta_digest: str | None,
+) -> SessionHeadRecord:
+    """A head row joined with its session's metadata row, both checked against their digests."""
+    if digest != head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at):
+        raise IntegrityError("heads", session_id, "content does not match its digest", session_id=session_id)
+    if metadata_raw is None:
+        raise IntegrityError("sessions", session_id, "the session's metadata row is missing", session_id=session_id)
+    metadata_json = stored_text(metadata_raw, "sessions", session_id, session_id)
+    if meta_digest != metadata_digest(session_id, metadata_json):
+        raise IntegrityError("sessions", session_id, "content does not match its digest", session_id=session_id)
+    return SessionHeadRecord(
+        session_id=session_id,
+        snapshot_id=snapshot_id,
+        sequence=sequence,
+        lifecycle=lifecycle,
+        updated_at=updated_at,
+        metadata=stored_object(metadata_json, "sessions", session_id, session_id),
+    )
 
 
 # --------------------------------------------------------------------------- the contract

@@ -38,8 +38,10 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
     Args:
         tool_registry: the tools the agent may call: a ``ToolRegistry`` or a sequence of tools
             (None: the class's ``tools``, by default none).
-        llm: the model adapter used when ``decide`` returns None (the model path); seed 004's name,
-            an alias of ``model=``. Stored as ``self.llm``.
+        llm: the model used when ``decide`` returns None (the model path); seed 004's name, an alias
+            of ``model=``. Stored as ``self.llm``. A model adapter, or a plain function
+            ``messages -> text | ModelResponse`` (the engine wraps it as a
+            ``qitos.models.function.FunctionModel``); anything else raises ConfigurationError.
         model_parser: a text protocol parser turning model text into a ``Decision``.
         memory: an optional ``Memory`` (anything with ``retrieve()``). On every model request the
             engine recalls it fresh into the request context through
@@ -69,7 +71,14 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         if model is not None and llm is not None and model is not llm:
             raise ConfigurationError("pass the agent's model once: model= (llm= is seed 004's alias for it)")
         self.tool_registry: ToolRegistry = _registry(tool_registry, type(self).tools)
-        self.llm = llm if llm is not None else model
+        llm = llm if llm is not None else model
+        usable = callable(llm) or callable(getattr(llm, "complete", None))
+        if llm is not None and (isinstance(llm, type) or not usable):
+            raise ConfigurationError(
+                f"llm must be a model adapter instance (with complete(view)) or a function messages -> text, "
+                f"got {llm!r:.80}"
+            )
+        self.llm = llm
         self.model_parser = model_parser
         if memory is not None and not callable(getattr(memory, "retrieve", None)):
             raise ConfigurationError(

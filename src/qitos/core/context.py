@@ -11,6 +11,13 @@ Units: every budget is counted in one unit. ``characters`` (:class:`CharacterCou
 :data:`default_unit_counter`) counts characters; ``tokens`` (:class:`TokenCounter`) counts tokens
 with the offline ``quicktok-v1`` tokenizer (the ``qitos[tokens]`` extra). The units of a message
 are the units of its canonical JSON text, so what is counted is what is sent.
+
+Without the extra (a core ``pip install qitos``), :func:`unit_counter_for` ``("tokens")`` falls back
+to :class:`EstimatedTokenCounter`: one token per 3 bytes of UTF-8, rounded up. That over-counts
+English and JSON (about 4 to 4.5 bytes per ``cl100k_base`` token) and matches CJK text, so a
+budget counted with it errs on the side of sending less. A request view built with it says so:
+its provenance ``counter`` is ``["tokens", "estimate:utf8-bytes/3"]`` and its summary has
+``units.estimated: true``. The tokenizer stays an extra because it brings numpy along.
 """
 
 from __future__ import annotations
@@ -38,12 +45,15 @@ __all__ = [
     "ContextSelection",
     "ContextSelectionPolicy",
     "DeclaredContextBudgetPolicy",
+    "EstimatedTokenCounter",
     "PriorityContextSelectionPolicy",
     "StaticContextContributor",
     "TokenCounter",
     "UnitCounter",
     "collect_context_contributions",
+    "default_output_reserve",
     "default_unit_counter",
+    "tokenizer_available",
     "unit_counter_for",
 ]
 
@@ -156,17 +166,56 @@ class TokenCounter:
         return f"TokenCounter(encoding={self.encoding!r})"
 
 
+class EstimatedTokenCounter:
+    """Estimates tokens without a tokenizer: one per 3 bytes of UTF-8 text, rounded up.
+
+    The fallback of :func:`unit_counter_for` when ``quicktok-v1`` is not installed (see the
+    module docstring for why 3). Its ``cache_key`` names it, so counts from it are never mixed
+    with exact ones.
+    """
+
+    unit = "tokens"
+    estimated = True
+
+    @property
+    def cache_key(self) -> tuple[str, ...]:
+        """Identity for caches of counts: equal keys count equally."""
+        return ("tokens", "estimate:utf8-bytes/3")
+
+    def count(self, text: str) -> int:
+        """Estimated tokens of ``text``."""
+        return -(-len(text.encode("utf-8")) // 3)
+
+    def __repr__(self) -> str:
+        return "EstimatedTokenCounter()"
+
+
 default_unit_counter: UnitCounter = CharacterCounter()
 """The default counter: characters."""
 
 
+def tokenizer_available() -> bool:
+    """Whether the offline tokenizer (``quicktok-v1``, the ``qitos[tokens]`` extra) can be imported."""
+    try:
+        import quicktok  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def unit_counter_for(unit: str) -> UnitCounter:
-    """The standard counter for a unit name: characters or tokens (cl100k_base)."""
+    """The standard counter for a unit name: characters, or tokens (``cl100k_base``; without the
+    tokenizer installed, the :class:`EstimatedTokenCounter` estimate)."""
     if unit == "characters":
         return default_unit_counter
     if unit == "tokens":
-        return TokenCounter()
+        return TokenCounter() if tokenizer_available() else EstimatedTokenCounter()
     raise ValueError(f"unit: no standard counter for {unit!r}; pass a counter whose unit is {unit!r}")
+
+
+def default_output_reserve(max_input_units: int) -> int:
+    """The output reserve of a window of ``max_input_units``: a quarter of it, at most 8,000."""
+    return min(8_000, max_input_units // 4)
 
 
 # --------------------------------------------------------------------------- budget
@@ -175,21 +224,28 @@ def unit_counter_for(unit: str) -> UnitCounter:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ContextBudget:
     """How many input units one request may use. ``available_input_units`` is the maximum minus
-    the units reserved for the model's output."""
+    the units reserved for the model's output.
+
+    ``reserved_output_units`` left as None scales with the window: a quarter of
+    ``max_input_units``, at most 8,000 (:func:`default_output_reserve`), so
+    ``ContextBudget(max_input_units=2000)`` reserves 500. After construction it is always an int.
+    """
 
     max_input_units: int = 120_000
-    reserved_output_units: int = 8_000
+    reserved_output_units: int | None = None
     unit: Literal["characters", "tokens"] = "characters"
     protected_recent_exchanges: int = 1
 
     def __post_init__(self) -> None:
+        if self.reserved_output_units is None and isinstance(self.max_input_units, int):
+            object.__setattr__(self, "reserved_output_units", default_output_reserve(self.max_input_units))
         for name in ("max_input_units", "reserved_output_units", "protected_recent_exchanges"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"ContextBudget.{name}: must be an int, got {value!r}")
         if self.max_input_units <= 0:
             raise ValueError(f"ContextBudget.max_input_units: must be positive, got {self.max_input_units}")
-        if not 0 <= self.reserved_output_units < self.max_input_units:
+        if not 0 <= self.output_reserve < self.max_input_units:
             raise ValueError(
                 f"ContextBudget.reserved_output_units: must be in [0, max_input_units={self.max_input_units}), "
                 f"got {self.reserved_output_units}"
@@ -202,15 +258,21 @@ class ContextBudget:
             )
 
     @property
+    def output_reserve(self) -> int:
+        """``reserved_output_units`` as the int it always is after construction."""
+        reserve = self.reserved_output_units
+        return reserve if reserve is not None else default_output_reserve(self.max_input_units)
+
+    @property
     def available_input_units(self) -> int:
         """Units a request may use: ``max_input_units - reserved_output_units``."""
-        return self.max_input_units - self.reserved_output_units
+        return self.max_input_units - self.output_reserve
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native form (includes ``available_input_units``)."""
         return {
             "max_input_units": self.max_input_units,
-            "reserved_output_units": self.reserved_output_units,
+            "reserved_output_units": self.output_reserve,
             "available_input_units": self.available_input_units,
             "unit": self.unit,
             "protected_recent_exchanges": self.protected_recent_exchanges,
@@ -272,10 +334,9 @@ class DeclaredContextBudgetPolicy:
             maximum, budget_unit = max_input_units, (unit or self.unit)
         if budget_unit not in _UNITS:
             raise ValueError(f"unit: must be one of {sorted(_UNITS)}, got {budget_unit!r}")
-        reserve = min(8_000, maximum // 4) if reserved_output_units is None else reserved_output_units
         return ContextBudget(
             max_input_units=maximum,
-            reserved_output_units=reserve,
+            reserved_output_units=reserved_output_units,
             unit=budget_unit,  # type: ignore[arg-type]
             protected_recent_exchanges=self.protected_recent_exchanges,
         )

@@ -65,7 +65,9 @@ from qitos.core.exchange import (
 )
 
 __all__ = [
+    "REASONING_EFFORTS",
     "REQUEST_VIEW_SCHEMA_VERSION",
+    "TOOL_USE_POLICIES",
     "ArtifactRef",
     "CompactionError",
     "CompactionPolicy",
@@ -84,6 +86,8 @@ __all__ = [
 REQUEST_VIEW_SCHEMA_VERSION = "qitos.request_view/v1"
 _BUILDER = "qitos.request_builder/v1"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+TOOL_USE_POLICIES: tuple[str, ...] = ("auto", "required", "none")
+"""The tool-use policies a request may have besides the name of one of its tools."""
 _INSTRUCTION_ROLES = frozenset({"system", "developer", "user"})
 
 
@@ -139,16 +143,39 @@ class RequestTarget:
         raise ConfigurationError(f"{type(model).__name__}.request_target must be a RequestTarget or mapping")
 
 
+REASONING_EFFORTS: tuple[str, ...] = ("minimal", "low", "medium", "high")
+"""The reasoning efforts a request may ask for (``ReasoningPolicy.effort``)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReasoningPolicy:
-    """How provider reasoning content is treated when replayed."""
+    """How much a model should reason, and how provider reasoning content is treated when replayed.
+
+    ``effort`` (None: the provider's default) is sent by the OpenAI-compatible adapter as
+    ``reasoning_effort``; servers without reasoning models ignore it. The local (embedded) adapter
+    has no reasoning setting and ignores it.
+
+    ``mode`` and ``allow_loss`` are part of the request's identity but drive no adapter today: the
+    built-in adapters keep no provider reasoning content in the exchange log, so there is nothing
+    to preserve, drop or replay whatever the mode.
+    """
 
     mode: Literal["preserve_if_supported", "drop", "inline_replay"] = "preserve_if_supported"
     allow_loss: bool = False
+    effort: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.effort is not None and self.effort not in REASONING_EFFORTS:
+            raise ConfigurationError(
+                f"ReasoningPolicy.effort: must be None or one of {list(REASONING_EFFORTS)}, got {self.effort!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native form."""
-        return {"mode": self.mode, "allow_loss": self.allow_loss}
+        """JSON-native form (``effort`` only when set, so older request ids are unchanged)."""
+        out: dict[str, Any] = {"mode": self.mode, "allow_loss": self.allow_loss}
+        if self.effort is not None:
+            out["effort"] = self.effort
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -361,7 +388,23 @@ class SummarizingCompactionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class RequestView:
-    """One immutable, deterministic provider-neutral model request view."""
+    """One immutable, deterministic provider-neutral model request view.
+
+    Tool use: ``tool_use_policy`` is what the agent asks of this request: ``auto`` (the model
+    chooses), ``required`` (it must call a tool), ``none`` (it must not) or the name of one of the
+    request's tools (it must call that one). ``tool_use_satisfied`` says that the run already used
+    a tool, which fulfils a ``required`` or named policy: :meth:`tool_choice` is then ``auto``, so
+    "required until a tool was used, then auto" is one policy. Adapters send :meth:`tool_choice`
+    (the OpenAI-compatible adapter as ``tool_choice``; the local adapter as its grammar).
+
+    What the built-in adapters send: :meth:`messages`, :meth:`tools`, :meth:`tool_choice` and
+    ``reasoning_policy.effort`` (see :class:`ReasoningPolicy`). The other fields record how the
+    request was built and are not sent: ``context_budget``, ``selection``,
+    ``compaction_receipts``, ``provenance_json``, ``steering_boundary_json``,
+    ``correlation_facts_json`` and ``protocol_id`` are for traces and checks;
+    ``capability_requirements``, ``continuation`` (chat completions have no previous-response id)
+    and ``artifact_refs`` (bodies are not embedded) are ignored by both built-in adapters.
+    """
 
     request_id: str
     target: RequestTarget
@@ -391,8 +434,17 @@ class RequestView:
     def __post_init__(self) -> None:
         if self.schema_version != REQUEST_VIEW_SCHEMA_VERSION:
             raise ContextError(f"unsupported request view schema {self.schema_version!r}")
-        if self.tool_use_policy not in ("auto", "required", "none"):
-            raise ConfigurationError(f"tool_use_policy: must be auto, required or none, got {self.tool_use_policy!r}")
+        policy = self.tool_use_policy
+        if policy not in TOOL_USE_POLICIES and policy not in self._tool_names():
+            raise ConfigurationError(
+                f"tool_use_policy: must be auto, required, none or the name of one of the request's tools "
+                f"{self._tool_names()}, got {policy!r}"
+            )
+        if not isinstance(self.tool_use_satisfied, bool):
+            raise ConfigurationError(f"tool_use_satisfied: must be a bool, got {self.tool_use_satisfied!r}")
+
+    def _tool_names(self) -> list[str]:
+        return [str(json.loads(text).get("name")) for text in self.tool_schemas_json]
 
     # ------------------------------------------------------------------ reading
 
@@ -419,6 +471,17 @@ class RequestView:
         """The tool schemas as given: ``{"name", "description", "parameters"}``."""
         return [json.loads(text) for text in self.tool_schemas_json]
 
+    def tool_choice(self) -> str | None:
+        """What the model is asked about tools: ``auto``, ``required``, ``none`` or a tool's name;
+        None when the request has no tools. A ``required`` or named policy that is already
+        satisfied (``tool_use_satisfied``) becomes ``auto``."""
+        if not self.tool_schemas_json:
+            return None
+        policy = self.tool_use_policy
+        if policy in ("auto", "none"):
+            return policy
+        return "auto" if self.tool_use_satisfied else policy
+
     def summary(self, *, compact: bool = False) -> dict[str, Any]:
         """JSON-native summary for traces and the viewer. Never contains secret content (nor any
         contribution content: only ids, units and digests).
@@ -430,6 +493,7 @@ class RequestView:
         """
         sel = self.selection
         prov = self.provenance
+        counter = prov.get("counter") or [sel.unit]
         contexts = [json.loads(text) for text in self.context_json]
 
         def ids(values: Sequence[str]) -> list[Any]:
@@ -452,9 +516,11 @@ class RequestView:
                 "used": sel.selected_units,
                 "available": self.context_budget.available_input_units,
                 "max_input": self.context_budget.max_input_units,
-                "reserved_output": self.context_budget.reserved_output_units,
+                "reserved_output": self.context_budget.output_reserve,
                 "total": sel.total_units,
                 "omitted": sel.omitted_units,
+                "counter": list(counter),
+                "estimated": any(str(part).startswith("estimate") for part in counter),
             },
             "exchanges": {
                 "selected": list(sel.selected_exchange_ids),

@@ -3,7 +3,8 @@
 A tool is a Python callable with a JSON-schema description. ``@tool`` derives the schema from type
 hints and the docstring (a Google-style ``Args:`` section gives parameter descriptions) and declares
 how the engine should run it: ``timeout`` seconds, ``idempotent`` (safe to re-run after a crash),
-``needs_approval`` (a human must approve each call), ``max_output_chars``.
+``needs_approval`` (a human must approve each call), ``concurrency_safe`` (may run at the same time
+as the other concurrency-safe calls of one decision), ``max_output_chars``.
 
 A tool may be an ``async def`` function (its schema comes from hints and docstring the same way):
 ``ToolRegistry.acall`` awaits it on the running loop and runs sync tools in a given executor;
@@ -72,6 +73,7 @@ class ToolSpec:
     timeout: float | None = None
     idempotent: bool = False
     needs_approval: bool = False
+    concurrency_safe: bool = False
     max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS
 
     def schema(self) -> dict[str, Any]:
@@ -164,6 +166,7 @@ def tool(
     timeout: float | None = None,
     idempotent: bool = False,
     needs_approval: bool = False,
+    concurrency_safe: bool = False,
     max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
@@ -177,9 +180,15 @@ def tool(
     timeout: float | None = None,
     idempotent: bool = False,
     needs_approval: bool = False,
+    concurrency_safe: bool = False,
     max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
 ) -> Any:
     """Mark a function (or method) as a tool. Use bare (``@tool``) or with options (``@tool(timeout=5)``).
+
+    ``concurrency_safe=True`` lets the engine run the call together with the neighbouring
+    concurrency-safe calls of the same decision (threads, or the event loop for ``async def`` tools);
+    a call that is not is a barrier: it runs alone, after the calls before it have finished. A tool
+    that needs approval never runs in parallel, whatever this flag says.
 
     The function stays callable as before; its ``ToolSpec`` is built when it is registered.
     """
@@ -193,6 +202,7 @@ def tool(
             "timeout": timeout,
             "idempotent": idempotent,
             "needs_approval": needs_approval,
+            "concurrency_safe": concurrency_safe,
             "max_output_chars": max_output_chars,
         }
         return fn
@@ -211,6 +221,7 @@ def _spec_from_callable(fn: Callable[..., Any]) -> ToolSpec:
         timeout=options.get("timeout"),
         idempotent=options.get("idempotent", False),
         needs_approval=options.get("needs_approval", False),
+        concurrency_safe=options.get("concurrency_safe", False),
         max_output_chars=options.get("max_output_chars", DEFAULT_MAX_OUTPUT_CHARS),
     )
 

@@ -15,6 +15,9 @@ The effects:
 ``ModelCall``      one model request (``complete`` / awaited ``acomplete``), with the stream
                    callback and the adapter-event listener the model path wants.
 ``ToolCall``       one tool call through the registry (``call`` / ``acall``).
+``ToolBatch``      several concurrency-safe calls of one decision run together (threads / the event
+                   loop), at most ``limit`` at a time; results in the decision's order, each handed
+                   to the journal as it arrives.
 ``JournalCall``    one journal operation that may touch the store (``op`` / awaited ``a<op>``).
 ``BlockingCall``   any other blocking function (an Env's ``reset``/``step``): called directly, or
                    run in the bounded executor.
@@ -28,11 +31,14 @@ both drivers (keep them free of long blocking I/O when running many sessions at 
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
-from collections.abc import Callable, Generator, Mapping
+import threading
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from qitos.core.tool import ToolRegistry
+from qitos.core.decision import Action
+from qitos.core.tool import ToolRegistry, ToolResult
 
 __all__ = [
     "BOUNDARY",
@@ -42,6 +48,7 @@ __all__ = [
     "JournalCall",
     "Loop",
     "ModelCall",
+    "ToolBatch",
     "ToolCall",
 ]
 
@@ -163,6 +170,103 @@ class ToolCall(Effect):
 
     async def aperform(self, services: AsyncServices) -> Any:
         return await self.registry.acall(self.name, self.args, call_id=self.call_id, executor=services.executor)
+
+
+class ResultRecorder(Protocol):
+    """Where a batch's results go as they arrive (a durable journal's pending writes)."""
+
+    def record_tool_result(self, step_id: int, result: ToolResult) -> None:
+        """Persist one result (sync driver)."""
+        ...
+
+    async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
+        """Persist one result (async driver)."""
+        ...
+
+
+class ToolBatch(Effect):
+    """Concurrency-safe tool calls of one decision, run together; the results in ``actions``' order.
+
+    The sync driver runs them on threads (a process-wide pool kept for batches), the async driver
+    awaits them on the event loop (sync tools in its bounded executor); either way at most
+    ``limit`` calls are in flight. Each result is handed to ``recorder`` (with ``step_id``) in the
+    driving thread as soon as it arrives, so a crash loses only the calls still running.
+    """
+
+    __slots__ = ("actions", "limit", "recorder", "registry", "step_id")
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        actions: Sequence[Action],
+        *,
+        limit: int,
+        recorder: ResultRecorder | None = None,
+        step_id: int = 0,
+    ) -> None:
+        self.registry = registry
+        self.actions = tuple(actions)
+        self.limit = max(1, limit)
+        self.recorder = recorder
+        self.step_id = step_id
+
+    def perform(self) -> list[ToolResult]:
+        registry, actions, recorder = self.registry, self.actions, self.recorder
+        results: list[ToolResult | None] = [None] * len(actions)
+        pool = _batch_pool()
+        waiting = list(range(len(actions)))
+        waiting.reverse()
+        running: dict[concurrent.futures.Future[ToolResult], int] = {}
+        while waiting or running:
+            while waiting and len(running) < self.limit:
+                index = waiting.pop()
+                action = actions[index]
+                running[pool.submit(registry.call, action.name, action.args, call_id=action.id)] = index
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                index = running.pop(future)
+                result = results[index] = future.result()
+                if recorder is not None:
+                    recorder.record_tool_result(self.step_id, result)
+        return [r for r in results if r is not None]
+
+    async def aperform(self, services: AsyncServices) -> list[ToolResult]:
+        registry, actions, recorder = self.registry, self.actions, self.recorder
+        gate = asyncio.Semaphore(self.limit)
+        executor = services.executor
+
+        async def one(index: int) -> tuple[int, ToolResult]:
+            action = actions[index]
+            async with gate:
+                return index, await registry.acall(action.name, action.args, call_id=action.id, executor=executor)
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(actions))]
+        results: list[ToolResult | None] = [None] * len(actions)
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                index, result = await next_done
+                results[index] = result
+                if recorder is not None:
+                    await recorder.arecord_tool_result(self.step_id, result)
+        finally:
+            for task in tasks:
+                task.cancel()
+        return [r for r in results if r is not None]
+
+
+_BATCH_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_BATCH_LOCK = threading.Lock()
+_BATCH_THREADS = 64
+
+
+def _batch_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide threads for the sync driver's batches (apart from the async runs' executor,
+    so a batch inside a tool running there cannot wait for its own pool)."""
+    global _BATCH_POOL
+    with _BATCH_LOCK:
+        if _BATCH_POOL is None:
+            _BATCH_POOL = concurrent.futures.ThreadPoolExecutor(_BATCH_THREADS, thread_name_prefix="qitos-batch")
+        return _BATCH_POOL
 
 
 class JournalCall(Effect):

@@ -10,7 +10,11 @@ for ``run``, :class:`~qitos.engine.drivers.AsyncDriver` on an event loop for ``a
 1. boundary: cancellation, pause requests and the LifecyclePolicy, steering intake, budgets;
 2. DECIDE: the agent's ``decide`` hook, or the model path when it returns None;
 3. branch resolution by the BranchSelector;
-4. ACT: tool calls through the ToolRegistry (or the Env); failures become observations;
+4. ACT: tool calls through the ToolRegistry (or the Env); failures become observations. The
+   calls of one decision run in the groups ``qitos.engine.call_plan`` makes: consecutive
+   ``concurrency_safe`` calls together (at most ``max_parallel_tools`` at a time), every other call
+   alone; results keep the decision's order. A sub-agent tool's call in a durable session runs a
+   child session (``qitos.engine.delegation``);
 5. REDUCE: ``agent.reduce(state, observation, decision)``;
 6. CRITICS and CHECK_STOP;
 7. COMMIT: the step record, the state diff, the journal boundary, events.
@@ -42,16 +46,29 @@ from qitos.core.state import StateSchema, StopReason
 from qitos.core.task import Env, Task, TaskResult
 from qitos.core.tool import ToolResult
 from qitos.engine.agent_context import check_history_policy
+from qitos.engine.call_plan import plan_calls
 from qitos.engine.drivers import AsyncDriver, Backpressure, drive
-from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, ToolCall
+from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, ToolBatch, ToolCall
 from qitos.engine.event_redaction import redact_event, redacting_sink
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
+from qitos.engine.handoff import handoff_of
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine.model_path import ModelContext, ModelPath
 from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
 from qitos.engine.run_context import RunContext, StopRun
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+from qitos.engine.subagent import (
+    ChildOutcome,
+    ChildRequest,
+    FanoutCall,
+    FanoutRequest,
+    FanoutRunner,
+    SubAgentCall,
+    SubAgentRunner,
+    child_session_id,
+)
 from qitos.engine.telemetry import OtelOption, otel_hook
+from qitos.models.function import as_model
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
 
@@ -114,7 +131,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         trace_writer: a TraceWriter; or pass ``trace_logdir`` to create one.
         hooks: EngineHooks.
         search: the BranchSelector for ``branch`` decisions (default: first candidate).
-        model: the model adapter (defaults to ``agent.llm``).
+        model: the model adapter (defaults to ``agent.llm``); a plain function ``messages -> text``
+            is wrapped as a ``FunctionModel``, anything else raises ConfigurationError.
         lifecycle: a LifecyclePolicy consulted at every boundary and before each tool call.
         context: model-path settings (contributors, budget policy, compactor); see ``qitos.engine.model_path``.
         checkpoint_store: the store used by ``Engine.session``.
@@ -125,6 +143,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             made by async runs (``arun``); None: ``tool_executor``, else a process-wide executor of
             ``DEFAULT_TOOL_WORKERS`` threads shared by all engines.
         tool_executor: an executor to use for that instead (shared with other engines, say).
+        max_parallel_tools: how many ``concurrency_safe`` calls of one decision may run at the same
+            time (1: every call runs alone, in order).
     """
 
     def __init__(
@@ -150,6 +170,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         otel: OtelOption = None,
         tool_workers: int | None = None,
         tool_executor: concurrent.futures.Executor | None = None,
+        max_parallel_tools: int = DEFAULT_TOOL_WORKERS,
     ) -> None:
         if not isinstance(agent, AgentModule):
             raise ConfigurationError(f"Engine needs an AgentModule, got {type(agent).__name__}")
@@ -167,7 +188,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         self.trace_prefix = trace_prefix
         self.hooks = list(hooks or [])
         self.search: BranchSelector = search or FirstCandidateSelector()
-        self.model = model if model is not None else agent.llm
+        self.model = as_model(model if model is not None else agent.llm)  # a plain callable -> FunctionModel
         self.lifecycle = lifecycle
         self.context = context
         self.checkpoint_store = checkpoint_store
@@ -178,6 +199,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             raise ConfigurationError("pass tool_workers or tool_executor, not both")
         self.tool_workers = tool_workers
         self._tool_executor = tool_executor
+        if isinstance(max_parallel_tools, bool) or not isinstance(max_parallel_tools, int) or max_parallel_tools < 1:
+            raise ConfigurationError(f"max_parallel_tools must be a positive int, got {max_parallel_tools!r}")
+        self.max_parallel_tools = max_parallel_tools
         # The runs in progress (several at once under arun); cancel() reaches each of them.
         self._active: set[RunContext] = set()
         telemetry = otel_hook(otel, engine=self)
@@ -546,7 +570,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                             f"got {type(decided).__name__}"
                         )
                     run.steering.clear()
-                    decision = self._resolve_branch(run, step_id, decided) if decided.mode == "branch" else decided
+                    if decided.mode != "branch":
+                        decision = decided
+                    elif isinstance(self.search, FanoutRunner) and run.journal.durable:
+                        decision = yield from self._fan_out(run, step_id, decided, self.search)
+                    else:
+                        decision = self._resolve_branch(run, step_id, decided)
                     changes = state.drain_changes() if state.__dict__.get("_q_changes") else _NO_ENTRIES
                     if changes:
                         run.step_changes.extend(changes)
@@ -569,7 +598,20 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                         registry = plain_call.registry = self.agent.tool_registry  # the agent may swap it
                         plain = pending is None and self.lifecycle is None
                         results: list[ToolResult] = []
-                        for action in decision.actions:
+                        actions = decision.actions
+                        groups = (
+                            plan_calls(registry, actions) if len(actions) > 1 and self.max_parallel_tools > 1 else None
+                        )
+                        if groups is not None and len(groups) < len(actions):
+                            for group in groups:
+                                if len(group) > 1:
+                                    results.extend((yield from self._call_batch(run, step_id, group, pending)))
+                                else:
+                                    results.append((yield from self._call_tool(run, step_id, group[0], pending)))
+                                if run.cancel_immediate:
+                                    self._immediate_cancel_point(run)
+                            actions = ()
+                        for action in actions:
                             spec = registry.get(action.name) if plain else None
                             if spec is not None and not spec.needs_approval:
                                 # The common case: nothing to journal, check or approve around the call. The
@@ -676,6 +718,25 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload={"candidates": len(decision.candidates)}))
         return chosen
 
+    def _fan_out(
+        self, run: RunContext, step_id: int, decision: Decision[Any], runner: FanoutRunner
+    ) -> Loop[Decision[Any]]:
+        """A selector that asked for fan-out: each candidate runs in a forked child session, the
+        selector chooses among their outcomes, and this run goes on with the chosen candidate."""
+        request = FanoutRequest(
+            journal=run.journal,
+            step_id=step_id,
+            candidates=tuple(decision.candidates),
+            agent=self.agent,
+            model=self.model,
+            state=run.state,
+        )
+        index, children = yield FanoutCall(runner, request)
+        payload = {"candidates": len(decision.candidates), "child_session_ids": children, "chosen": index}
+        run.emit(EngineEvent(E.FANOUT, step_id, phase=P.BRANCH, payload=payload))
+        chosen: Decision[Any] = decision.candidates[index]
+        return chosen
+
     def _record_decision(
         self,
         run: RunContext,
@@ -769,6 +830,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         observation = Observation(results=tuple(results))
         if self._model_path is not None:
             self._model_path.record_results(run, results)
+        for result in results:
+            if type(result.output) is dict and result.ok:  # cheap gate before the handoff check
+                move = handoff_of(self.agent.tool_registry.get(result.name), result)
+                if move is not None:
+                    payload = {**move, "call_id": result.call_id}
+                    run.emit(EngineEvent(E.HANDOFF, step_id, phase=P.ACT, payload=payload))
         payload = {"calls": [_call_summary(r) for r in results]}
         run.emit(_fast_event(EngineEvent, (E.ACT, step_id, None, P.ACT, True, payload, None, _now())))
         if self._hook_table["on_after_act"]:
@@ -785,23 +852,19 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             recorded = pending.results.get(action.id)
             if recorded is not None:
                 return ToolResult.from_dict(recorded)
-        # Started before a crash, no result recorded: re-run only what is safe to repeat.
-        if pending is not None and action.id in pending.started and (spec is None or not spec.idempotent):
-            result = ToolResult(
-                call_id=action.id,
-                name=action.name,
-                ok=False,
-                error_kind="interrupted",
-                error="the call was interrupted (the process stopped while it ran); it was not repeated "
-                "because the tool is not idempotent. Check its effects before calling it again.",
-            )
+        runner = spec.func if spec is not None and isinstance(spec.func, SubAgentRunner) else None
+        # Started before a crash, no result recorded: re-run only what is safe to repeat (a delegated
+        # call instead continues its child session, which is durable on its own).
+        if (
+            pending is not None
+            and action.id in pending.started
+            and runner is None
+            and (spec is None or not spec.idempotent)
+        ):
+            result = _interrupted(action)
             yield from self._record_result(run, step_id, pending, result)
             return result
-        if self.lifecycle is not None:
-            context = RuntimeSnapshotContext(step_id, "act", action, run.state, run.run_id)
-            if self.lifecycle.should_pause(context):
-                run.emit(EngineEvent(E.PAUSE, step_id, phase=P.ACT, payload={"before_call": action.id}))
-                raise StopRun(StopReason.PAUSED)
+        self._lifecycle_before_call(run, step_id, action)
         if spec is not None and spec.needs_approval:
             control = yield JournalCall(run.journal, "control", (step_id,), {"fresh": True})
             approval = control.approvals.get(action.id)
@@ -838,6 +901,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 )
                 yield from self._record_result(run, step_id, pending, result)
                 return result
+        if pending is not None and runner is not None:
+            return (yield from self._delegate(run, step_id, action, pending, runner))
         if pending is not None:
             pending.started.add(action.id)
             idempotent = {"idempotent": spec is not None and spec.idempotent}
@@ -847,6 +912,104 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             return called
         plain: ToolResult = yield ToolCall(registry, action.name, action.args, action.id)
         return plain
+
+    def _lifecycle_before_call(self, run: RunContext, step_id: int, action: Action) -> None:
+        if self.lifecycle is not None:
+            context = RuntimeSnapshotContext(step_id, "act", action, run.state, run.run_id)
+            if self.lifecycle.should_pause(context):
+                run.emit(EngineEvent(E.PAUSE, step_id, phase=P.ACT, payload={"before_call": action.id}))
+                raise StopRun(StopReason.PAUSED)
+
+    def _call_batch(
+        self, run: RunContext, step_id: int, group: tuple[Action, ...], pending: PendingStep | None
+    ) -> Loop[list[ToolResult]]:
+        """Concurrency-safe calls run together (``call_plan`` made the group); results in order.
+
+        Per call as in ``_call_tool``: a recorded result is reused, a started non-idempotent call is
+        reported interrupted, each start is recorded before the batch runs and each result as it arrives.
+        """
+        registry = self.agent.tool_registry
+        slots: list[ToolResult | None] = [None] * len(group)
+        to_run: list[Action] = []
+        positions: list[int] = []
+        for index, action in enumerate(group):
+            if pending is not None:
+                recorded = pending.results.get(action.id)
+                if recorded is not None:
+                    slots[index] = ToolResult.from_dict(recorded)
+                    continue
+                spec = registry.get(action.name)
+                if action.id in pending.started and (spec is None or not spec.idempotent):
+                    interrupted = slots[index] = _interrupted(action)
+                    yield from self._record_result(run, step_id, pending, interrupted)
+                    continue
+            self._lifecycle_before_call(run, step_id, action)
+            to_run.append(action)
+            positions.append(index)
+        if to_run:
+            if pending is not None:
+                for action in to_run:
+                    pending.started.add(action.id)
+                    spec = registry.get(action.name)
+                    idempotent = {"idempotent": spec is not None and spec.idempotent}
+                    yield JournalCall(run.journal, "record_tool_started", (step_id, action), idempotent)
+            recorder = run.journal if pending is not None else None
+            batch = ToolBatch(registry, to_run, limit=self.max_parallel_tools, recorder=recorder, step_id=step_id)
+            done: list[ToolResult] = yield batch
+            for index, result in zip(positions, done, strict=True):
+                slots[index] = result
+                if pending is not None:
+                    pending.results[result.call_id] = result.to_dict()
+        return [r for r in slots if r is not None]
+
+    def _delegate(
+        self, run: RunContext, step_id: int, action: Action, pending: PendingStep, runner: SubAgentRunner
+    ) -> Loop[ToolResult]:
+        """A delegated call: run (or, after a restore, continue) its child session to a result.
+
+        The child's session id is derived from this session and the call id, so a restore finds it
+        again; the call is recorded started once. A child that pauses or waits for an approval stops
+        this run the same way (its step stays pending and the next run continues the child).
+        """
+        parent_id = str(getattr(run.journal, "session_id", ""))
+        child_id = child_session_id(parent_id, action.id)
+        resumed = action.id in pending.started
+        if not resumed:
+            pending.started.add(action.id)
+            yield JournalCall(run.journal, "record_tool_started", (step_id, action))
+        ids = {"parent_session_id": parent_id, "child_session_id": child_id, "call_id": action.id, "tool": action.name}
+        run.emit(
+            EngineEvent(
+                E.DELEGATE, step_id, phase=P.ACT, payload={**ids, "status": "resumed" if resumed else "started"}
+            )
+        )
+        request = ChildRequest(
+            journal=run.journal,
+            parent_run_id=run.run_id,
+            step_id=step_id,
+            call_id=action.id,
+            tool=action.name,
+            args=dict(action.args),
+            tokens_left=None if run.max_tokens is None else max(0, run.max_tokens - run.tokens_used),
+            seconds_left=None if run.max_runtime is None else max(0.0, run.max_runtime - self._elapsed(run)),
+        )
+        outcome: ChildOutcome = yield SubAgentCall(runner, request)
+        run.tokens_used += outcome.tokens
+        if outcome.stop is not None:
+            run.emit(EngineEvent(E.DELEGATE, step_id, phase=P.ACT, payload={**ids, "status": outcome.stop.value}))
+            if outcome.stop is StopReason.PAUSED:
+                # The pause request that reached the child came through this session: it is consumed too.
+                control = yield JournalCall(run.journal, "control", (step_id,), {"fresh": True})
+                if control.pause_requested:
+                    run.pause_position = max(run.pause_position, control.pause_position)
+            raise StopRun(outcome.stop)
+        result = outcome.result
+        if result is None:
+            raise UsageError(f"sub-agent tool {action.name!r} returned neither a result nor a stop")
+        status = "completed" if result.ok else "failed"
+        run.emit(EngineEvent(E.DELEGATE, step_id, phase=P.ACT, ok=result.ok, payload={**ids, "status": status}))
+        yield from self._record_result(run, step_id, pending, result)
+        return result
 
     def _record_result(
         self, run: RunContext, step_id: int, pending: PendingStep | None, result: ToolResult
@@ -1088,6 +1251,17 @@ def _overrides(hook: Any, name: str) -> bool:
 
 _NO_VERDICT: tuple[list[dict[str, Any]], CriticVerdict | None] = ([], None)
 _NO_ENTRIES: list[dict[str, Any]] = []  # shared and never mutated (a list is copied before it is kept)
+
+
+def _interrupted(action: Action) -> ToolResult:
+    return ToolResult(
+        call_id=action.id,
+        name=action.name,
+        ok=False,
+        error_kind="interrupted",
+        error="the call was interrupted (the process stopped while it ran); it was not repeated "
+        "because the tool is not idempotent. Check its effects before calling it again.",
+    )
 
 
 def _call_summary(result: ToolResult) -> dict[str, Any]:

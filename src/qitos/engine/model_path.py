@@ -10,6 +10,11 @@ A reply that cannot be used (malformed tool calls, unparseable text, empty, cut 
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
 the input of the next exchange, so the model sees what went wrong on its next turn.
 
+Per request, :class:`ModelContext` sets the tool use (``tool_use_policy``: a policy name or a
+function of the :class:`~qitos.core.context.ContextRequest`; the view's ``tool_use_satisfied`` is
+whether a tool result is already in the log, so ``"required"`` means "until a tool was used") and
+the reasoning effort (``reasoning_policy``).
+
 Each call is bracketed by a ``model_request`` event (request id, provider, model) and a
 ``model_response`` event (model, finish reason, usage, tool-call count; ``ok=False`` with the error
 when the call raised), which telemetry times its ``chat`` spans by. The prompt and the reply are
@@ -17,19 +22,24 @@ added to them only when a hook asks for content (``EngineHook.wants_model_conten
 
 The model call itself is an effect (``ModelCall``) that the loop's driver performs: ``complete`` in
 the calling thread, or an awaited ``acomplete`` on the event loop.
+
+With a trace, the messages of every request are stored once in the run's ``messages.jsonl``: the
+step's model entry and both events refer to them (``message_refs``: runs of line positions). A
+failed ``model_response`` also carries the ``status_code``, the ``error_type`` and the request
+view summary, so the request inspector shows a request that never got an answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.decision import Decision, Observation
-from qitos.core.exchange import ExchangeLog
+from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
 from qitos.core.redaction import Redactor, model_credentials
-from qitos.core.request_view import RequestView
+from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import ToolResult
 from qitos.engine.agent_context import request_compaction, request_contributors
 from qitos.engine.effects import Loop, ModelCall
@@ -52,6 +62,10 @@ class ModelContext:
         budget_policy: turns the adapter's declared capacity into a ContextBudget.
         selection_policy: orders and selects contributions (default: priority).
         unit_counter: counts units (default: characters, or as the budget's unit requires).
+        tool_use_policy: the tool use of each request (``auto``, ``required``, ``none`` or a tool's
+            name), or a function ``ContextRequest -> str`` deciding it per request. ``required``
+            and a tool's name are satisfied once a tool result is in the log (then ``auto``).
+        reasoning_policy: the reasoning effort (and replay mode) of every request.
     """
 
     contributors: Sequence[Any] = ()
@@ -59,6 +73,8 @@ class ModelContext:
     budget_policy: DeclaredContextBudgetPolicy = field(default_factory=DeclaredContextBudgetPolicy)
     selection_policy: Any = None
     unit_counter: Any = None
+    tool_use_policy: str | Callable[[ContextRequest], str] = "auto"
+    reasoning_policy: ReasoningPolicy | None = None
 
 
 @dataclass
@@ -135,6 +151,7 @@ class ModelPath:
         budget = self.context.budget_policy.budget_for(
             getattr(model, "max_input_units", None), getattr(model, "unit", None)
         )
+        tool_use = self.context.tool_use_policy
         view = RequestView.from_exchange_log(
             log,
             model=model,
@@ -146,7 +163,11 @@ class ModelPath:
             context_unit_counter=self.context.unit_counter,
             compaction_policy=self.compaction_policy,
             protocol_id=NATIVE_PROTOCOL_ID if native_tools else getattr(parser, "protocol_id", type(parser).__name__),
+            tool_use_policy=tool_use(request) if callable(tool_use) else tool_use,
+            tool_use_satisfied=bool(log.projection().category_or[-1] & CATEGORY_BITS["tool_results"]),
+            reasoning_policy=self.context.reasoning_policy,
         )
+        messages = run.writer.request_messages(view) if run.writer is not None else None
         for receipt in view.compaction_receipts:
             run.emit(
                 EngineEvent(EngineEventType.COMPACTION, step_id, phase=RuntimePhase.DECIDE, payload=receipt.to_dict())
@@ -167,14 +188,16 @@ class ModelPath:
                     )
                 )
 
-        response = yield from self._call_model(run, model, view, step_id, on_delta, on_adapter_event)
+        response = yield from self._call_model(run, model, view, step_id, on_delta, on_adapter_event, messages)
         log.record_output(exchange_id, response.message())
         decision = self._parse(run, log, exchange_id, response, parser, registry.names())
-        model_entry = {
+        model_entry: dict[str, Any] = {
             "request_id": view.request_id,
             "request_digest": request_digest(view),
             "response": response.to_dict(),
         }
+        if messages is not None:
+            model_entry["message_refs"] = messages
         return ModelOutcome(
             decision=decision,
             view=view,
@@ -207,26 +230,44 @@ class ModelPath:
     # ------------------------------------------------------------------ internals
 
     def _call_model(
-        self, run: RunContext, model: Any, view: RequestView, step_id: int, on_delta: Any, listener: Any
+        self,
+        run: RunContext,
+        model: Any,
+        view: RequestView,
+        step_id: int,
+        on_delta: Any,
+        listener: Any,
+        message_refs: list[list[int]] | None,
     ) -> Loop[ModelResponse]:
         # model_request / model_response bracket the call (telemetry times its span by them); the
         # prompt and the reply are in them only when a hook asked for content (``content_events``).
         content = self.content_events
         target = view.target
         request: dict[str, Any] = {"request_id": view.request_id, "provider": target.provider, "model": target.model}
+        if message_refs is not None:
+            request["message_refs"] = message_refs
         if content:
             request["messages"] = view.messages()
         run.emit(EngineEvent(EngineEventType.MODEL_REQUEST, step_id, phase=RuntimePhase.DECIDE, payload=request))
         try:
             response: ModelResponse = yield ModelCall(model, view, on_delta=on_delta, listener=listener)
         except BaseException as exc:
+            failed: dict[str, Any] = {
+                "request_id": view.request_id,
+                "request_digest": request_digest(view),
+                "status_code": getattr(exc, "status_code", None),
+                "error_type": type(exc).__name__,
+                "request_view": view.summary(compact=True),
+            }
+            if message_refs is not None:
+                failed["message_refs"] = message_refs
             run.emit(
                 EngineEvent(
                     EngineEventType.MODEL_RESPONSE,
                     step_id,
                     phase=RuntimePhase.DECIDE,
                     ok=False,
-                    payload={"request_id": view.request_id},
+                    payload=failed,
                     error=f"{type(exc).__name__}: {exc}",
                 )
             )

@@ -322,7 +322,10 @@ class Session:
         return Redactor(model_credentials(self.engine.model))
 
     def pause(self) -> PauseReceipt:
-        """Request cooperative pause; durable status is returned at a boundary."""
+        """Request cooperative pause; durable status is returned at a boundary.
+
+        It reaches the child sessions of delegated calls in progress too (``pause_session``).
+        """
         return pause_session(self.store, self.session_id.value)
 
     async def apause(self) -> PauseReceipt:
@@ -330,7 +333,8 @@ class Session:
         return await apause_session(self.store, self.session_id.value)
 
     def steer(self, text: str) -> SteeringReceipt:
-        """Durably submit one canonical steering item to this Session."""
+        """Durably submit one canonical steering item to this Session (while a delegated call is in
+        progress, to the child doing the work: see ``steer_session``)."""
         return steer_session(self.store, self.session_id.value, text, redactor=self._redactor())
 
     async def asteer(self, text: str) -> SteeringReceipt:
@@ -338,7 +342,11 @@ class Session:
         return await asteer_session(self.store, self.session_id.value, text, redactor=self._redactor())
 
     def approve(self, call_id: str) -> ApprovalReceipt:
-        """Approve a tool call awaiting approval; the next ``run()`` executes it."""
+        """Approve a tool call awaiting approval; the next ``run()`` executes it.
+
+        A call a delegated child waits for (``inspect().tool_batch`` lists it with the child's
+        ``session_id``) is answered in that child; the next ``run()`` of this session continues it.
+        """
         return self._answer(call_id, True, None)
 
     async def aapprove(self, call_id: str) -> ApprovalReceipt:
@@ -509,19 +517,35 @@ def _agent_identity(engine: EngineLoop[Any, Any, Any]) -> AgentIdentity:
 
 
 def new_session(
-    engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
+    engine: EngineLoop[Any, Any, Any],
+    task: str | Task,
+    *,
+    composition: SessionHost | None = None,
+    session_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **state_kwargs: Any,
 ) -> Session:
-    """Create a durable session: initialise the state and commit its first snapshot."""
-    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    """Create a durable session: initialise the state and commit its first snapshot.
+
+    ``session_id``: a given id instead of a fresh one (a delegated child's is derived from its
+    parent's call); ``metadata``: extra session metadata (the child's link to its parent).
+    """
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs, session_id, metadata)
     store.commit_session_snapshot(commit)
     return session
 
 
 async def anew_session(
-    engine: EngineLoop[Any, Any, Any], task: str | Task, *, composition: SessionHost | None = None, **state_kwargs: Any
+    engine: EngineLoop[Any, Any, Any],
+    task: str | Task,
+    *,
+    composition: SessionHost | None = None,
+    session_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **state_kwargs: Any,
 ) -> Session:
     """Async twin of :func:`new_session` (the first snapshot is committed with the store's async method)."""
-    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs)
+    store, commit, session = _first_snapshot(engine, task, composition, state_kwargs, session_id, metadata)
     await store.acommit_session_snapshot(commit)
     return session
 
@@ -531,6 +555,8 @@ def _first_snapshot(
     task: str | Task,
     composition: SessionHost | None,
     state_kwargs: Mapping[str, Any],
+    given_id: str | None = None,
+    extra_metadata: Mapping[str, Any] | None = None,
 ) -> tuple[CheckpointStore, SessionSnapshotCommit, Session]:
     """A new session's first snapshot commit and its Session facade (no I/O)."""
     store = engine.checkpoint_store
@@ -543,7 +569,7 @@ def _first_snapshot(
     if not state.task:
         state.task = the_task.objective
     state.drain_changes()
-    session_id = SessionIdentity.new()
+    session_id = SessionIdentity(given_id) if given_id is not None else SessionIdentity.new()
     redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
     full = redactor.redact_value(state.to_dict())
     payload = first_payload(full, ExchangeLog(f"log-{session_id.value}"), SessionLifecycle.CREATED.value)
@@ -563,6 +589,8 @@ def _first_snapshot(
         "fork_snapshot_id": None,
         "references": [{"name": r.name, "kind": r.kind, "provider": r.provider} for r in references],
     }
+    if extra_metadata:
+        metadata.update(redactor.redact_value(dict(extra_metadata)))
     commit = SessionSnapshotCommit(
         session_id=session_id.value,
         expected_head=None,

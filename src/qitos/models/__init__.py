@@ -15,7 +15,8 @@ import importlib
 from typing import Any
 
 from qitos.models.base import ModelAdapter, ModelResponse, ToolCall, Usage
-from qitos.models.scripted import FunctionModel, ReplayDivergenceError, ReplayModel, ScriptedModel
+from qitos.models.function import FunctionModel
+from qitos.models.scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
 
 __all__ = [
     "FunctionModel",

@@ -111,10 +111,17 @@ def request_digest(view: RequestView) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Usage:
-    """Token usage of one model call (zero when the provider reported none)."""
+    """Token usage of one model call.
+
+    ``estimated`` is True when the provider reported no usage and the adapter counted the tokens
+    itself (the OpenAI-compatible adapter does this for a server that ignores
+    ``stream_options.include_usage``); a sum is estimated when any part of it is. Zero with
+    ``estimated=False`` means the provider said nothing and nothing was counted.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    estimated: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -125,16 +132,24 @@ class Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            estimated=self.estimated or other.estimated,
         )
 
-    def to_dict(self) -> dict[str, int]:
-        """JSON-native form."""
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native form; ``"estimated": true`` is present only for a locally counted usage."""
+        out: dict[str, Any] = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if self.estimated:
+            out["estimated"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
         """Inverse of :meth:`to_dict`."""
-        return cls(input_tokens=int(data.get("input_tokens", 0)), output_tokens=int(data.get("output_tokens", 0)))
+        return cls(
+            input_tokens=int(data.get("input_tokens", 0)),
+            output_tokens=int(data.get("output_tokens", 0)),
+            estimated=bool(data.get("estimated", False)),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

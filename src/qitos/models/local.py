@@ -14,6 +14,9 @@ generation is constrained by a GBNF grammar to exactly one JSON object, either
 ``{"final": "<answer>"}``; so a tool call is always well-formed and names a real tool. The adapter
 turns it into a :class:`~qitos.models.base.ModelResponse` with ``tool_calls`` (or ``text`` for a
 final answer). The system prompt gets a short description of this format and of the tools.
+The view's :meth:`~qitos.core.request_view.RequestView.tool_choice` shapes the grammar: ``none``
+allows only a final answer, ``required`` only a tool call, a tool's name only a call of that tool.
+The view's ``reasoning_policy`` is ignored: an embedded chat model has no reasoning setting.
 
 How the conversation is shown to the model: system and developer messages form one system
 message; an earlier assistant tool call is shown as the JSON object it was generated as; a tool
@@ -215,7 +218,9 @@ class LocalModel(ModelAdapter):
         messages, tools = view.messages(), view.tools()
         constrained = bool(tools) and self.grammar == "tool_call"
         prompt_messages = _render(messages, tools if constrained else [], self.result_hint)
-        policy = getattr(view, "tool_use_policy", "auto")
+        policy = view.tool_choice() or "auto"  # auto, required, none or the one tool to call
+        if policy not in ("auto", "required", "none"):
+            tools, policy = [t for t in tools if t.get("name") == policy], "required"
         rounds = _tool_rounds(messages)
         final_only = policy == "none" or (self.max_tool_rounds is not None and rounds >= self.max_tool_rounds)
         with self._lock:

@@ -7,22 +7,41 @@ One adapter for every server that speaks the ``/v1/chat/completions`` wire forma
 Requests: the view's provider-neutral messages become chat messages (``developer`` is sent as
 ``system`` unless ``developer_role`` says otherwise); assistant tool calls become
 ``{"id", "type": "function", "function": {"name", "arguments": "<json>"}}``; tool results become
-``tool`` messages. Every tool message must answer a call declared by the assistant message before
-it, and every declared call must be answered before the next turn; otherwise a
-:class:`~qitos.core.errors.ContextError` is raised before anything is sent. Tools go out in the
-function format; ``tool_choice`` is sent when the view's ``tool_use_policy`` is ``required`` or
-``none`` (or when given to the constructor).
+``tool`` messages. An assistant message without text is sent with ``"content": ""``, never
+``null``: OpenAI accepts both, but servers that validate with a strict schema (llama-cpp-python's
+server answers HTTP 500 to a ``null``) accept only the empty string. Every tool message must
+answer a call declared by the assistant message before it, and every declared call must be
+answered before the next turn; otherwise a :class:`~qitos.core.errors.ContextError` is raised
+before anything is sent. Tools go out in the function format.
+
+Per-request settings from the view: :meth:`~qitos.core.request_view.RequestView.tool_choice`
+becomes ``tool_choice`` (``auto``, ``required``, ``none`` or ``{"type": "function", "function":
+{"name": ...}}`` for a named tool, which is also how ``required`` goes out when there is only one
+tool: llama-cpp-python's server supports a named tool but not ``required``), unless the
+constructor's ``tool_choice`` fixes one for every request. ``auto`` is sent explicitly whenever
+there are tools: llama-cpp-python's server offers the tools to the model only when a
+``tool_choice`` is given. ``view.reasoning_policy.effort`` becomes ``reasoning_effort`` (servers
+without reasoning models ignore it).
 
 Streaming: with ``on_delta`` the request is sent with ``"stream": true`` and the server-sent
 events are read as they arrive: text deltas go to ``on_delta``, tool-call deltas are accumulated
 by index, usage is taken from the final chunk (``stream_options.include_usage``).
 
+Usage: when a response (streamed or not) carries no ``usage``, the adapter counts the tokens
+itself, prompt (the canonical JSON of the messages and tool schemas sent) and completion (text,
+tool names and arguments), with :func:`~qitos.core.context.unit_counter_for` ``("tokens")``
+(exact ``cl100k_base`` counts with the ``qitos[tokens]`` extra, else its documented estimate),
+and marks the usage ``estimated``. A token budget is therefore enforced on every server.
+
 Failures: 408/409/429/5xx responses and connection errors or timeouts are retried up to
 ``max_retries`` times with jittered exponential backoff (``backoff_base * 2**attempt``, capped at
 ``backoff_max``, drawn from its upper half), honouring ``Retry-After`` / ``retry-after-ms`` up to
 ``max_retry_after`` seconds; each retry is reported to the adapter's listeners as
-``("model_retry", {"attempt", "max_retries", "delay_s", "reason", "status_code"})``. A stream that
-already delivered text is never retried (the text was shown). Other 4xx responses raise
+``("model_retry", {"attempt", "max_retries", "delay_s", "reason", "status_code", "error"})``
+(``error``: the failed attempt's message, redacted, at most 500 characters). A stream that
+already delivered text is never retried (the text was shown). A request the server rejected as
+invalid is never retried either: other 4xx responses (400, 404, 422...) and a 5xx whose body
+says the request failed validation (some servers answer a schema error with 500) raise
 :class:`~qitos.core.errors.ModelError` at once with ``status_code``, the provider's message and
 ``body``. A body that is not the expected JSON raises ModelError naming what is wrong.
 
@@ -36,14 +55,17 @@ import asyncio
 import email.utils
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from qitos.core.codec import canonical_json
+from qitos.core.context import UnitCounter, unit_counter_for
 from qitos.core.errors import ConfigurationError, ContextError, ModelError
 from qitos.models.base import (
     DeltaCallback,
@@ -62,6 +84,12 @@ if TYPE_CHECKING:
 __all__ = ["OpenAICompatibleModel", "to_openai_messages", "to_openai_tools"]
 
 _RETRY_STATUS = frozenset({408, 409, 429})
+# A 5xx body in which the server says it rejected the request itself (pydantic, FastAPI, OpenAI).
+_VALIDATION_BODY = re.compile(
+    r"validation error|validationerror|failed validation|field required|input should be|"
+    r"extra inputs are not permitted|invalid_request_error|unprocessable",
+    re.IGNORECASE,
+)
 _SECRET_HEADER_HINTS = ("key", "token", "auth", "secret")
 
 
@@ -147,13 +175,14 @@ class OpenAICompatibleModel(ModelAdapter):
         self._client: httpx.Client | None = None
         self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
         self._client_lock = threading.Lock()
+        self._tokens: UnitCounter | None = None
 
     # ------------------------------------------------------------------ public
 
     def complete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Send the view as a chat completion (streamed when ``on_delta`` is given)."""
         check_allow_model_requests()
-        body, headers = self._prepare(view, stream=on_delta is not None)
+        body, headers, estimator = self._prepare(view, stream=on_delta is not None)
         client = self._sync_client()
         attempt = 0
         while True:
@@ -161,12 +190,12 @@ class OpenAICompatibleModel(ModelAdapter):
                 if on_delta is None:
                     response = client.post(self.url, content=body, headers=headers)
                     if response.status_code < 300:
-                        return self._parse_body(response.content)
+                        return estimator.complete(self._parse_body(response.content))
                     failure = self._http_failure(response.status_code, response.headers, response.content)
                 else:
                     with client.stream("POST", self.url, content=body, headers=headers) as response:
                         if response.status_code < 300:
-                            return self._read_stream(response.iter_lines(), on_delta)
+                            return estimator.complete(self._read_stream(response.iter_lines(), on_delta))
                         failure = self._http_failure(response.status_code, response.headers, response.read())
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc)
@@ -177,7 +206,7 @@ class OpenAICompatibleModel(ModelAdapter):
     async def acomplete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Async twin of :meth:`complete` over ``httpx.AsyncClient``."""
         check_allow_model_requests()
-        body, headers = self._prepare(view, stream=on_delta is not None)
+        body, headers, estimator = self._prepare(view, stream=on_delta is not None)
         client = self._async_client()
         attempt = 0
         while True:
@@ -185,12 +214,12 @@ class OpenAICompatibleModel(ModelAdapter):
                 if on_delta is None:
                     response = await client.post(self.url, content=body, headers=headers)
                     if response.status_code < 300:
-                        return self._parse_body(response.content)
+                        return estimator.complete(self._parse_body(response.content))
                     failure = self._http_failure(response.status_code, response.headers, response.content)
                 else:
                     async with client.stream("POST", self.url, content=body, headers=headers) as response:
                         if response.status_code < 300:
-                            return await self._aread_stream(response.aiter_lines(), on_delta)
+                            return estimator.complete(await self._aread_stream(response.aiter_lines(), on_delta))
                         failure = self._http_failure(response.status_code, response.headers, await response.aread())
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc)
@@ -250,12 +279,12 @@ class OpenAICompatibleModel(ModelAdapter):
         tools = view.tools()
         if tools:
             payload["tools"] = to_openai_tools(tools)
-            choice = self.tool_choice
-            if choice is None:
-                policy = getattr(view, "tool_use_policy", "auto")
-                choice = policy if policy in ("required", "none") else None
+            choice = self.tool_choice if self.tool_choice is not None else _tool_choice(view.tool_choice(), tools)
             if choice is not None:
                 payload["tool_choice"] = choice
+        effort = view.reasoning_policy.effort
+        if effort is not None:
+            payload["reasoning_effort"] = effort
         if self.temperature is not None:
             payload["temperature"] = self.temperature
         if self.max_tokens is not None:
@@ -267,14 +296,21 @@ class OpenAICompatibleModel(ModelAdapter):
         payload.update(self.extra_body)
         return payload
 
-    def _prepare(self, view: RequestView, *, stream: bool) -> tuple[bytes, dict[str, str]]:
+    def _prepare(self, view: RequestView, *, stream: bool) -> tuple[bytes, dict[str, str], _Estimator]:
         payload = self.build_payload(view, stream=stream)
         try:
             body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as exc:
             raise ContextError(f"request for {self.model_id!r} is not JSON-serializable: {exc}") from exc
         headers = self._headers if not stream else {**self._headers, "Accept": "text/event-stream"}
-        return body, headers
+        return body, headers, _Estimator(self, payload)
+
+    def _token_counter(self) -> UnitCounter:
+        """The counter for usage estimates (created on first use: most servers report usage)."""
+        counter = self._tokens
+        if counter is None:
+            counter = self._tokens = unit_counter_for("tokens")
+        return counter
 
     # ------------------------------------------------------------------ clients
 
@@ -306,7 +342,7 @@ class OpenAICompatibleModel(ModelAdapter):
         text = self._redact(content.decode("utf-8", errors="replace"))
         detail = _provider_message(text)
         message = f"{self.model_id} at {self._redact(self.url)}: HTTP {status}: {detail}"
-        retryable = status in _RETRY_STATUS or status >= 500
+        retryable = status in _RETRY_STATUS or (status >= 500 and not _VALIDATION_BODY.search(text))
         retry_after = _retry_after(headers) if retryable else None
         return _Failure(message, retryable, status, text, retry_after, f"HTTP {status}")
 
@@ -352,6 +388,7 @@ class OpenAICompatibleModel(ModelAdapter):
                 "delay_s": round(delay, 4),
                 "reason": failure.reason,
                 "status_code": failure.status_code,
+                "error": failure.message[:500],
             },
         )
         return delay
@@ -411,7 +448,7 @@ class OpenAICompatibleModel(ModelAdapter):
         return ModelResponse(
             text=content,
             tool_calls=tuple(calls),
-            usage=_usage(data.get("usage")),
+            usage=_usage(data.get("usage")) if isinstance(data.get("usage"), dict) else _NO_USAGE,
             finish_reason=choice.get("finish_reason"),
             model=str(data.get("model") or self.model_id),
             raw=data,
@@ -548,7 +585,7 @@ class _StreamAccumulator:
         return ModelResponse(
             text=text if (text or not calls) else None,
             tool_calls=calls,
-            usage=_usage(self.usage),
+            usage=_usage(self.usage) if isinstance(self.usage, dict) else _NO_USAGE,
             finish_reason=self.finish_reason,
             model=self.model_name or self.model.model_id,
             raw={
@@ -558,6 +595,41 @@ class _StreamAccumulator:
                 "usage": self.usage,
             },
         )
+
+
+_NO_USAGE = Usage()
+"""The usage of a response that carried none (replaced by the estimator's count); compared by identity."""
+
+
+class _Estimator:
+    """Fills in the usage of a response whose server reported none, by counting tokens locally."""
+
+    def __init__(self, model: OpenAICompatibleModel, payload: Mapping[str, Any]) -> None:
+        self.model = model
+        self.payload = payload
+
+    def complete(self, response: ModelResponse) -> ModelResponse:
+        if response.usage is not _NO_USAGE:
+            return response
+        counter = self.model._token_counter()
+        prompt = sum(counter.count(canonical_json(m)) for m in self.payload["messages"])
+        prompt += sum(counter.count(canonical_json(t)) for t in self.payload.get("tools") or ())
+        completion = counter.count(response.text or "")
+        completion += sum(counter.count(c.name) + counter.count(c.raw_arguments) for c in response.tool_calls)
+        usage = Usage(input_tokens=prompt, output_tokens=completion, estimated=True)
+        return replace(response, usage=usage)
+
+
+def _tool_choice(choice: str | None, tools: list[dict[str, Any]]) -> str | dict[str, Any] | None:
+    """The ``tool_choice`` to send for a view's tool choice (None: the request has no tools).
+
+    ``required`` with exactly one tool is sent as that tool's name: the same demand, and the form
+    that llama-cpp-python's function-calling handler supports (it fails on ``"required"``)."""
+    if choice == "required" and len(tools) == 1:
+        choice = str(tools[0]["name"])
+    if choice is None or choice in ("auto", "required", "none"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
 
 
 # ---------------------------------------------------------------------- conversions
@@ -593,7 +665,7 @@ def to_openai_messages(
         if role != "tool" and pending:
             _unanswered(pending, i)
         if role == "assistant":
-            item: dict[str, Any] = {"role": "assistant", "content": _text_or_none(msg.get("content"))}
+            item: dict[str, Any] = {"role": "assistant", "content": _text(msg.get("content"))}
             calls = msg.get("tool_calls") or ()
             if calls:
                 item["tool_calls"] = []
@@ -609,8 +681,6 @@ def to_openai_messages(
                             "function": {"name": call.get("name"), "arguments": _arguments_text(call.get("arguments"))},
                         }
                     )
-            elif item["content"] is None:
-                item["content"] = ""
             out.append(item)
         elif role == "tool":
             call_id = str(msg.get("tool_call_id") or "")
@@ -641,10 +711,6 @@ def _text(content: Any) -> Any:
     if isinstance(content, str | list):
         return content
     return json.dumps(content, ensure_ascii=False)
-
-
-def _text_or_none(content: Any) -> Any:
-    return None if content is None or content == "" else _text(content)
 
 
 def _arguments_text(arguments: Any) -> str:

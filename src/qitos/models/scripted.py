@@ -1,6 +1,7 @@
-"""Test doubles that are real adapters: ``ScriptedModel``, ``FunctionModel`` and ``ReplayModel``.
+"""Test doubles that are real adapters: ``ScriptedModel`` and ``ReplayModel``.
 
-All three implement :class:`~qitos.models.base.ModelAdapter` fully (capacity, streaming through
+``FunctionModel`` lives in :mod:`qitos.models.function` and is importable from here too (its
+earlier home). Each of the three implements :class:`~qitos.models.base.ModelAdapter` fully (capacity, streaming through
 ``on_delta``, events), need no network and are deterministic, so tests and offline demos run the
 same engine path as a real provider.
 
@@ -30,23 +31,15 @@ is the one that was recorded: by ``request_digest`` when the trace has it, else 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qitos.core.errors import ConfigurationError, ModelError
-from qitos.models.base import (
-    DeltaCallback,
-    ModelAdapter,
-    ModelResponse,
-    ToolCall,
-    Unit,
-    Usage,
-    check_capacity,
-    request_digest,
-)
+from qitos.models.base import DeltaCallback, ModelResponse, Unit, request_digest
+from qitos.models.doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
+from qitos.models.function import FunctionModel
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
@@ -61,97 +54,8 @@ __all__ = [
     "coerce_response",
 ]
 
-ScriptedResponse = str | Mapping[str, Any] | ModelResponse
 
-_RESPONSE_KEYS = frozenset({"text", "tool_calls", "finish_reason", "usage"})
-
-
-def coerce_response(value: Any, *, index: int = 0, model: str = "") -> ModelResponse:
-    """Turn a scripted response (see the module docstring) into a ModelResponse.
-
-    Raises ConfigurationError naming ``index`` and the problem when the shape is wrong.
-    """
-    if isinstance(value, ModelResponse):
-        return value
-    if isinstance(value, str):
-        return ModelResponse(text=value, finish_reason="stop", model=model, raw={"scripted": index})
-    if not isinstance(value, Mapping):
-        raise ConfigurationError(
-            f"scripted response #{index}: expected str, mapping or ModelResponse, got {type(value).__name__}"
-        )
-    unknown = set(value) - _RESPONSE_KEYS
-    if unknown:
-        raise ConfigurationError(
-            f"scripted response #{index}: unknown keys {sorted(unknown)} (allowed: {sorted(_RESPONSE_KEYS)})"
-        )
-    text = value.get("text")
-    if text is not None and not isinstance(text, str):
-        raise ConfigurationError(f"scripted response #{index}: 'text' must be a string, got {type(text).__name__}")
-    raw_calls = value.get("tool_calls") or []
-    if not isinstance(raw_calls, Sequence) or isinstance(raw_calls, str):
-        raise ConfigurationError(f"scripted response #{index}: 'tool_calls' must be a list")
-    calls = tuple(_coerce_call(call, index, j) for j, call in enumerate(raw_calls))
-    if text is None and not calls:
-        raise ConfigurationError(f"scripted response #{index}: needs 'text' or at least one tool call")
-    usage = value.get("usage") or {}
-    if not isinstance(usage, Mapping):
-        raise ConfigurationError(f"scripted response #{index}: 'usage' must be a mapping")
-    default_finish = "tool_calls" if calls else "stop"
-    return ModelResponse(
-        text=text,
-        tool_calls=calls,
-        usage=Usage.from_dict(usage),
-        finish_reason=value.get("finish_reason", default_finish),
-        model=model,
-        raw={"scripted": index},
-    )
-
-
-def _coerce_call(call: Any, index: int, j: int) -> ToolCall:
-    where = f"scripted response #{index}, tool call #{j}"
-    if not isinstance(call, Mapping):
-        raise ConfigurationError(f"{where}: expected a mapping with 'name' and 'arguments'")
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"{where}: 'name' must be a non-empty string, got {name!r}")
-    call_id = str(call.get("id") or f"call_{index}_{j}")
-    arguments = call.get("arguments", {})
-    if isinstance(arguments, str):
-        return ToolCall.from_raw(id=call_id, name=name, raw_arguments=arguments)
-    if not isinstance(arguments, Mapping):
-        raise ConfigurationError(f"{where}: 'arguments' must be a mapping or a raw JSON string")
-    args = dict(arguments)
-    return ToolCall(id=call_id, name=name, arguments=args, raw_arguments=json.dumps(args, ensure_ascii=False))
-
-
-def _stream_text(response: ModelResponse, on_delta: DeltaCallback | None) -> None:
-    """Deliver a response's text to ``on_delta`` in word-sized chunks (as a provider would)."""
-    if on_delta is None or not response.text:
-        return
-    text = response.text
-    start = 0
-    for i, char in enumerate(text):
-        if char == " " and i > start:
-            on_delta(text[start:i])
-            start = i
-    on_delta(text[start:])
-
-
-class _RecordingAdapter(ModelAdapter):
-    """Shared parts: declared capacity, a lock, and the list of views received."""
-
-    provider = "scripted"
-
-    def __init__(self, *, model_id: str, max_input_units: int | None, unit: Unit) -> None:
-        check_capacity(max_input_units, unit)
-        self.model_id = model_id
-        self.max_input_units = max_input_units
-        self.unit = unit
-        self.requests: list[RequestView] = []
-        self._lock = threading.Lock()
-
-
-class ScriptedModel(_RecordingAdapter):
+class ScriptedModel(RecordingAdapter):
     """Answers with a fixed list of responses, in order; records every view it received.
 
     Running out of responses raises :class:`~qitos.core.errors.ModelError` saying how many there
@@ -186,35 +90,7 @@ class ScriptedModel(_RecordingAdapter):
                 )
             response = self._responses[self._next]
             self._next += 1
-        _stream_text(response, on_delta)
-        return response
-
-
-class FunctionModel(_RecordingAdapter):
-    """A model backed by a plain function ``fn(view) -> ModelResponse | str | dict``.
-
-    The function's result is coerced like a scripted response; its exceptions propagate unchanged
-    (raise :class:`~qitos.core.errors.ModelError` to simulate a provider failure).
-    """
-
-    def __init__(
-        self,
-        fn: Callable[[RequestView], ScriptedResponse],
-        *,
-        max_input_units: int | None = None,
-        unit: Unit = "characters",
-        model_id: str = "function",
-    ) -> None:
-        super().__init__(model_id=model_id, max_input_units=max_input_units, unit=unit)
-        self._fn = fn
-
-    def complete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
-        """Call the function and return its answer."""
-        with self._lock:
-            self.requests.append(view)
-            index = len(self.requests) - 1
-        response = coerce_response(self._fn(view), index=index, model=self.model_id)
-        _stream_text(response, on_delta)
+        stream_text(response, on_delta)
         return response
 
 
@@ -256,7 +132,7 @@ class ReplayEntry:
     request_digest: str | None = None
 
 
-class ReplayModel(_RecordingAdapter):
+class ReplayModel(RecordingAdapter):
     """Replays recorded model responses in order and reports where a new run diverges.
 
     ``ReplayModel(responses)`` replays a plain list (no request checks);
@@ -344,7 +220,7 @@ class ReplayModel(_RecordingAdapter):
             entry = self._entries[index]
             self._check(entry, view, index)
             self._next += 1
-        _stream_text(entry.response, on_delta)
+        stream_text(entry.response, on_delta)
         return entry.response
 
     @staticmethod

@@ -1,14 +1,16 @@
 """Durable control of a session from the store alone: pause, steer, approve, reject.
 
 Each is one appended control item (the store assigns its position); the running loop takes it in
-at its next boundary, in any process. Nothing here needs the agent's code, so the ``Session``
-facade, ``qitos sessions steer/pause/approve/reject`` and the viewer share these functions, with
-async twins built on the same validation. Text is redacted before it is stored
+at its next boundary, in any process. Where it concerns a delegated child session in progress it
+goes there (see ``pause_session``, ``steer_session``, ``answer_approval``). Nothing here needs
+the agent's code, so the ``Session`` facade, ``qitos sessions steer/pause/approve/reject`` and the
+viewer share these functions, with async twins built on the same validation. Text is redacted before it is stored
 (``qitos.core.redaction``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,7 @@ from qitos.checkpoint.store import CheckpointStore, ControlItem, utc_now
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import ConfigurationError
 from qitos.core.redaction import Redactor
+from qitos.sessions.children import active_children, pending_of
 from qitos.sessions.inspection import SessionInspection, inspect_session
 
 __all__ = [
@@ -66,21 +69,51 @@ _PLAIN = Redactor()
 
 
 def pause_session(store: CheckpointStore, session_id: str) -> PauseReceipt:
-    """Request a cooperative pause of ``session_id``."""
-    return _pause_receipt(store.append_control(session_id, "pause", {"requested_at": utc_now()}))
+    """Request a cooperative pause of ``session_id``.
+
+    The request goes to the delegated child sessions in progress too (and theirs), so the child
+    doing the work stops at its next boundary and the parent with it; the receipt is ``session_id``'s.
+    """
+    receipt = _pause_receipt(store.append_control(session_id, "pause", {"requested_at": utc_now()}))
+    for _, child_id in active_children(store, session_id, pending_of(store, session_id)):
+        pause_session(store, child_id)
+    return receipt
 
 
 async def apause_session(store: CheckpointStore, session_id: str) -> PauseReceipt:
     """Async twin of :func:`pause_session`."""
-    return _pause_receipt(await store.aappend_control(session_id, "pause", {"requested_at": utc_now()}))
+    receipt = _pause_receipt(await store.aappend_control(session_id, "pause", {"requested_at": utc_now()}))
+    for _, child_id in await asyncio.to_thread(_children_now, store, session_id):
+        await apause_session(store, child_id)
+    return receipt
+
+
+def _children_now(store: CheckpointStore, session_id: str) -> list[tuple[str, str]]:
+    return active_children(store, session_id, pending_of(store, session_id))
+
+
+def _working_session(store: CheckpointStore, session_id: str) -> str:
+    """The session doing the work: the innermost delegated child in progress, else ``session_id``."""
+    seen = {session_id}
+    while True:
+        children = _children_now(store, session_id)
+        if not children or children[0][1] in seen:
+            return session_id
+        session_id = children[0][1]
+        seen.add(session_id)
 
 
 def steer_session(
     store: CheckpointStore, session_id: str, text: str, *, redactor: Redactor = _PLAIN
 ) -> SteeringReceipt:
-    """Durably submit one steering text to ``session_id`` (redacted before it is stored)."""
+    """Durably submit one steering text to ``session_id`` (redacted before it is stored).
+
+    While a delegated call is in progress the text goes to the agent doing the work: the innermost
+    active child session, whose next boundary takes it in; the receipt names that session.
+    """
     payload = _steering_payload(text, redactor)
-    return _steering_receipt(store.append_control(session_id, "steer", payload), text)
+    target = _working_session(store, session_id)
+    return _steering_receipt(store.append_control(target, "steer", payload), text)
 
 
 async def asteer_session(
@@ -88,7 +121,8 @@ async def asteer_session(
 ) -> SteeringReceipt:
     """Async twin of :func:`steer_session`."""
     payload = _steering_payload(text, redactor)
-    return _steering_receipt(await store.aappend_control(session_id, "steer", payload), text)
+    target = await asyncio.to_thread(_working_session, store, session_id)
+    return _steering_receipt(await store.aappend_control(target, "steer", payload), text)
 
 
 def answer_approval(
@@ -102,9 +136,9 @@ def answer_approval(
     inspection: SessionInspection | None = None,
 ) -> ApprovalReceipt:
     """Approve or reject a call ``session_id`` waits for (else ConfigurationError naming what it waits for)."""
-    _check_awaiting(inspection or inspect_session(store, session_id), session_id, call_id)
+    target = _check_awaiting(inspection or inspect_session(store, session_id), session_id, call_id)
     kind, payload = _answer_payload(call_id, approved, reason, redactor)
-    return _approval_receipt(store.append_control(session_id, kind, payload), call_id, approved, reason)
+    return _approval_receipt(store.append_control(target, kind, payload), call_id, approved, reason)
 
 
 async def aanswer_approval(
@@ -118,9 +152,9 @@ async def aanswer_approval(
     inspection: SessionInspection,
 ) -> ApprovalReceipt:
     """Async twin of :func:`answer_approval` (the caller passes the inspection it awaited)."""
-    _check_awaiting(inspection, session_id, call_id)
+    target = _check_awaiting(inspection, session_id, call_id)
     kind, payload = _answer_payload(call_id, approved, reason, redactor)
-    return _approval_receipt(await store.aappend_control(session_id, kind, payload), call_id, approved, reason)
+    return _approval_receipt(await store.aappend_control(target, kind, payload), call_id, approved, reason)
 
 
 # --------------------------------------------------------------------------- shared, I/O-free
@@ -132,14 +166,16 @@ def _steering_payload(text: str, redactor: Redactor) -> dict[str, Any]:
     return {"text": redactor.redact_value(text)}
 
 
-def _check_awaiting(inspection: SessionInspection, session_id: str, call_id: str) -> None:
+def _check_awaiting(inspection: SessionInspection, session_id: str, call_id: str) -> str:
+    """The session owning the awaited call ``call_id``: ``session_id``, or the delegated child that waits."""
     batch = inspection.tool_batch
-    waiting = {c.call_id for c in batch.pending_approval} if batch else set()
+    waiting = {c.call_id: c.session_id for c in batch.pending_approval} if batch else {}
     if call_id not in waiting:
         raise ConfigurationError(
             f"session {session_id}: no tool call {call_id!r} is awaiting approval "
             f"(awaiting: {sorted(waiting) or 'none'})"
         )
+    return waiting[call_id] or session_id
 
 
 def _answer_payload(call_id: str, approved: bool, reason: str | None, redactor: Redactor) -> tuple[str, Any]:

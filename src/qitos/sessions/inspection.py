@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.packing import unpack
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
+from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord, SessionSnapshot
 from qitos.core.errors import CheckpointError, IntegrityError, SessionNotFoundError
 from qitos.core.request_view import RequestView
 from qitos.core.task import Task
+from qitos.sessions.children import active_children, delegated_child, pending_of
 from qitos.sessions.journal import PendingStep
 from qitos.sessions.step_journal import APPROVAL_KINDS, RestoredSession, restore
 from qitos.sessions.stored_view import view_from_record
@@ -75,6 +76,7 @@ class ToolCallStatus:
     status: str  # awaiting_approval | approved | rejected | started | completed | failed | not_started
     needs_approval: bool = False
     error: str | None = None
+    session_id: str | None = None  # a call of a delegated child session: the child's id (approvals go there)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +174,11 @@ def inspect_session(
 def tool_batch(
     store: CheckpointStore, session_id: str, pending: PendingStep | None, lifecycle: str
 ) -> ToolBatchSnapshot | None:
-    """The unfinished step's calls and where each stands, or None when no step is unfinished."""
+    """The unfinished step's calls and where each stands, or None when no step is unfinished.
+
+    The calls of delegated child sessions still in progress follow (recursively), each with its
+    child's ``session_id``: a child's approval wait is visible, and answerable, through the parent.
+    """
     if pending is None:
         return None
     approvals = {str(i.payload.get("call_id")): i for i in store.list_control(session_id, kinds=APPROVAL_KINDS)}
@@ -209,19 +215,26 @@ def tool_batch(
                 error=error,
             )
         )
+    for _, child_id in active_children(store, session_id, pending):
+        child_head = store.get_session_head(child_id)
+        child_batch = tool_batch(
+            store, child_id, pending_of(store, child_id), child_head.lifecycle if child_head else ""
+        )
+        for call in child_batch.calls if child_batch is not None else ():
+            calls.append(replace(call, session_id=call.session_id or child_id))
     return ToolBatchSnapshot(step_id=pending.step_id, calls=tuple(calls))
 
 
-def work_graph(store: CheckpointStore, session_id: str, limit: int = 500) -> dict[str, Any]:
-    """The session's work items (steps and their tool calls) with every attempt and outcome."""
+def work_graph(store: CheckpointStore, session_id: str, limit: int = 500, depth: int = 4) -> dict[str, Any]:
+    """The session's work items (steps and their tool calls) with every attempt and outcome.
+
+    A delegated call carries its child session's id and graph (``child_session_id``, ``child``
+    with the child's ``lifecycle``, down to ``depth`` levels): the tree of work reads from the root.
+    """
     steps: dict[int, dict[str, Any]] = {}
-    snapshot_ids = store.list_session_snapshots(session_id)[:limit]
     run_id: str | None = None
-    for snapshot_id in reversed(snapshot_ids):
-        try:
-            snap = store.get_snapshot(snapshot_id)
-        except CheckpointError:
-            continue
+    for snap in _newest_snapshots(store, session_id, limit):
+        snapshot_id = snap.snapshot_id
         run_id = snap.payload.get("run_id", run_id)  # written on a run's first snapshot only
         for step in snap.payload.get("step") or []:
             item = steps.setdefault(step["step_id"], _step_item(step["step_id"]))
@@ -241,7 +254,59 @@ def work_graph(store: CheckpointStore, session_id: str, limit: int = 500) -> dic
             item["attempts"].append(
                 {"run_id": run_id, "snapshot_id": snapshot_id, "outcome": snap.payload.get("lifecycle")}
             )
+            if not item["tool_calls"]:
+                item["tool_calls"] = [
+                    {"work_item": a["id"], "tool": a["name"], "outcome": "pending"}
+                    for a in (pending.get("decision") or {}).get("actions") or []
+                ]
+    children = _delegated_children(store, session_id) if any(i["tool_calls"] for i in steps.values()) else {}
+    for item in steps.values():
+        for call in item["tool_calls"]:
+            child = children.get(str(call["work_item"]))
+            if child is None:
+                continue
+            call["child_session_id"] = child.session_id
+            if depth > 0:
+                call["child"] = {
+                    **work_graph(store, child.session_id, limit, depth - 1),
+                    "lifecycle": child.lifecycle,
+                }
     return {"session_id": session_id, "steps": [steps[k] for k in sorted(steps)]}
+
+
+def _delegated_children(store: CheckpointStore, session_id: str) -> dict[str, SessionHeadRecord]:
+    """The sessions delegated by ``session_id``'s calls, by call id (one listing, not a read per call)."""
+    out: dict[str, SessionHeadRecord] = {}
+    for head in store.list_sessions():
+        link = (head.metadata or {}).get("delegated_from")
+        if isinstance(link, Mapping) and link.get("session_id") == session_id:
+            call_id = str(link.get("call_id"))
+            if delegated_child(store, session_id, call_id) is not None:  # the id it derives, as a restore finds it
+                out[call_id] = head
+    return out
+
+
+def _newest_snapshots(store: CheckpointStore, session_id: str, limit: int) -> list[SessionSnapshot]:
+    """The session's newest ``limit`` snapshots (within the session), oldest first.
+
+    Read a chain segment at a time (``load_chain``: a snapshot back to its base, one query) rather
+    than a snapshot at a time: on a networked store that is a few round trips, not hundreds. A
+    damaged segment ends the walk; what was read before it is kept.
+    """
+    head = store.get_session_head(session_id)
+    newest_first: list[SessionSnapshot] = []
+    current = head.snapshot_id if head is not None else None
+    while current is not None and len(newest_first) < limit:
+        try:
+            chain = store.load_chain(current)
+        except CheckpointError:
+            break
+        for snap in reversed(chain):
+            if snap.session_id != session_id or len(newest_first) >= limit:
+                return newest_first[::-1]
+            newest_first.append(snap)
+        current = chain[0].parent_id
+    return newest_first[::-1]
 
 
 def _step_item(step_id: int) -> dict[str, Any]:

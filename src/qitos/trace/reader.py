@@ -50,6 +50,27 @@ class RunTrace:
         """One step record by id, or None."""
         return next((s for s in self._lines("steps.jsonl") if s.get("step_id") == step_id), None)
 
+    def messages(self) -> list[dict[str, Any]]:
+        """Every stored request message (``messages.jsonl``), in order: ``{"key", "message"}``."""
+        return list(self._lines("messages.jsonl"))
+
+    def request_messages(self, runs: Any, *, stored: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The messages a request sent, from the runs of positions its record holds (see
+        :mod:`qitos.trace.writer`); ``stored`` is :meth:`messages` when already read. A position
+        past the end (a line a live run has not written yet) raises TraceError."""
+        lines = self.messages() if stored is None else stored
+        out: list[dict[str, Any]] = []
+        for run in runs or ():
+            first, last = int(run[0]), int(run[1])
+            if last >= len(lines) or first < 0 or first > last:
+                raise TraceError(f"{self.run_dir}: messages [{first}, {last}] are not in messages.jsonl")
+            for line in lines[first : last + 1]:
+                message = dict(line.get("message") or {})
+                if line.get("secret"):
+                    message["secret"] = True
+                out.append(message)
+        return out
+
     def _lines(self, name: str) -> Iterator[dict[str, Any]]:
         path = os.path.join(self.run_dir, name)
         if not os.path.exists(path):

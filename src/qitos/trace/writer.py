@@ -1,21 +1,35 @@
-"""Run artifacts: ``runs/<run_id>/manifest.json``, ``events.jsonl`` and ``steps.jsonl``.
+"""Run artifacts: ``runs/<run_id>/manifest.json``, ``events.jsonl``, ``steps.jsonl`` and, once the
+model is called, ``messages.jsonl``.
 
 The manifest's ``status`` goes ``running`` -> ``completed`` | ``stopped`` | ``failed``. Every line
 passes through a :class:`Redactor` first, so API keys and bearer tokens never reach the disk.
+
+``messages.jsonl`` holds every message any model request of the run sent, each stored once:
+``{"key": ..., "message": {...}}`` where the key is the exchange item's id (``ex-000003/1``) or,
+for instructions and context, ``sha256:<digest of the message>``. A secret context contribution
+is stored as a placeholder naming its id and digest (``"secret": true``), never its content.
+:meth:`TraceWriter.request_messages` returns where a request's messages are, as runs
+``[[first, last], ...]`` of line positions (0-based, inclusive): a whole transcript is usually one
+or two runs, so a step record never copies the messages it sent.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from qitos.core.codec import escape_surrogates
+from qitos.core.codec import canonical_json, escape_surrogates, sha256_hex
 from qitos.trace.redact import Redactor
 
-__all__ = ["TraceWriter"]
+if TYPE_CHECKING:
+    from qitos.core.request_view import RequestView
+
+__all__ = ["MESSAGES_FILE", "TraceWriter", "displayed_messages", "message_runs"]
+
+MESSAGES_FILE = "messages.jsonl"
 
 
 def _dumps(value: Any) -> str:
@@ -39,6 +53,8 @@ class TraceWriter:
         self._manifest: dict[str, Any] = {}
         self._events: IO[str] | None = None
         self._steps: IO[str] | None = None
+        self._messages: IO[str] | None = None
+        self._message_positions: dict[str, int] = {}
 
     def start(self, run_id: str, manifest: Mapping[str, Any]) -> str:
         """Create the run directory and a ``running`` manifest; returns the directory."""
@@ -69,6 +85,26 @@ class TraceWriter:
             self._steps.flush()
             self._events.flush()
 
+    def request_messages(self, view: RequestView) -> list[list[int]]:
+        """Store the messages ``view`` sends that are not stored yet; return where all of them are
+        in ``messages.jsonl`` (runs of line positions, see the module docstring). Empty before
+        :meth:`start`."""
+        if self.run_dir is None:
+            return []
+        positions: list[int] = []
+        for key, line in _request_lines(view):
+            position = self._message_positions.get(key)
+            if position is None:
+                if self._messages is None:
+                    path = os.path.join(self.run_dir, MESSAGES_FILE)
+                    self._messages = open(path, "a", encoding="utf-8")  # noqa: SIM115
+                position = self._message_positions[key] = len(self._message_positions)
+                self._messages.write(self.redact(escape_surrogates(line)) + "\n")
+            positions.append(position)
+        if self._messages is not None:
+            self._messages.flush()
+        return message_runs(positions)
+
     def update(self, **fields: Any) -> None:
         """Merge fields into the manifest and rewrite it."""
         self._manifest.update(fields)
@@ -76,10 +112,10 @@ class TraceWriter:
 
     def finish(self, status: str, summary: Mapping[str, Any]) -> None:
         """Close the streams and write the final manifest."""
-        for stream in (self._events, self._steps):
+        for stream in (self._events, self._steps, self._messages):
             if stream is not None:
                 stream.close()
-        self._events = self._steps = None
+        self._events = self._steps = self._messages = None
         self._manifest.update(status=status, ended_at=datetime.now(UTC).isoformat(), summary=dict(summary))
         self._write_manifest()
 
@@ -92,3 +128,56 @@ class TraceWriter:
                 self.redact(escape_surrogates(json.dumps(self._manifest, ensure_ascii=False, default=repr, indent=2)))
             )
         os.replace(tmp, path)
+
+
+def message_runs(positions: Iterable[int]) -> list[list[int]]:
+    """Positions folded into inclusive runs: ``[0, 1, 2, 7, 8]`` -> ``[[0, 2], [7, 8]]``."""
+    runs: list[list[int]] = []
+    for position in positions:
+        if runs and position == runs[-1][1] + 1:
+            runs[-1][1] = position
+        else:
+            runs.append([position, position])
+    return runs
+
+
+def displayed_messages(view: RequestView) -> list[dict[str, Any]]:
+    """The messages ``view`` sends as the trace stores them: a secret context contribution becomes
+    a placeholder naming its id and digest (with ``"secret": true``)."""
+    out = []
+    for _, line in _request_lines(view):
+        record = json.loads(line)
+        message: dict[str, Any] = record["message"]
+        if record.get("secret"):
+            message["secret"] = True
+        out.append(message)
+    return out
+
+
+def _line(key: str, message_json: str, *, secret: bool = False) -> str:
+    extra = ',"secret":true' if secret else ""
+    return '{"key":' + json.dumps(key, ensure_ascii=False) + ',"message":' + message_json + extra + "}"
+
+
+def _request_lines(view: RequestView) -> Iterator[tuple[str, str]]:
+    """``(key, line)`` for every message ``view`` sends, in request order."""
+    for text in view.instructions_json:
+        yield "sha256:" + sha256_hex(text), _line("sha256:" + sha256_hex(text), text)
+    for text in view.context_json:
+        record = json.loads(text)
+        message = record["message"]
+        if record.get("sensitivity") == "secret":
+            placeholder = {
+                "role": message.get("role"),
+                "content": f"[secret context {record.get('contribution_id')}: sha256 {record.get('digest')}]",
+            }
+            body = canonical_json(placeholder)
+            yield "sha256:" + sha256_hex(body), _line("sha256:" + sha256_hex(body), body, secret=True)
+            continue
+        body = canonical_json(message)
+        yield "sha256:" + sha256_hex(body), _line("sha256:" + sha256_hex(body), body)
+    ids = view.selection.selected_item_ids
+    texts = view.selected_items_json
+    for i, text in enumerate(texts):
+        key = ids[i] if len(ids) == len(texts) else "sha256:" + sha256_hex(text)
+        yield key, _line(key, text)

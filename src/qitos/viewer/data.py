@@ -14,6 +14,10 @@ Shapes (every key is always present; missing values are ``null``):
   agent, parent_session_id, fork_snapshot_id``
 - session detail: ``session, inspection, inspection_error, integrity, snapshots,
   snapshot_count, lineage, runs``
+- step request: ``step_id, status ("ok" | "failed"), request_view, model, messages, attempts``;
+  ``messages`` is every message the request sent (null for a trace written before they were
+  recorded), ``attempts`` every failed attempt (retries from ``model_retry`` events, and the final
+  failure of a failed request): ``attempt, status_code, reason, error, delay_s, final``
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from qitos.core.errors import CheckpointError, ConfigurationError, QitosError, U
 from qitos.core.redaction import Redactor
 from qitos.sessions.inspection import inspect_session
 from qitos.trace.reader import RunTrace, TraceError, list_runs
+from qitos.trace.writer import displayed_messages
 
 __all__ = [
     "AmbiguousReferenceError",
@@ -42,6 +47,7 @@ __all__ = [
     "load_agent",
     "run_detail",
     "run_events",
+    "run_request",
     "run_summary",
     "runs_board",
     "session_detail",
@@ -224,6 +230,60 @@ def run_events(trace: RunTrace, *, after: int = 0) -> dict[str, Any]:
     return _shown({"events": events[after:], "next": len(events)})
 
 
+def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
+    """The request inspector of one model step: what was sent, what came back, the failed attempts.
+
+    A step whose request failed has no step record; its request is then read from the failed
+    ``model_response`` event the model path wrote. NotFoundError when the step sent no model
+    request."""
+    step = trace.step(step_id)
+    events = [e for e in trace.events() if e.get("step_id") == step_id]
+    attempts: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("event_type") == "model_retry":
+            payload = event.get("payload") or {}
+            attempts.append(
+                {
+                    "attempt": payload.get("attempt"),
+                    "status_code": payload.get("status_code"),
+                    "reason": payload.get("reason"),
+                    "error": payload.get("error"),
+                    "delay_s": payload.get("delay_s"),
+                    "final": False,
+                }
+            )
+    failures = [e for e in events if e.get("event_type") == "model_response" and e.get("ok") is False]
+    if step is not None and step.get("model"):
+        status, model, request_view = "ok", dict(step["model"]), step.get("request_view")
+    elif failures:
+        payload = dict(failures[-1].get("payload") or {})
+        request_view = payload.pop("request_view", None)
+        status, model = "failed", payload
+        attempts.append(
+            {
+                "attempt": len(attempts) + 1,
+                "status_code": model.get("status_code"),
+                "reason": model.get("error_type"),
+                "error": failures[-1].get("error"),
+                "delay_s": None,
+                "final": True,
+            }
+        )
+    else:
+        raise NotFoundError(f"step {step_id} of run {trace.run_id} sent no model request")
+    refs = model.get("message_refs")
+    return _shown(
+        {
+            "step_id": step_id,
+            "status": status,
+            "request_view": request_view,
+            "model": model,
+            "messages": trace.request_messages(refs) if refs is not None else None,
+            "attempts": attempts,
+        }
+    )
+
+
 # --------------------------------------------------------------------------- sessions
 
 
@@ -278,7 +338,8 @@ def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
 
 
 def inspection_to_dict(inspection: Any) -> dict[str, Any]:
-    """A ``SessionInspection`` as JSON (the last request view as its ``summary()``)."""
+    """A ``SessionInspection`` as JSON (the last request view as its ``summary()``, and the
+    messages it sent, secret context as placeholders)."""
     view = inspection.last_request_view
     batch = inspection.tool_batch
     return _shown(
@@ -290,6 +351,7 @@ def inspection_to_dict(inspection: Any) -> dict[str, Any]:
             "budget": to_jsonable(inspection.budget),
             "work_graph": to_jsonable(inspection.work_graph),
             "last_request_view": view.summary() if view is not None else None,
+            "last_request_messages": displayed_messages(view) if view is not None else None,
             "task": inspection.task,
             "tool_batch": None
             if batch is None
@@ -309,10 +371,11 @@ def _chain_integrity(store: CheckpointStore, snapshot_id: str) -> str:
 def lineage(
     store: CheckpointStore, session_id: str, *, heads: Iterable[SessionHeadRecord] | None = None
 ) -> dict[str, Any]:
-    """The fork tree containing ``session_id``, from its root session down.
+    """The tree of forks and delegated child sessions containing ``session_id``, from its root down.
 
-    Each node: ``session_id, lifecycle, snapshot_id, fork_snapshot_id, task, integrity, current,
-    children``; ``integrity`` is ``verified`` or names the failure of the node's head chain.
+    Each node: ``session_id, lifecycle, snapshot_id, fork_snapshot_id, relation`` (``fork``,
+    ``delegate`` or None for the root), ``call_id`` (the parent's call a delegated child runs),
+    ``task, integrity, current, children``; ``integrity`` is ``verified`` or names the failure of the node's head chain.
     """
     records = {h.session_id: h for h in (heads if heads is not None else store.list_sessions())}
     if session_id not in records:
@@ -342,6 +405,8 @@ def lineage(
             "lifecycle": head.lifecycle,
             "snapshot_id": head.snapshot_id,
             "fork_snapshot_id": row["fork_snapshot_id"],
+            "relation": _relation(head),
+            "call_id": (_delegated_from(head) or {}).get("call_id"),
             "task": row["task"],
             "integrity": _chain_integrity(store, head.snapshot_id),
             "current": sid == session_id,
@@ -349,6 +414,21 @@ def lineage(
         }
 
     return _shown(node(root))
+
+
+def _delegated_from(head: SessionHeadRecord) -> Mapping[str, Any] | None:
+    link = (head.metadata or {}).get("delegated_from")
+    return link if isinstance(link, Mapping) else None
+
+
+def _relation(head: SessionHeadRecord) -> str | None:
+    """How a session came from its parent: ``fork``, ``delegate`` (a delegated call's child), or None."""
+    meta = head.metadata or {}
+    if _delegated_from(head) is not None:
+        return "delegate"
+    if meta.get("fork_snapshot_id"):
+        return "fork"
+    return None
 
 
 def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:

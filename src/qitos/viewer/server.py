@@ -7,6 +7,7 @@ fetched from the network) and a read-only JSON API over the trace reader and the
 ``GET /api/runs``                       the runs board (``{"logdir", "runs": [summary...]}``)
 ``GET /api/runs/<id>``                  ``{"run": summary, "manifest", "steps": [...]}``
 ``GET /api/runs/<id>/events?after=N``   ``{"events": [...], "next": n}`` (poll with ``after``)
+``GET /api/runs/<id>/steps/<n>/request`` one step's request: messages sent, reply, failed attempts
 ``GET /api/sessions``                   ``{"db", "available", "sessions": [summary...]}``
 ``GET /api/sessions/<id>``              inspection, snapshot ids, fork lineage with integrity
 ======================================  =====================================================
@@ -38,6 +39,7 @@ from qitos.viewer.data import (
     find_run,
     run_detail,
     run_events,
+    run_request,
     runs_board,
     session_detail,
     session_summary,
@@ -153,6 +155,10 @@ class ViewerServer:
             if not after_text.isdigit():
                 raise UsageError(f"after must be a non-negative integer, got {after_text!r}")
             return run_events(find_run(self.logdir, parts[1]), after=int(after_text))
+        if len(parts) == 5 and parts[0] == "runs" and parts[2] == "steps" and parts[4] == "request":
+            if not parts[3].isdigit():
+                raise UsageError(f"a step id is a non-negative integer, got {parts[3]!r}")
+            return run_request(find_run(self.logdir, parts[1]), int(parts[3]))
         if parts == ["sessions"]:
             store = self.store()
             sessions = [session_summary(h) for h in store.list_sessions()] if store is not None else []

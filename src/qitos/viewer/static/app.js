@@ -737,11 +737,55 @@
     );
   }
 
+  function messageCard(message, index) {
+    const calls = message.tool_calls || [];
+    return el(
+      "li",
+      { class: `message role-${String(message.role || "unknown").replace(/[^a-z_]/gi, "")}`, dataset: { index: String(index) } },
+      el("div", { class: "message-head" }, badge(message.role || "?", "b-role"), message.tool_call_id ? el("span", { class: "mono small", text: ` answers ${message.tool_call_id}` }) : null, message.secret ? el("span", { class: "muted small", text: " (secret: content not recorded)" }) : null),
+      message.content !== null && message.content !== undefined && message.content !== "" ? longText(message.content, "message-content") : null,
+      calls.length ? pre(calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments }))) : null
+    );
+  }
+
+  function messagesSection(messages) {
+    if (messages === null || messages === undefined) return section("Messages sent", el("p", { class: "muted", text: "This trace did not record the messages of its requests." }));
+    return section(`Messages sent (${messages.length})`, el("ol", { class: "messages" }, messages.map(messageCard)));
+  }
+
+  function attemptsSection(attempts) {
+    if (!attempts || !attempts.length) return null;
+    return section(
+      `Failed attempts (${attempts.length})`,
+      el(
+        "table",
+        { class: "grid attempts" },
+        el("thead", null, el("tr", null, ["attempt", "status", "reason", "error", "then"].map((h) => el("th", { text: h })))),
+        el(
+          "tbody",
+          null,
+          attempts.map((a) =>
+            el(
+              "tr",
+              { class: a.final ? "final" : null },
+              el("td", { class: "num", text: fmtNumber(a.attempt) }),
+              el("td", { class: "num", text: a.status_code ?? "–" }),
+              el("td", { text: a.reason || "–" }),
+              el("td", { class: "small", text: a.error || "–" }),
+              el("td", { text: a.final ? "gave up" : `retried after ${a.delay_s ?? "?"} s` })
+            )
+          )
+        )
+      )
+    );
+  }
+
   function requestPage(token, runId, stepId) {
     clear(app);
     app.appendChild(el("p", { class: "muted", text: "Loading request…" }));
-    api(`/runs/${encodeURIComponent(runId)}`)
-      .then((detail) => {
+    const base = `/runs/${encodeURIComponent(runId)}`;
+    Promise.all([api(base), api(`${base}/steps/${stepId}/request`).catch((error) => ({ missing: error }))])
+      .then(([detail, request]) => {
         if (token !== routeToken) return;
         clear(app);
         const modelSteps = detail.steps.filter((s) => s.request_view);
@@ -768,6 +812,14 @@
             )
           )
         );
+        if (request.status === "failed") {
+          app.appendChild(el("p", { class: "error", text: `The model request of step ${stepId} failed: nothing came back.` }));
+          if (request.request_view) app.appendChild(requestView(request.request_view));
+          const failedAttempts = attemptsSection(request.attempts);
+          if (failedAttempts) app.appendChild(failedAttempts);
+          app.appendChild(messagesSection(request.messages));
+          return;
+        }
         if (!step) {
           app.appendChild(el("p", { class: "error", text: `run ${detail.run.run_id} has no step ${stepId}` }));
           return;
@@ -777,6 +829,11 @@
           return;
         }
         app.appendChild(requestView(step.request_view));
+        if (!request.missing) {
+          const attempts = attemptsSection(request.attempts);
+          if (attempts) app.appendChild(attempts);
+          app.appendChild(messagesSection(request.messages));
+        }
         if (step.model) {
           const response = step.model.response || {};
           app.appendChild(
@@ -785,7 +842,7 @@
               kv([
                 ["model", response.model || "–"],
                 ["finish", response.finish_reason || "–"],
-                ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out`],
+                ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out${(response.usage || {}).estimated ? " (estimated: the server reported none)" : ""}`],
                 ["request digest", el("span", { class: "mono small", text: step.model.request_digest || "–" })],
               ]),
               response.text ? longText(response.text, "answer") : null,
@@ -813,7 +870,7 @@
         badge(node.lifecycle),
         " ",
         badge(node.integrity === "verified" ? "verified" : "corrupt", node.integrity === "verified" ? "b-completed" : "b-failed"),
-        el("div", { class: "small muted" }, "head ", el("span", { class: "mono", text: short(node.snapshot_id, 18), title: node.snapshot_id }), node.fork_snapshot_id ? [" · forked at ", el("span", { class: "mono", text: short(node.fork_snapshot_id, 18), title: node.fork_snapshot_id })] : null),
+        el("div", { class: "small muted" }, "head ", el("span", { class: "mono", text: short(node.snapshot_id, 18), title: node.snapshot_id }), node.fork_snapshot_id ? [" · forked at ", el("span", { class: "mono", text: short(node.fork_snapshot_id, 18), title: node.fork_snapshot_id })] : null, node.relation === "delegate" ? [" · delegated by call ", el("span", { class: "mono", text: node.call_id || "" })] : null),
         node.integrity !== "verified" ? el("div", { class: "error small", text: node.integrity }) : null
       ),
       node.children && node.children.length ? el("ul", null, node.children.map(lineageNode)) : null
@@ -905,6 +962,7 @@
           if (ins.last_request_view) {
             app.appendChild(el("h2", { class: "section-title", text: "Last request" }));
             app.appendChild(requestView(ins.last_request_view));
+            if (ins.last_request_messages) app.appendChild(messagesSection(ins.last_request_messages));
           }
         }
         app.appendChild(
