@@ -152,7 +152,9 @@ class Worker:
             if head.lifecycle not in _UNSETTLED:
                 continue
             lease = store.get_lease(head.session_id)
-            if lease is None or lease.expires_at > now:
+            # No lease: never started (or still queued). expires_at 0: released by a run that ended
+            # on its own (a dead process releases nothing), so re-running it would only repeat that.
+            if lease is None or lease.expires_at <= 0 or lease.expires_at > now:
                 continue
             items = store.list_control(head.session_id)
             position = items[-1].position if items else 0
