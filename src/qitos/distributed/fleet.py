@@ -130,7 +130,8 @@ class Fleet:
     def _answer(self, session_id: str, call_id: str, *, approved: bool, reason: str | None) -> ApprovalReceipt:
         inspection = inspect_session(self.store, session_id)
         kind = "approve" if approved else "reject"
-        for item in self.store.list_control(session_id, kinds=("approve", "reject")):
+        taken_in = int(inspection.budget["used"]["control_position"])  # answers the loop already took in
+        for item in self.store.list_control(session_id, after=taken_in, kinds=("approve", "reject")):
             if item.payload.get("call_id") == call_id and inspection.lifecycle in _WAITING:
                 if item.kind != kind:
                     raise ConfigurationError(f"session {session_id}: call {call_id!r} was already answered {item.kind}")
