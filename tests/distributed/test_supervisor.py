@@ -40,3 +40,12 @@ def test_a_live_lease_is_not_redispatched(worker: Worker) -> None:
     session = worker.composition.session("held")
     store.acquire_lease(session.session_id.value, "someone:1:y", ttl_seconds=30)
     assert worker.supervise_once() == 0
+
+
+def test_a_fleet_refuses_a_concurrency_that_is_not_a_positive_int(pg_dsn: str) -> None:
+    from qitos.core.errors import ConfigurationError
+    from qitos.distributed import Fleet
+
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ConfigurationError, match="concurrency"):
+            Fleet(composition, db=pg_dsn, concurrency=bad)  # type: ignore[arg-type]

@@ -62,6 +62,8 @@ class Fleet:
     """
 
     def __init__(self, composition: Composition, *, db: str, queue: str = DEFAULT_QUEUE, concurrency: int = 8) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency must be a positive int, got {concurrency!r}")
         self.db = db
         self.queue = queue
         self.concurrency = concurrency
