@@ -30,7 +30,13 @@ def _env(side_log: Path, lease_ttl: float, step_sleep: float) -> dict[str, str]:
 
 
 def start_worker(
-    db: str, side_log: Path, *, concurrency: int = 8, lease_ttl: float = 30.0, step_sleep: float = 0.0
+    db: str,
+    side_log: Path,
+    *,
+    concurrency: int = 8,
+    lease_ttl: float = 30.0,
+    step_sleep: float = 0.0,
+    extra_args: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
     """``qitos worker --app fleet_app:composition`` in a new process, returned once it is ready.
 
@@ -51,6 +57,7 @@ def start_worker(
             "--concurrency",
             str(concurrency),
             "--json",
+            *extra_args,
         ],
         env=_env(side_log, lease_ttl, step_sleep),
         stdout=subprocess.PIPE,

@@ -17,8 +17,9 @@ import typer
 
 from qitos.cli.common import cli_command, console, print_json
 from qitos.distributed.fleet import Fleet
-from qitos.distributed.naming import DEFAULT_QUEUE, load_composition
+from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engine_options
 from qitos.distributed.worker import Worker
+from qitos.engine.otlp import otlp_export
 
 __all__ = ["submit", "worker"]
 
@@ -34,9 +35,19 @@ def worker(
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sessions run at once.")] = 8,
     queue: QueueOption = DEFAULT_QUEUE,
     json_out: Annotated[bool, typer.Option("--json", help="Print the ready line as one line of JSON.")] = False,
+    otel: Annotated[
+        bool, typer.Option("--otel", help="Export OpenTelemetry spans of every run (OTLP/HTTP, OTEL_EXPORTER_OTLP_*).")
+    ] = False,
 ) -> None:
     """Run sessions from the fleet's queue until interrupted (SIGINT or SIGTERM)."""
-    runner = Worker(load_composition(app), db=db, queue=queue, concurrency=concurrency)
+    with otlp_export(otel) as provider:
+        composition = load_composition(app)
+        if provider is not None:
+            composition = with_engine_options(composition, otel=provider)
+        _serve(Worker(composition, db=db, queue=queue, concurrency=concurrency), queue, concurrency, json_out)
+
+
+def _serve(runner: Worker, queue: str, concurrency: int, json_out: bool) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runner.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import replace
+from typing import Any
 
 from qitos.checkpoint.targets import open_store, postgres_dsn
 from qitos.core.errors import ConfigurationError
@@ -24,6 +25,7 @@ __all__ = [
     "load_composition",
     "redispatch_workflow_id",
     "run_workflow_id",
+    "with_engine_options",
 ]
 
 APP_NAME = "qitos"
@@ -51,6 +53,12 @@ def dbos_schema(db: str) -> str:
 def bind_store(composition: Composition, db: str) -> Composition:
     """``composition`` with its checkpoint store replaced by the one ``db`` names."""
     runtime = replace(composition.runtime, checkpoint_store=open_store(db))
+    return Composition(composition.agent_factory, runtime)
+
+
+def with_engine_options(composition: Composition, **engine_kwargs: Any) -> Composition:
+    """``composition`` whose engines also get ``engine_kwargs`` (e.g. ``otel=`` for a worker's spans)."""
+    runtime = replace(composition.runtime, engine_kwargs={**composition.runtime.engine_kwargs, **engine_kwargs})
     return Composition(composition.agent_factory, runtime)
 
 
