@@ -92,3 +92,26 @@ def test_a_result_is_durable_before_the_next_call_starts(tmp_path: Path) -> None
         ]
         for step in range(3)
     ]
+
+
+class SendThenWait(Scripted):
+    """Step 0 sends; steps 1 and 2 call nothing; then an answer."""
+
+    def decide(self, state: StateSchema, observation: Any) -> Decision[Action]:
+        step = state.current_step
+        if step == 0:
+            return Decision.act([Action("send", {"text": "t0"}, "s0-0")])
+        return Decision.final("done") if step == 3 else Decision.wait("nothing to do")
+
+
+def test_a_batched_step_that_ran_a_non_idempotent_call_is_committed_at_its_boundary(tmp_path: Path) -> None:
+    # Its last call's result lives only in the boundary: the batch may not hold it back while the
+    # tool-free steps after it fill the batch.
+    store = SqliteCheckpointStore(tmp_path / "s.db")
+    composition = compose(lambda: SendThenWait(["send"]), store, durability="batched", batch_steps=16, batch_ms=60_000)
+    session = composition.session("go")
+    session.run()
+    chain = store.list_session_snapshots(session.session_id.value)
+    batches = [[s["step_id"] for s in store.get_snapshot(i).payload.get("step") or []] for i in reversed(chain)]
+    assert next(b for b in batches if b) == [0]  # step 0 alone, then the tool-free steps as one batch
+    store.close()

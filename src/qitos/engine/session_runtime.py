@@ -33,9 +33,10 @@ Durability modes:
 - ``sync`` (default): every boundary is committed before the next step starts. A crash loses at
   most the step in progress, whose decision and tool outcomes are recovered from pending writes.
 - ``batched``: boundaries are group-committed every ``batch_steps`` boundaries or ``batch_ms``
-  milliseconds, and always at a pause, an approval wait, the end of a run, and before any step whose
-  decision carries tool calls or came from a model (so side effects and model calls are never
-  repeated). A crash can lose up to ``batch_steps - 1`` buffered tool-free boundaries (or
+  milliseconds, and always at a pause, an approval wait, the end of a run, before any step whose
+  decision carries tool calls or came from a model, and at the end of a step that ran a
+  non-idempotent call (so side effects and model calls are never repeated, and such a call's
+  result is never lost with the batch). A crash can lose up to ``batch_steps - 1`` buffered tool-free boundaries (or
   ``batch_ms``), which are then re-run from the last committed one. ``inspect()`` reports the lag.
 """
 

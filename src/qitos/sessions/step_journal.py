@@ -581,8 +581,11 @@ class SessionJournal(RunJournal):
     def _accept(self, boundary: BoundaryCommit) -> list[BoundaryCommit]:
         """Take a boundary in; the boundaries to commit now (empty while a batch fills)."""
         self._raise_if_failed()
-        # The boundary holds the step's outcome, or its decision as pending if no tool ran yet.
+        # The boundary holds the step's outcome, or its decision as pending if no tool ran yet; a
+        # step that ran a non-idempotent call commits at once even in batched mode, since its
+        # last result is only in this boundary.
         self._unwritten = []
+        ran_side_effects = bool(self._started_ids)
         self._started_ids = set()
         self._consumed = max(self._consumed, boundary.control_position)
         self._pause_handled = max(self._pause_handled, boundary.pause_position)
@@ -596,6 +599,7 @@ class SessionJournal(RunJournal):
         if (
             boundary.lifecycle != "running"
             or boundary.pending is not None
+            or ran_side_effects
             or len(self._buffer) >= self.batch_steps
             or elapsed_ms >= self.batch_ms
         ):
