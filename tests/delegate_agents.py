@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
@@ -43,10 +42,9 @@ from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.delegation import delegate
 from qitos.engine.engine import Engine
 from qitos.engine.session_runtime import Session, restore_session
+from session_agents import start_module
 
 __all__ = ["BatchAgent", "ChildAgent", "ChildState", "ParentAgent", "ParentState", "main", "parent_engine", "start_cli"]
-
-HERE = Path(__file__).resolve().parent
 
 
 @dataclass
@@ -223,22 +221,9 @@ def parent_engine(store: CheckpointStore, side_log: str = os.devnull, **options:
     return Engine(ParentAgent(side_log, **options), checkpoint_store=store)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(HERE), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
-
-
 def start_cli(*args: str) -> subprocess.Popen[str]:
     """Start ``python -m delegate_agents ARGS`` in a new process (stdout/stderr piped)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "delegate_agents", *args],
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_module("delegate_agents", *args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,8 @@ __all__ = [
     "read_side_log",
     "run_cli",
     "start_cli",
+    "start_module",
+    "subprocess_env",
     "summary",
 ]
 
@@ -379,7 +381,8 @@ def summary(result: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- subprocesses
 
 
-def _env() -> dict[str, str]:
+def subprocess_env() -> dict[str, str]:
+    """This environment with ``tests/`` first on PYTHONPATH, for a test's subprocesses."""
     env = dict(os.environ)
     paths = [str(HERE), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -388,9 +391,14 @@ def _env() -> dict[str, str]:
 
 def start_cli(*args: str) -> subprocess.Popen[str]:
     """Start ``python -m session_agents ARGS`` in a new process (stdout/stderr piped)."""
+    return start_module("session_agents", *args)
+
+
+def start_module(module: str, *args: str) -> subprocess.Popen[str]:
+    """Start ``python -m MODULE ARGS`` (a module of ``tests/``) in a new process (stdout/stderr piped)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "session_agents", *args],
-        env=_env(),
+        [sys.executable, "-m", module, *args],
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -24,6 +24,7 @@ from qitos.core.errors import ConfigurationError
 from qitos.engine.subagent import child_session_id
 from qitos.sessions.step_journal import restore as restore_chain
 from qitos.viewer.data import lineage
+from session_agents import subprocess_env
 
 
 def _side(path: str) -> list[tuple[str, str, str]]:
@@ -203,7 +204,7 @@ def _trial(root: Path, seed: int) -> bool:
     # Restore the parent in another process, until it finishes (a second kill is not needed).
     final = subprocess.run(
         [*proc.args[:3], "run", "--db", db, "--session", sid, "--log", side, "--sleep", sleep],  # type: ignore[index]
-        env=da._env(),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=120,
