@@ -666,6 +666,29 @@ def test_control_positions_increase_per_session(store: CheckpointStore) -> None:
     assert listed[0].payload == {"text": "first"}
 
 
+def test_a_commit_reports_the_sessions_newest_control_position(store: CheckpointStore) -> None:
+    head = create(store, "s")
+    lease = store.acquire_lease("s", "runner", ttl_seconds=30)
+
+    def commit(after: SessionSnapshot, token: int | None) -> tuple[SessionSnapshot, int | None]:
+        new = snap("s", after, {"ops": [1]})
+        request = SessionSnapshotCommit(
+            session_id="s", expected_head=after.snapshot_id, snapshot=new, lifecycle="running", lease_token=token
+        )
+        return new, store.commit_session_snapshot(request).control_seq
+
+    head, seen = commit(head, lease.token)
+    assert seen == 0
+    store.append_control("s", "steer", {"text": "one"})
+    store.append_control("s", "pause", {})
+    head, seen = commit(head, lease.token)
+    assert seen == 2
+    store.release_lease(lease)
+    store.append_control("s", "steer", {"text": "two"})
+    _, seen = commit(head, None)  # the token-less path reports it too
+    assert seen == 3 == store.list_control("s")[-1].position
+
+
 def test_control_items_are_listed_after_a_position_and_by_kind(store: CheckpointStore) -> None:
     create(store, "s")
     for kind in ["steer", "pause", "steer", "reject", "approve"]:

@@ -153,6 +153,7 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
                 previous_head=request.expected_head,
                 sequence=snapshot.sequence,
                 committed_at=now,
+                control_seq=len(self._control.get(request.session_id, ())),
             )
 
     def find_session_by_operation(self, operation_id: str) -> str | None:

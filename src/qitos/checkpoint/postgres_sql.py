@@ -263,7 +263,8 @@ class StoreSql:
         expected head is stored; ``op``: check and record the operation id; ``blobs``: insert blobs;
         ``meta``: replace the session metadata (a new session always writes it); ``token``: the fence
         wants this lease token (otherwise: no live lease may be held). Everything after the head
-        runs only when the head moved; the statement returns how many heads moved (0 or 1).
+        runs only when the head moved; the statement returns how many heads moved (0 or 1) and the
+        moved head's control counter.
         """
         key = (create, parent, op, blobs, meta, token)
         cached = self._commits.get(key)
@@ -280,7 +281,7 @@ class StoreSql:
                 f"INSERT INTO {s}.heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest)"
                 " SELECT %(sid)s::text, %(id)s::text, %(seq)s::bigint, %(lifecycle)s::text, %(now)s::text,"
                 f" %(digest)s::text WHERE {' AND '.join(conditions) or 'true'}"
-                " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
+                " ON CONFLICT (session_id) DO NOTHING RETURNING control_seq"
             )
         else:
             # The fence, on the very row the UPDATE moves: a token must be the live lease's; without one,
@@ -295,7 +296,7 @@ class StoreSql:
                 f"UPDATE {s}.heads SET snapshot_id = %(id)s::text, sequence = %(seq)s::bigint,"
                 " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text"
                 " WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text"
-                f" AND {' AND '.join(conditions)} RETURNING 1"
+                f" AND {' AND '.join(conditions)} RETURNING control_seq"
             )
         parts = [
             f"WITH head AS ({head})",
@@ -325,6 +326,6 @@ class StoreSql:
                 f"meta AS (UPDATE {s}.sessions SET metadata = %(metadata)b::bytea, digest = %(metadata_digest)s::text"
                 " FROM head WHERE session_id = %(sid)s::text)"
             )
-        statement = ", ".join(parts) + " SELECT count(*) FROM head"
+        statement = ", ".join(parts) + " SELECT count(*), max(control_seq) FROM head"
         self._commits[key] = statement
         return statement

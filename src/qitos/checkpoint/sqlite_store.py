@@ -186,12 +186,14 @@ _SQL_HEAD_CREATE = (
     "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
 )
-_SQL_HEAD_ADVANCE = (
+_HEAD_ADVANCE = (
     "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, digest = ? "
     "WHERE session_id = ? AND snapshot_id = ?"
 )
+_SQL_HEAD_ADVANCE = f"{_HEAD_ADVANCE} RETURNING control_seq"
 _SQL_HEAD_ADVANCE_FENCED = (
-    f"{_SQL_HEAD_ADVANCE} AND EXISTS (SELECT 1 FROM leases WHERE session_id = ? AND token = ? AND expires_at > ?)"
+    f"{_HEAD_ADVANCE} AND EXISTS (SELECT 1 FROM leases WHERE session_id = ? AND token = ? AND expires_at > ?)"
+    " RETURNING control_seq"
 )
 _SQL_METADATA_CREATE = "INSERT INTO sessions (session_id, metadata, digest) VALUES (?, ?, ?)"
 _SQL_METADATA_SET = "UPDATE sessions SET metadata = ?, digest = ? WHERE session_id = ?"
@@ -481,8 +483,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         expected = request.expected_head
         operation_id = request.operation_id
 
-        def commit(cur: sqlite3.Cursor) -> str:
+        def commit(cur: sqlite3.Cursor) -> tuple[str, int]:
             execute = cur.execute
+            control_seq = 0
             now = utc_now()
             digest = head_digest(session_id, snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
             head = (snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now, digest)
@@ -497,10 +500,13 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 token = request.lease_token
                 if token is None:
                     check_fence(session_id, _lease(cur, session_id), None, now_s)
-                    moved = execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected))
+                    row = _one(execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected)))
                 else:  # the fence is checked by the UPDATE itself: one statement on the hot path
-                    moved = execute(_SQL_HEAD_ADVANCE_FENCED, (*head, session_id, expected, session_id, token, now_s))
-                if moved.rowcount != 1:
+                    fenced = (*head, session_id, expected, session_id, token, now_s)
+                    row = _one(execute(_SQL_HEAD_ADVANCE_FENCED, fenced))
+                if row is not None:
+                    control_seq = int(row[0])
+                else:
                     actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
                     if actual is None:
                         raise SessionNotFoundError(session_id)
@@ -537,15 +543,16 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 cur.executemany(_SQL_BLOB_INSERT, blobs)
             if operation_id is not None:
                 execute(_SQL_OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
-            return now
+            return now, control_seq
 
-        committed_at = self._run(commit, write=True)
+        committed_at, control_seq = self._run(commit, write=True)
         return SessionCommitReceipt(
             session_id=session_id,
             snapshot_id=snapshot.snapshot_id,
             previous_head=expected,
             sequence=snapshot.sequence,
             committed_at=committed_at,
+            control_seq=control_seq,
         )
 
     def find_session_by_operation(self, operation_id: str) -> str | None:

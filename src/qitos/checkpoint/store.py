@@ -530,13 +530,19 @@ class SessionSnapshotCommit:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SessionCommitReceipt:
-    """What a successful commit did: the new head, the head it replaced, and when."""
+    """What a successful commit did: the new head, the head it replaced, and when.
+
+    ``control_seq`` is the session's last control position as the commit saw it (the position of the
+    newest item ``list_control`` would return), so a runner learns of new control items without
+    polling; None from a store that does not report it.
+    """
 
     session_id: str
     snapshot_id: str
     previous_head: str | None
     sequence: int
     committed_at: str
+    control_seq: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

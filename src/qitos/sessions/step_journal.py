@@ -67,6 +67,7 @@ _MAX_CHAIN_DELTAS = 64
 APPROVAL_KINDS = ("approve", "reject")
 # The digest of a log with no entries (it does not depend on the log id).
 _EMPTY_LOG_DIGEST = ExchangeLog("empty").digest
+_POLL_NOW = -1e9  # a last-poll time so old that the next control check reads the store
 
 # --------------------------------------------------------------------------- restoring
 
@@ -343,8 +344,9 @@ class SessionJournal(RunJournal):
         # Control items (pause, steer, approvals) are read from the store at a boundary at most every
         # poll_interval seconds (always at a run's first boundary and before an approval check), so a
         # run of sub-millisecond steps does not pay a query per step; a request lands within that time.
+        # A commit that reports the head's control counter stands for a poll (see _committed_now).
         self.poll_interval = poll_interval
-        self._last_poll = -1e9
+        self._last_poll = _POLL_NOW
         self.session_id = session_id
         self.run_id = run_id
         self.mode = mode
@@ -664,20 +666,20 @@ class SessionJournal(RunJournal):
     def _commit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
         prepared = self._prepare_commit(boundaries, self._token(), base_allowed=base_allowed)
         try:
-            self.store.commit_session_snapshot(prepared.request)
+            receipt = self.store.commit_session_snapshot(prepared.request)
         except CheckpointError as exc:
             self._failure = exc
             raise
-        self._committed_now(prepared)
+        self._committed_now(prepared, receipt.control_seq)
 
     async def _acommit_now(self, boundaries: list[BoundaryCommit], *, base_allowed: bool = True) -> None:
         prepared = self._prepare_commit(boundaries, await self._atoken(), base_allowed=base_allowed)
         try:
-            await self.store.acommit_session_snapshot(prepared.request)
+            receipt = await self.store.acommit_session_snapshot(prepared.request)
         except CheckpointError as exc:
             self._failure = exc
             raise
-        self._committed_now(prepared)
+        self._committed_now(prepared, receipt.control_seq)
 
     def _prepare_commit(
         self, boundaries: list[BoundaryCommit], token: int | None, *, base_allowed: bool = True
@@ -775,8 +777,12 @@ class SessionJournal(RunJournal):
         )
         return _PreparedCommit(commit, boundaries, full, chunks, chunk, position)
 
-    def _committed_now(self, prepared: _PreparedCommit) -> None:
-        """Move the journal past a commit the store accepted."""
+    def _committed_now(self, prepared: _PreparedCommit, control_seq: int | None) -> None:
+        """Move the journal past a commit the store accepted (which saw control counter ``control_seq``)."""
+        if control_seq is not None:
+            # The commit told us the newest control position: poll at the next check only if it is
+            # one this journal has not fetched; otherwise nothing new arrived up to now.
+            self._last_poll = _POLL_NOW if control_seq > self._fetched else time.monotonic()
         snapshot, full, chunks, chunk, position = (
             prepared.request.snapshot,
             prepared.full,
