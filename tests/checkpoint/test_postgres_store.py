@@ -471,3 +471,24 @@ def test_a_live_lease_of_a_runner_known_dead_is_taken_over_with_a_new_token(stor
     taken = store.acquire_lease("s", "worker-2", ttl_seconds=60, take_over_from="worker-1")
     assert (taken.owner, taken.token) == ("worker-2", dead.token + 1)
     assert store.get_lease("s") == taken
+
+
+def test_many_first_calls_at_once_on_an_event_loop_open_one_pool(pg_dsn: str) -> None:
+    """A worker starts its sessions together: the loop's pool is opened once, not once per call."""
+    schema, name = fresh_schema(), f"qitos-first-calls-{time.monotonic_ns()}"
+    dsn = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}application_name={name}"
+    store = PostgresCheckpointStore(dsn, schema=schema, min_size=1, max_size=2)
+
+    async def main() -> int:
+        heads = await asyncio.gather(*(store.aget_session_head(f"s{n}") for n in range(20)))
+        assert heads == [None] * 20
+        with psycopg.connect(pg_dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    try:
+        assert asyncio.run(main()) <= 2  # the pool's max_size; one pool per call would have made 20
+    finally:
+        store.close()
+        drop_schema(pg_dsn, schema)

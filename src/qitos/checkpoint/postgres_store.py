@@ -30,6 +30,7 @@ the rows, driven by a sync or an async runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -85,7 +86,7 @@ from qitos.core.errors import (
 if TYPE_CHECKING:
     import psycopg_pool
 
-__all__ = ["APPLICATION_NAME", "SCHEMA_VERSION", "PostgresCheckpointStore", "TableSize"]
+__all__ = ["APPLICATION_NAME", "SCHEMA_VERSION", "ControlAnnouncements", "PostgresCheckpointStore", "TableSize"]
 
 APPLICATION_NAME: Final = "qitos"
 """The ``application_name`` of the store's connections (unless the DSN names one)."""
@@ -121,6 +122,43 @@ class TableSize:
 
 
 _LIVE: weakref.WeakSet[PostgresCheckpointStore] = weakref.WeakSet()
+
+
+class ControlAnnouncements:
+    """Which sessions got control items, from the schema's LISTEN/NOTIFY channel (a connection of its own).
+
+    :meth:`wait` returns the ids announced within a timeout, or None while it was not listening
+    (its first call, after a lost connection): items appended then were announced to nobody, so a
+    caller that must see every one looks at the store itself when it gets None.
+    """
+
+    def __init__(self, store: PostgresCheckpointStore) -> None:
+        self._store = store
+        self._listener: Any = None
+
+    def wait(self, timeout: float) -> set[str] | None:
+        """The session ids announced within ``timeout`` seconds (back at the first), or None (see above)."""
+        timeout = _check_timeout(timeout)
+        if self._listener is None:
+            self._listener = self._store._listen()
+            if self._listener is None:
+                time.sleep(timeout)  # the server is unreachable: come back after the timeout
+            return None
+        psycopg = self._store._psycopg
+        try:
+            announced = {n.payload for n in self._listener.notifies(timeout=timeout, stop_after=1)}
+            if announced:  # take what else is queued already, without waiting
+                announced.update(n.payload for n in self._listener.notifies(timeout=0))
+        except psycopg.Error:
+            self.close()
+            return None
+        return announced
+
+    def close(self) -> None:
+        """Stop listening (idempotent)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
 
 
 def _after_fork_in_child() -> None:
@@ -189,6 +227,7 @@ class PostgresCheckpointStore(CheckpointStore):
         # One AsyncConnectionPool per event loop, with the task that closes it when its loop ends.
         self._apools: dict[asyncio.AbstractEventLoop, tuple[psycopg_pool.AsyncConnectionPool[Any], asyncio.Task[None]]]
         self._apools = {}
+        self._apools_opening: dict[asyncio.AbstractEventLoop, asyncio.Future[Any]] = {}  # pools being opened
         self._migrated = False
         self._closed = False
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
@@ -204,6 +243,7 @@ class PostgresCheckpointStore(CheckpointStore):
         self._lock = threading.Lock()
         self._pool = None
         self._apools = {}
+        self._apools_opening = {}
 
     def _connect_kwargs(self) -> dict[str, Any]:
         # application_name unless the DSN sets its own: operators can tell qitos' connections apart.
@@ -259,6 +299,24 @@ class PostgresCheckpointStore(CheckpointStore):
         known = self._apools.get(loop)
         if known is not None:
             return known[0]
+        # The first calls on a loop often come many at once (a worker starting its sessions): one
+        # of them opens the pool, the others wait for it, so a loop never gets two.
+        opening = self._apools_opening.get(loop)
+        if opening is not None:
+            return await asyncio.shield(opening)
+        opening = self._apools_opening[loop] = loop.create_future()
+        try:
+            pool = await self._open_async_pool(loop)
+        except BaseException as exc:
+            opening.set_exception(exc)
+            opening.exception()  # retrieved: the waiters, if any, get it too
+            raise
+        finally:
+            del self._apools_opening[loop]
+        opening.set_result(pool)
+        return pool
+
+    async def _open_async_pool(self, loop: asyncio.AbstractEventLoop) -> psycopg_pool.AsyncConnectionPool[Any]:
         self._ensure_open()
         if not self._migrated:
             await asyncio.to_thread(self._migrate_once)
@@ -362,7 +420,17 @@ class PostgresCheckpointStore(CheckpointStore):
                         return _drive(conn, plan, psycopg.Error)
                 return _drive(conn, plan, psycopg.Error)
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                self._check_pool()
             raise self._error(exc) from exc
+
+    def _check_pool(self) -> None:
+        """After a lost connection, check the idle ones too: the server may have ended them all at once
+        (a restart, a failover), and the next call must not be handed another dead one."""
+        pool = self._pool
+        if pool is not None:
+            with contextlib.suppress(Exception):  # the call's own error is what the caller gets
+                pool.check()
 
     async def _arun(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
         self._ensure_open()
@@ -374,7 +442,16 @@ class PostgresCheckpointStore(CheckpointStore):
                         return await _adrive(conn, plan, psycopg.Error)
                 return await _adrive(conn, plan, psycopg.Error)
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                await self._acheck_pool()
             raise self._error(exc) from exc
+
+    async def _acheck_pool(self) -> None:
+        """Async twin of :meth:`_check_pool` (this loop's pool)."""
+        known = self._apools.get(asyncio.get_running_loop())
+        if known is not None:
+            with contextlib.suppress(Exception):
+                await known[0].check()
 
     def _encode(self, payload_json: str) -> tuple[str, bytes]:
         raw = payload_json.encode("utf-8")
@@ -438,7 +515,7 @@ class PostgresCheckpointStore(CheckpointStore):
             except Exception as exc:  # a concurrent commit took the operation id first
                 if operation_id is None or getattr(exc, "sqlstate", None) != "23505":
                     raise
-                rows = [(0,)]
+                rows = [(0, None)]
             if rows[0][0] == 1:
                 return SessionCommitReceipt(
                     session_id=session_id,
@@ -446,6 +523,7 @@ class PostgresCheckpointStore(CheckpointStore):
                     previous_head=expected,
                     sequence=snapshot.sequence,
                     committed_at=now,
+                    control_seq=int(rows[0][1]),
                 )
             actual, owner, lease_token, lease_expires, clock, op_owner, parent_found = (
                 yield (
@@ -868,6 +946,10 @@ class PostgresCheckpointStore(CheckpointStore):
         finally:
             if listener is not None:
                 listener.close()
+
+    def control_announcements(self) -> ControlAnnouncements:
+        """The sessions that get control items from now on, as the schema's channel announces them."""
+        return ControlAnnouncements(self)
 
     def _listen(self) -> Any:
         """A fresh connection LISTENing on the control channel, or None when it cannot be had."""
