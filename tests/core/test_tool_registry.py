@@ -406,3 +406,28 @@ def test_arguments_holding_a_lone_surrogate_are_invalid_and_the_tool_does_not_ru
     result = registry.call("echo", {"text": "fine", "tags": ["x", "\udfff"]})
     assert result.error_kind == "invalid_arguments" and "arguments['tags'][1]" in (result.error or "")
     assert ran == [] and registry.call("echo", {"text": "ünïcode"}).output == "ünïcode"
+
+
+def test_tool_methods_of_two_instances_are_bound_to_their_own_instance() -> None:
+    """A method's spec is derived once per function; each registry still calls its own object."""
+
+    class Counter:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        @tool(idempotent=True)
+        def whoami(self, suffix: str) -> str:
+            """Say which counter this is.
+
+            Args:
+                suffix: appended to the name.
+            """
+            return self.name + suffix
+
+    first, second = ToolRegistry(), ToolRegistry()
+    first.include(Counter("a"))
+    second.include(Counter("b"))
+    assert first.call("whoami", {"suffix": "!"}, call_id="c1").output == "a!"
+    assert second.call("whoami", {"suffix": "?"}, call_id="c2").output == "b?"
+    spec = second.get("whoami")
+    assert spec is not None and spec.idempotent and spec.parameters["properties"]["suffix"]["description"]

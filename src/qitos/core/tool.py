@@ -211,6 +211,27 @@ def tool(
 
 
 def _spec_from_callable(fn: Callable[..., Any]) -> ToolSpec:
+    """The spec of ``fn``; a bound method's is derived once per function (agents are built per run)."""
+    function = getattr(fn, "__func__", None)
+    if function is None or not inspect.ismethod(fn):
+        return _derive_spec(fn)
+    template = _METHOD_SPECS.get(function)
+    if template is None:
+        spec = _derive_spec(fn)
+        _METHOD_SPECS[function] = replace(spec, func=_unbound)  # holds no instance, nor the function
+        return spec
+    return replace(template, func=fn)
+
+
+def _unbound(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - a cached spec's placeholder, never called
+    raise AssertionError("a cached method spec is always given its bound method")
+
+
+# Specs of ``@tool`` methods by their function: hints, signature and docstring are read once.
+_METHOD_SPECS: weakref.WeakKeyDictionary[Any, ToolSpec] = weakref.WeakKeyDictionary()
+
+
+def _derive_spec(fn: Callable[..., Any]) -> ToolSpec:
     options: dict[str, Any] = dict(getattr(fn, "__qitos_tool__", None) or {"name": fn.__name__})
     doc_summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
     return ToolSpec(
