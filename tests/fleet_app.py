@@ -4,7 +4,10 @@ Each session does ``target`` steps; step ``i`` calls ``record`` (**not idempoten
 ``begin``/``end`` lines naming the session's task and step to ``$QITOS_FLEET_SIDE_LOG``, so a
 repeated call is visible afterwards. A task starting with ``approve`` also calls ``publish`` (needs
 approval) at step 1. ``$QITOS_FLEET_STEP_SLEEP`` seconds pass in every call;
-``$QITOS_FLEET_LEASE_TTL`` sets the composition's lease.
+``$QITOS_FLEET_LEASE_TTL`` sets the composition's lease. While the file ``$QITOS_FLEET_HANG_FILE``
+names exists, building the agent (which a worker does for each run before it takes the session's
+lease) writes ``<that file>.hung`` and hangs: a worker that dies there has dequeued a run and
+holds no lease.
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ class FleetAgent(AgentModule[FleetState, Observation, Action]):
     """``target`` steps of one ``record`` call each, then a final answer."""
 
     def __init__(self) -> None:
+        hang = os.environ.get("QITOS_FLEET_HANG_FILE")
+        if hang and os.path.exists(hang):
+            with open(f"{hang}.hung", "w", encoding="utf-8"):
+                pass
+            time.sleep(3600)
         registry = ToolRegistry()
         registry.include(FleetTools())
         super().__init__(tool_registry=registry)

@@ -37,6 +37,7 @@ def start_worker(
     lease_ttl: float = 30.0,
     step_sleep: float = 0.0,
     extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """``qitos worker --app fleet_app:composition`` in a new process, returned once it is ready.
 
@@ -59,7 +60,7 @@ def start_worker(
             "--json",
             *extra_args,
         ],
-        env=_env(side_log, lease_ttl, step_sleep),
+        env={**_env(side_log, lease_ttl, step_sleep), **(extra_env or {})},
         stdout=subprocess.PIPE,
         stderr=err,
         text=True,

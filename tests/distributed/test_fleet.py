@@ -19,6 +19,7 @@ from pg_server import drop_schema, fresh_schema
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
 from fleet_app import composition
+from qitos.core.errors import ConfigurationError
 from qitos.distributed import Fleet
 from qitos.distributed.naming import dbos_schema
 
@@ -134,9 +135,11 @@ def test_an_approval_from_a_third_process_resumes_the_session_once(fleet: Fleet,
         first, again = json.loads(out.stdout.strip().splitlines()[-1])
         assert first == again  # the repeated approval named the same continuation
         until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the resumed session")
-        # A late repeat, after the session moved on, is refused and starts nothing.
-        with pytest.raises(Exception, match="awaiting"):
-            fleet.approve(sid, "s1-publish")
+        # A late repeat, after the session moved on, names the same answer and starts nothing;
+        # answering the call the other way is refused.
+        assert fleet.approve(sid, "s1-publish").position == first
+        with pytest.raises(ConfigurationError, match="already answered approve"):
+            fleet.reject(sid, "s1-publish")
     assert _workflow_ids(fleet_db, sid) == [f"qitos-{sid}-0", f"qitos-{sid}-{first}"]
     counts = side_counts(side_log)
     assert counts[("publish", "approve-me", "0")] == 1

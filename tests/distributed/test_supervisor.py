@@ -1,51 +1,137 @@
-"""The fleet supervisor re-dispatches only sessions whose runner vanished (an expired, unreleased lease)."""
+"""The fleet supervisor: a dead worker's dequeued run finishes elsewhere; an answer from anywhere resumes."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import psycopg
 import pytest
+from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, workers
 
 from pg_server import drop_schema, fresh_schema
 
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
 from fleet_app import composition
-from qitos.distributed import Worker
+from qitos.core.errors import ConfigurationError
+from qitos.distributed import Fleet
+from qitos.distributed.naming import dbos_schema
+
+STEPS = 10
+_CLI = "from qitos.cli.app import main; main()"
 
 
 @pytest.fixture
-def worker(pg_dsn: str) -> Iterator[Worker]:
+def fleet_db(pg_dsn: str) -> Iterator[str]:
     schema = fresh_schema()
-    instance = Worker(composition, db=f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}")
-    yield instance
-    instance.composition.runtime.checkpoint_store.close()
+    db = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
+    yield db
     drop_schema(pg_dsn, schema)
+    drop_schema(pg_dsn, dbos_schema(db))
 
 
-def test_a_released_lease_or_a_never_started_session_is_not_redispatched(worker: Worker) -> None:
-    """Nothing is enqueued (the worker is not even started: an enqueue would fail)."""
-    store = worker.composition.runtime.checkpoint_store
-    queued = worker.composition.session("never started")
-    ended = worker.composition.session("released")
-    lease = store.acquire_lease(ended.session_id.value, "someone:1:x", ttl_seconds=30)
-    store.release_lease(lease)
-    assert store.get_session_head(queued.session_id.value) is not None
-    assert worker.supervise_once() == 0
-    assert worker.redispatched == 0
+@pytest.fixture
+def fleet(fleet_db: str) -> Iterator[Fleet]:
+    instance = Fleet(composition, db=fleet_db)
+    yield instance
+    instance.close()
 
 
-def test_a_live_lease_is_not_redispatched(worker: Worker) -> None:
-    store = worker.composition.runtime.checkpoint_store
-    session = worker.composition.session("held")
-    store.acquire_lease(session.session_id.value, "someone:1:y", ttl_seconds=30)
-    assert worker.supervise_once() == 0
+def _workflows(pg_dsn: str, fleet_db: str, session_id: str) -> dict[str, str]:
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            f'SELECT workflow_uuid, status FROM "{dbos_schema(fleet_db)}".workflow_status WHERE workflow_uuid LIKE %s',
+            (f"qitos-{session_id}-%",),
+        ).fetchall()
+    return dict(rows)
+
+
+def test_a_run_whose_worker_died_before_taking_the_lease_finishes_on_another_worker(
+    fleet: Fleet, fleet_db: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    side_log, hang = tmp_path / "side.log", tmp_path / "hang"
+    # This worker dequeues the run and hangs while it builds the agent, before the lease.
+    victim = start_worker(fleet_db, side_log, lease_ttl=2, extra_env={"QITOS_FLEET_HANG_FILE": str(hang)})
+    procs = [victim]
+    try:
+        hang.touch()
+        sid = fleet.submit("orphan", target=STEPS)
+        until(lambda: Path(f"{hang}.hung").exists(), timeout=60, what="the victim to dequeue the run")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        assert fleet.store.get_lease(sid) is None  # it never held the session
+        assert fleet.results([sid])[sid].lifecycle == "created"
+        procs.append(start_worker(fleet_db, side_log, lease_ttl=2))
+        outcome = fleet.wait([sid], timeout=60)[sid]
+    finally:
+        stop_workers(procs)
+    assert outcome.lifecycle == "completed"
+    counts = side_counts(side_log)
+    assert all(counts[("begin", "orphan", str(step))] == 1 for step in range(STEPS))
+    runs = _workflows(pg_dsn, fleet_db, sid)
+    assert runs == {f"qitos-{sid}-0": "CANCELLED", f"qitos-{sid}-0-r": "SUCCESS"}
+
+
+def test_an_approval_given_with_the_cli_resumes_the_session_on_the_fleet(
+    fleet: Fleet, fleet_db: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """``qitos sessions approve`` only appends the answer; a worker's supervisor hears it and resumes."""
+    side_log = tmp_path / "side.log"
+    with workers(fleet_db, side_log, 2, concurrency=4):
+        sid = fleet.submit("approve-by-cli", target=STEPS)
+        until(lambda: fleet.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+        approve = [sys.executable, "-c", _CLI, "sessions", "approve", sid, "s1-publish", "--db", fleet_db, "--json"]
+        out = subprocess.run(approve, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the resumed session")
+    counts = side_counts(side_log)
+    assert counts[("publish", "approve-by-cli", "0")] == 1
+    assert all(counts[("begin", "approve-by-cli", str(step))] == 1 for step in range(STEPS))
+    assert sorted(_workflows(pg_dsn, fleet_db, sid).values()) == ["SUCCESS", "SUCCESS"]
+
+
+def test_a_paused_session_is_not_resumed_by_its_own_pause_request(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:
+    """The supervisor hears the pause item too; a paused session stays paused until it is steered."""
+    side_log = tmp_path / "side.log"
+    with workers(fleet_db, side_log, 1, concurrency=2, step_sleep=0.2):
+        sid = fleet.submit("pause-me", target=STEPS)
+        until(lambda: fleet.results([sid])[sid].lifecycle == "running", timeout=60, what="running")
+        fleet.pause(sid)
+        until(lambda: fleet.results([sid])[sid].lifecycle == "paused", timeout=60, what="paused")
+        paused_at = fleet.results([sid])[sid].sequence
+        time.sleep(1.5)  # several supervisor passes
+        assert fleet.results([sid])[sid].sequence == paused_at
+        fleet.store.append_control(sid, "steer", {"text": "go on"})  # steering from outside the Fleet
+        until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the steered session")
 
 
 def test_a_fleet_refuses_a_concurrency_that_is_not_a_positive_int(pg_dsn: str) -> None:
-    from qitos.core.errors import ConfigurationError
-    from qitos.distributed import Fleet
-
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ConfigurationError, match="concurrency"):
             Fleet(composition, db=pg_dsn, concurrency=bad)  # type: ignore[arg-type]
+
+
+def test_a_run_whose_store_connections_are_killed_resumes_and_finishes(
+    fleet: Fleet, fleet_db: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """The server ends the worker's store connections mid-session: the run resumes, nothing is repeated."""
+    side_log, name = tmp_path / "side.log", f"qitos-cut-{os.getpid()}"
+    with workers(f"{fleet_db}&application_name={name}", side_log, 1, concurrency=2, step_sleep=0.1):
+        sid = fleet.submit("cut", target=STEPS)
+        until(lambda: fleet.results([sid])[sid].sequence >= 3, timeout=60, what="a few steps")
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (name,)
+            ).fetchone()
+        assert row is not None and row[0] >= 1
+        outcome = fleet.wait([sid], timeout=60)[sid]
+    assert outcome.lifecycle == "completed"
+    counts = side_counts(side_log)
+    assert all(counts[("begin", "cut", str(step))] == 1 for step in range(STEPS))

@@ -453,3 +453,23 @@ def test_a_cancelled_session_run_commits_its_boundary_and_the_next_run_finishes_
     assert finished.state.stop_reason == "final" and finished.state.steps_done == list(range(6))
     begins = [call for event, tool, call in sa.read_side_log(side) if event == "begin" and tool == "append_note"]
     assert len(begins) == len(set(begins))  # no non-idempotent call ran twice
+
+
+def test_arestore_gives_the_session_restore_gives_and_resumes_it_on_the_loop(tmp_path: Path) -> None:
+    from fleet_app import FleetAgent
+    from qitos.core.errors import SessionNotFoundError
+    from qitos.engine.composition import compose
+
+    composition = compose(FleetAgent, store=str(tmp_path / "s.db"))
+    sid = composition.session("resume me", target=3).session_id.value
+
+    async def main() -> tuple[str, str, int]:
+        session = await composition.arestore(sid)
+        result = await session.arun()
+        with pytest.raises(SessionNotFoundError):
+            await composition.arestore("ses_missing")
+        return session.session_id.value, str(result.state.final_result), result.state.done
+
+    sync = composition.restore(sid)
+    assert asyncio.run(main()) == (sid, "3 steps", 3)
+    assert sync.state_type.__name__ == "FleetState"

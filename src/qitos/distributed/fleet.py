@@ -27,7 +27,7 @@ from qitos.sessions.control import (
     pause_session,
     steer_session,
 )
-from qitos.sessions.inspection import SessionLifecycle, inspect_session
+from qitos.sessions.inspection import SessionLifecycle
 
 __all__ = ["Fleet", "SessionOutcome"]
 
@@ -86,11 +86,14 @@ class Fleet:
             )
         return self._client
 
-    def _enqueue(self, session_id: str, position: int) -> str:
-        head = self.store.get_session_head(session_id)
-        if head is None:
-            raise SessionNotFoundError(session_id)
-        self._enqueued_at[session_id] = head.sequence
+    def _enqueue(self, session_id: str, position: int, *, sequence: int | None = None) -> str:
+        """Enqueue the run answering ``position``; ``sequence`` is the head's, when the caller knows it."""
+        if sequence is None:
+            head = self.store.get_session_head(session_id)
+            if head is None:
+                raise SessionNotFoundError(session_id)
+            sequence = head.sequence
+        self._enqueued_at[session_id] = sequence
         workflow_id = run_workflow_id(session_id, position)
         options: Any = {"queue_name": self.queue, "workflow_name": WORKFLOW_NAME, "workflow_id": workflow_id}
         self._dbos().enqueue(options, session_id)
@@ -99,7 +102,7 @@ class Fleet:
     def submit(self, task: str | Task, **state_kwargs: Any) -> str:
         """Create a session for ``task`` and enqueue its first run; the session id."""
         session = self.composition.session(task, **state_kwargs)
-        self._enqueue(session.session_id.value, 0)
+        self._enqueue(session.session_id.value, 0, sequence=0)  # a new session's head is its first snapshot
         return session.session_id.value
 
     def submit_many(self, tasks: Iterable[str | Task], **state_kwargs: Any) -> list[str]:
@@ -107,7 +110,11 @@ class Fleet:
         return [self.submit(task, **state_kwargs) for task in tasks]
 
     def approve(self, session_id: str, call_id: str) -> ApprovalReceipt:
-        """Approve the call ``session_id`` waits for and enqueue its continuation (once, however often asked)."""
+        """Approve the call ``session_id`` waits for and enqueue its continuation (once, however often asked).
+
+        Asking again returns the first answer's receipt; answering a call the other way raises
+        ``ConfigurationError``.
+        """
         return self._answer(session_id, call_id, approved=True, reason=None)
 
     def reject(self, session_id: str, call_id: str, reason: str | None = None) -> ApprovalReceipt:
@@ -130,21 +137,19 @@ class Fleet:
         return self._enqueue(session_id, items[-1].position if items else 0)
 
     def _answer(self, session_id: str, call_id: str, *, approved: bool, reason: str | None) -> ApprovalReceipt:
-        inspection = inspect_session(self.store, session_id)
         kind = "approve" if approved else "reject"
-        taken_in = int(inspection.budget["used"]["control_position"])  # answers the loop already took in
-        for item in self.store.list_control(session_id, after=taken_in, kinds=("approve", "reject")):
-            if item.payload.get("call_id") == call_id and inspection.lifecycle in _WAITING:
-                if item.kind != kind:
-                    raise ConfigurationError(f"session {session_id}: call {call_id!r} was already answered {item.kind}")
-                # Answered before and not yet taken in: the same continuation, which DBOS starts once.
-                self._enqueue(session_id, item.position)
-                return ApprovalReceipt(
-                    session_id=session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
-                )
-        receipt = answer_approval(
-            self.store, session_id, call_id, approved=approved, reason=reason, inspection=inspection
-        )
+        for item in self.store.list_control(session_id, kinds=("approve", "reject")):
+            if item.payload.get("call_id") != call_id:
+                continue
+            if item.kind != kind:
+                raise ConfigurationError(f"session {session_id}: call {call_id!r} was already answered {item.kind}")
+            # Asked again: the same answer and continuation (DBOS starts one run per id), whether or
+            # not the session has taken the answer in yet.
+            self._continue_if_waiting(session_id, item.position, _WAITING)
+            return ApprovalReceipt(
+                session_id=session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
+            )
+        receipt = answer_approval(self.store, session_id, call_id, approved=approved, reason=reason)
         self._enqueue(session_id, receipt.position)
         return receipt
 

@@ -2,8 +2,8 @@
 
 A run of a session is one DBOS workflow whose id derives from the session and the control position
 it answers (``qitos-{session}-{position}``), so asking twice for the same continuation starts it
-once: DBOS keeps one workflow per id. A re-dispatch after a dead runner adds the expired lease's
-fencing token (``qitos-{session}-{position}-t{token}``), which every supervisor computes alike.
+once: DBOS keeps one workflow per id. The run that replaces one whose worker died adds ``-r`` to
+the dead run's id, which every supervisor computes alike.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def run_workflow_id(session_id: str, position: int) -> str:
     return f"qitos-{session_id}-{position}"
 
 
-def redispatch_workflow_id(session_id: str, position: int, token: int) -> str:
-    """The workflow id of a re-dispatch after the lease with fencing token ``token`` expired."""
-    return f"qitos-{session_id}-{position}-t{token}"
+def redispatch_workflow_id(stuck_workflow_id: str) -> str:
+    """The workflow id of the run that replaces ``stuck_workflow_id``, whose worker died."""
+    return f"{stuck_workflow_id}-r"
 
 
 def dbos_schema(db: str) -> str:

@@ -1,32 +1,48 @@
-"""A fleet worker: DBOS runs sessions from a queue; a supervisor re-dispatches a dead runner's.
+"""A fleet worker: DBOS runs sessions from a queue; a supervisor keeps every session moving.
 
 What DBOS (``dbos>=3,<4``, tested with 3.4.0) does here: it stores each enqueued run as a workflow
 in its system tables (schema ``{store schema}_dbos`` in the same PostgreSQL), dispatches queued
 workflows to workers up to each one's ``concurrency``, and starts one workflow per id only, so a
-repeated request for the same continuation is one run. Self-hosted DBOS recovers a process's
-pending workflows only when a process with the *same executor id* starts again; it does not hand
-a dead executor's workflows to the workers still alive.
+repeated request for the same continuation is one run. The workflow is ``async``: DBOS runs it on
+its event loop, so a worker's sessions run through the async driver (``Session.arun``), many at
+once on one loop. Self-hosted DBOS recovers a process's pending workflows only when a process with
+the *same executor id* starts again; it does not hand a dead executor's workflows to the workers
+still alive.
 
-What qitos adds: the session lease is the source of truth for who runs a session. Every worker
-runs a supervisor thread that, every quarter lease (at most 1 s), looks for sessions still ``created`` or
-``running`` whose lease has expired (their runner died or stalled), and enqueues a new run with a
-workflow id carrying the expired lease's fencing token, so all supervisors ask for the same run and
-DBOS starts it once. The new run takes the lease over (a stalled old runner is then fenced off by
-the store) and resumes from the last committed boundary; a tool call that was started and not
-finished is not repeated unless it is idempotent (``qitos.sessions.step_journal``).
+What qitos adds, in a supervisor thread in every worker:
 
-One workflow is one ``Session.run`` ("run this session until it pauses, awaits approval, finishes
-or fails"); qitos commits its own steps, so no DBOS step is recorded per agent step.
+- **A dead worker's runs go elsewhere.** The session lease is the source of truth for who runs a
+  session. Every quarter lease (at most 1 s) the supervisor lists the runs DBOS has had *pending*
+  (dequeued) for a while whose session nobody holds a live lease on: their worker died, before or
+  after it took the lease. Where the session still has work (created, running, or waiting with an
+  answer it has not taken in), it enqueues a new run whose workflow id derives from the stuck one,
+  so every supervisor asks for the same run and DBOS starts it once, and cancels the stuck one.
+  The new run takes the lease over (a stalled old runner is then fenced off by the store) and
+  resumes from the last committed boundary; a tool call that was started and not finished is not
+  repeated unless it is idempotent (``qitos.sessions.step_journal``).
+- **An answer from anywhere continues the session.** It LISTENs on the store's control channel: an
+  approval, rejection or steering given by ``qitos sessions approve``, the viewer or any process
+  (not only :class:`~qitos.distributed.Fleet`) enqueues the waiting session's continuation, under
+  the same workflow id ``Fleet`` would use. While it was not listening (at start, after a lost
+  connection) it looks at every waiting session once instead. A run that ends waiting also checks
+  for an answer that came while it was finishing.
+
+One workflow is one run of a session ("run this session until it pauses, awaits approval,
+finishes or fails"); qitos commits its own steps, so no DBOS step is recorded per agent step.
+Sessions in a store a fleet serves are the fleet's: its workers continue any of them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import threading
 import time
 from typing import Any
 
+from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.targets import postgres_dsn
-from qitos.core.errors import ConfigurationError, LeaseLostError, SessionBusyError
+from qitos.core.errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError
 from qitos.distributed.naming import (
     APP_NAME,
     DEFAULT_QUEUE,
@@ -34,14 +50,20 @@ from qitos.distributed.naming import (
     bind_store,
     dbos_schema,
     redispatch_workflow_id,
+    run_workflow_id,
 )
 from qitos.engine.composition import Composition
+from qitos.sessions.control import acontinuation_position, continuation_position
 from qitos.sessions.inspection import SessionLifecycle
-from qitos.sessions.lease import runner_id
+from qitos.sessions.lease import holder_is_dead, runner_id
 
 __all__ = ["Worker", "dbos_url", "run_session_workflow"]
 
 _UNSETTLED = (SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value)
+_WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
+_MAX_STUCK_GRACE = 5.0  # seconds a dequeued run may take to hold its lease before it counts as stuck
+_RETRY_FOR = 30.0  # seconds a run keeps resuming after store failures (at least two leases)
+_RETRY_PAUSE = 0.2  # the first pause between attempts, doubling up to 2 s
 _current: Worker | None = None
 
 
@@ -54,12 +76,12 @@ def dbos_url(db: str) -> str:
     return f"postgresql+psycopg://{rest}"
 
 
-def run_session_workflow(session_id: str) -> str:
-    """The DBOS workflow body: run ``session_id`` on this process's worker; its lifecycle after."""
+async def run_session_workflow(session_id: str) -> str:
+    """The DBOS workflow body: run ``session_id`` on this process's worker; how the run ended."""
     worker = _current
     if worker is None:
         raise ConfigurationError("no qitos fleet worker is running in this process")
-    return worker.run_session(session_id)
+    return await worker.arun_session(session_id)
 
 
 class Worker:
@@ -78,6 +100,10 @@ class Worker:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be a positive int, got {concurrency!r}")
         self.composition = bind_store(composition, db)
+        store = self.composition.runtime.checkpoint_store
+        if not isinstance(store, PostgresCheckpointStore):  # bind_store opened db: always PostgreSQL here
+            raise ConfigurationError(f"a fleet worker needs a PostgreSQL store, got {type(store).__name__}")
+        self.store = store
         self.db = db
         self.queue_name = queue
         self.concurrency = concurrency
@@ -85,6 +111,7 @@ class Worker:
         self.supervise = supervise
         self.executor_id = runner_id()
         self.redispatched = 0
+        self.continued = 0
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._dbos: Any = None
@@ -129,45 +156,126 @@ class Worker:
         DBOS.destroy(destroy_registry=False)
         _current = None
 
-    def run_session(self, session_id: str) -> str:
-        """Run ``session_id`` until it pauses, awaits approval, finishes or fails; its lifecycle then."""
-        store = self.composition.runtime.checkpoint_store
-        try:
-            self.composition.restore(session_id).run()
-        except SessionBusyError:
-            return "busy"  # another runner holds the lease; its run (or a re-dispatch) carries on
-        except LeaseLostError:
-            return "lease_lost"  # taken over after this runner stalled past its lease
-        head = store.get_session_head(session_id)
-        return head.lifecycle if head is not None else "missing"
+    # ---- running sessions
+
+    async def arun_session(self, session_id: str) -> str:
+        """Run ``session_id`` until it pauses, awaits approval, finishes or fails; how it ended.
+
+        A run that ends waiting runs again at once if an answer (or steering) it did not take in
+        came while it was finishing: that answer's own run found the lease still held. A run that
+        failed on the store itself (a lost connection, the server restarting: a plain
+        ``CheckpointError``) is resumed from its last committed boundary, with pauses, for up to
+        ``max(30 s, 2 leases)``; then the workflow fails and ``Fleet.resume`` starts it again.
+        """
+        store = self.store
+        retry_until: float | None = None  # set by the first store failure
+        pause = _RETRY_PAUSE
+        while True:
+            try:
+                result = await (await self.composition.arestore(session_id)).arun()
+            except LeaseLostError:
+                return "lease_lost"  # taken over after this runner stalled past its lease
+            except SessionBusyError:
+                if retry_until is None or time.monotonic() > retry_until:
+                    return "busy"  # another runner holds the lease; it (or a re-dispatch) carries on
+                # The failed run's own lease may be left (its release failed too): wait it out.
+            except CheckpointError as exc:
+                if type(exc) is not CheckpointError:
+                    raise  # damage, a conflict or a missing session is not cured by waiting
+                if retry_until is None:
+                    retry_until = time.monotonic() + max(_RETRY_FOR, 2 * self.composition.runtime.lease_ttl)
+                elif time.monotonic() > retry_until:
+                    raise
+            else:
+                retry_until, pause = None, _RETRY_PAUSE
+                ended = str(result.state.stop_reason or "")
+                if ended not in _WAITING or await acontinuation_position(store, session_id) is None:
+                    return ended
+                continue
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 2.0)
+
+    # ---- the supervisor
 
     def supervise_once(self) -> int:
-        """Enqueue a new run for every unsettled session whose lease expired; how many were enqueued."""
-        from dbos import SetWorkflowID
+        """Re-dispatch the runs of dead workers whose sessions still have work; how many."""
+        from dbos import DBOS, SetWorkflowID
 
-        store = self.composition.runtime.checkpoint_store
-        now = time.time()
+        ttl = self.composition.runtime.lease_ttl
+        grace = min(ttl, _MAX_STUCK_GRACE)
+        cutoff = datetime.datetime.fromtimestamp(time.time() - grace, tz=datetime.UTC).isoformat()
+        stuck = DBOS.list_workflows(
+            status="PENDING",
+            name=WORKFLOW_NAME,
+            queue_name=self.queue_name,
+            dequeued_before=cutoff,
+            load_output=False,
+        )
         count = 0
-        for head in store.list_sessions():
-            if head.lifecycle not in _UNSETTLED:
+        for status in stuck:
+            inputs: Any = status.input or {}
+            args: Any = inputs.get("args") or ()
+            if len(args) != 1 or not isinstance(args[0], str):
                 continue
-            lease = store.get_lease(head.session_id)
-            # No lease: never started (or still queued). expires_at 0: released by a run that ended
-            # on its own (a dead process releases nothing), so re-running it would only repeat that.
-            if lease is None or lease.expires_at <= 0 or lease.expires_at > now:
+            session_id = args[0]
+            if not self._needs_a_run(session_id):
                 continue
-            items = store.list_control(head.session_id)
-            position = items[-1].position if items else 0
-            with SetWorkflowID(redispatch_workflow_id(head.session_id, position, lease.token)):
-                self._queue.enqueue(run_session_workflow, head.session_id)
+            with SetWorkflowID(redispatch_workflow_id(status.workflow_id)):
+                self._queue.enqueue(run_session_workflow, session_id)
+            DBOS.cancel_workflow(status.workflow_id)  # its worker is gone; the new run replaces it
             count += 1
         self.redispatched += count
         return count
 
+    def _needs_a_run(self, session_id: str) -> bool:
+        """Whether nobody holds ``session_id``'s lease and the session still has work to do."""
+        store = self.store
+        lease = store.get_lease(session_id)
+        if lease is not None and lease.expires_at > time.time() and not holder_is_dead(lease.owner):
+            return False  # a live runner has it
+        head = store.get_session_head(session_id)
+        if head is None:
+            return False
+        if head.lifecycle in _UNSETTLED:
+            return True
+        return head.lifecycle in _WAITING and continuation_position(store, session_id) is not None
+
+    def continue_answered(self, session_ids: list[str]) -> int:
+        """Enqueue the continuation of each waiting session that has an answer it did not take in."""
+        from dbos import SetWorkflowID
+
+        count = 0
+        for session_id in session_ids:
+            position = continuation_position(self.store, session_id)
+            if position is None:
+                continue
+            with SetWorkflowID(run_workflow_id(session_id, position)):  # Fleet's id: one run however asked
+                self._queue.enqueue(run_session_workflow, session_id)
+            count += 1
+        self.continued += count
+        return count
+
+    def continue_all_answered(self) -> int:
+        """:meth:`continue_answered` for every waiting session of the store (after not listening)."""
+        waiting = [h.session_id for h in self.store.list_sessions() if h.lifecycle in _WAITING]
+        return self.continue_answered(waiting)
+
     def _supervise(self) -> None:
         interval = min(1.0, max(0.2, self.composition.runtime.lease_ttl / 4))
-        while not self._stop.wait(interval):
-            try:
-                self.supervise_once()
-            except Exception:  # a lost connection must not end the supervisor
-                continue
+        announcements = self.store.control_announcements()
+        next_check = time.monotonic() + interval
+        try:
+            while not self._stop.is_set():
+                try:
+                    announced = announcements.wait(timeout=max(0.0, min(interval, next_check - time.monotonic())))
+                    if announced is None:
+                        self.continue_all_answered()  # not listening until now: look at every waiting one
+                    elif announced:
+                        self.continue_answered(sorted(announced))
+                    if time.monotonic() >= next_check:
+                        next_check = time.monotonic() + interval
+                        self.supervise_once()
+                except Exception:  # a lost connection must not end the supervisor; the next pass retries
+                    self._stop.wait(interval)
+        finally:
+            announcements.close()

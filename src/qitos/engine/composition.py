@@ -30,7 +30,7 @@ from qitos.core.task import Task
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy
-from qitos.engine.session_runtime import Session, anew_session, new_session, restore_session
+from qitos.engine.session_runtime import Session, anew_session, arestore_session, new_session, restore_session
 from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -102,6 +102,10 @@ class Composition:
     def restore(self, session_id: str) -> Session:
         """The Session with this id, from the store's durable head (any process, with SQLite)."""
         return restore_session(self.engine(), session_id, composition=self)
+
+    async def arestore(self, session_id: str) -> Session:
+        """Async twin of :meth:`restore` (for many sessions resumed on one event loop)."""
+        return await arestore_session(self.engine(), session_id, composition=self)
 
     def fork(self, session_id: str, *, snapshot: Any = None, operation_id: str | None = None) -> Session:
         """A new child Session from a verified snapshot of ``session_id`` (default: its head)."""

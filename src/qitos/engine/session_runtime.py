@@ -124,6 +124,7 @@ __all__ = [
     "ToolBatchSnapshot",
     "ToolCallStatus",
     "anew_session",
+    "arestore_session",
     "new_session",
     "restore_session",
 ]
@@ -619,10 +620,31 @@ def restore_session(
     engine: EngineLoop[Any, Any, Any], session_id: str, *, composition: SessionHost | None = None
 ) -> Session:
     """The Session for ``session_id`` from the store's durable head (works across processes)."""
+    return _session_from_head(engine, _require_head(_engine_store(engine), session_id), composition)
+
+
+async def arestore_session(
+    engine: EngineLoop[Any, Any, Any], session_id: str, *, composition: SessionHost | None = None
+) -> Session:
+    """Async twin of :func:`restore_session` (the head is awaited)."""
+    head = await _engine_store(engine).aget_session_head(session_id)
+    if head is None:
+        raise SessionNotFoundError(session_id)
+    return _session_from_head(engine, head, composition)
+
+
+def _engine_store(engine: EngineLoop[Any, Any, Any]) -> CheckpointStore:
     store = engine.checkpoint_store
     if store is None:
         raise ConfigurationError("restoring a session needs an engine with a checkpoint_store")
-    head = _require_head(store, session_id)
+    return store  # type: ignore[no-any-return]
+
+
+def _session_from_head(
+    engine: EngineLoop[Any, Any, Any], head: SessionHeadRecord, composition: SessionHost | None
+) -> Session:
+    """The Session a head record describes (no I/O)."""
+    session_id = head.session_id
     meta = head.metadata
     state_type = _resolve_state_type(str(meta.get("state_type", "")), engine)
     fork_receipt = None

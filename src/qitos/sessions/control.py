@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, ControlItem, utc_now
+from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, utc_now
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import ConfigurationError
 from qitos.core.redaction import Redactor
@@ -26,12 +26,17 @@ __all__ = [
     "PauseReceipt",
     "SteeringReceipt",
     "aanswer_approval",
+    "acontinuation_position",
     "answer_approval",
     "apause_session",
     "asteer_session",
+    "continuation_position",
     "pause_session",
     "steer_session",
 ]
+
+# What continues a waiting session: an answer for one awaiting approval, steering for a paused one.
+_CONTINUED_BY = {"awaiting_approval": ("approve", "reject"), "paused": ("steer",)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +162,39 @@ async def aanswer_approval(
     return _approval_receipt(await store.aappend_control(target, kind, payload), call_id, approved, reason)
 
 
+def continuation_position(store: CheckpointStore, session_id: str) -> int | None:
+    """The position of the control item that continues ``session_id`` where it waits, or None.
+
+    A session awaiting approval is continued by an answer it has not taken in yet, a paused one by
+    steering it has not taken in (as ``Fleet.steer`` continues it); a session that is running,
+    has ended, or waits with nothing new is not. Read from the store alone.
+    """
+    head = store.get_session_head(session_id)
+    kinds = _CONTINUED_BY.get(head.lifecycle) if head is not None else None
+    if head is None or kinds is None:
+        return None
+    taken_in = _taken_in(store.get_snapshot(head.snapshot_id))
+    items = store.list_control(session_id, after=taken_in, kinds=kinds)
+    return items[-1].position if items else None
+
+
+async def acontinuation_position(store: CheckpointStore, session_id: str) -> int | None:
+    """Async twin of :func:`continuation_position`."""
+    head = await store.aget_session_head(session_id)
+    kinds = _CONTINUED_BY.get(head.lifecycle) if head is not None else None
+    if head is None or kinds is None:
+        return None
+    taken_in = _taken_in(await store.aget_snapshot(head.snapshot_id))
+    items = await store.alist_control(session_id, after=taken_in, kinds=kinds)
+    return items[-1].position if items else None
+
+
 # --------------------------------------------------------------------------- shared, I/O-free
+
+
+def _taken_in(snapshot: SessionSnapshot) -> int:
+    """The control position a committed snapshot had taken in (every payload records it)."""
+    return int(snapshot.payload.get("control_position", 0))
 
 
 def _steering_payload(text: str, redactor: Redactor) -> dict[str, Any]:
