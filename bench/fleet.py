@@ -14,8 +14,14 @@ session of ten steps, one non-idempotent tool call each, committed with ``durabi
 - killed worker: one worker runs 6 sessions (``lease_ttl=2`` s, 0.3 s per call) alone, a second
   starts, the first is SIGKILLed; timed until every session is held by the surviving worker.
 
+- the anchor, right after the qitos throughput phase on the same cluster (a database of its own):
+  LangGraph 1.2 + ``PostgresSaver`` in 2 processes (``fleet_langgraph.py``), the same ``--sessions``
+  ten-step sessions with the same non-idempotent side-log call per step, ``durability="sync"``, 8 in
+  flight per process, split statically (session n in process n % 2: no dispatch). Both savers run by
+  default (``--langgraph-saver``): sync ``PostgresSaver`` with 8 threads on a ``ConnectionPool``, and
+  ``AsyncPostgresSaver`` with 8 tasks on an ``AsyncConnectionPool``; the ratio is against the faster.
+
 Without ``--dsn`` a private cluster is started (``scripts/postgres.sh start``: fsync on) and stopped.
-No LangGraph anchor runs here yet (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "tests" / "distributed")]
 
+from fleet_langgraph import AnchorRun, run_langgraph  # noqa: E402
 from fleet_procs import start_worker, stop_workers, until  # noqa: E402
 
 from fleet_app import composition  # noqa: E402
@@ -138,13 +145,21 @@ def main() -> None:
     parser.add_argument("--approvals", type=int, default=20)
     parser.add_argument("--lease-ttl", type=float, default=2.0)
     parser.add_argument("--dsn")
+    parser.add_argument("--no-langgraph", action="store_true", help="skip the LangGraph + PostgresSaver anchor")
+    parser.add_argument(
+        "--langgraph-saver", choices=["sync", "async", "both"], default="both", help="the anchor's saver(s)"
+    )
     args = parser.parse_args()
+    savers = ["sync", "async"] if args.langgraph_saver == "both" else [args.langgraph_saver]
+    if args.no_langgraph:
+        savers = []
     dsn, cluster_dir = _cluster(args.dsn)
     try:
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             print(f"load average: {os.getloadavg()[0]:.2f} (2-core machine shared with other work)")
             rate = throughput(dsn, tmp, args.sessions)
+            anchors = [run_langgraph(dsn, tmp, args.sessions, saver=saver) for saver in savers]
             times = approvals(dsn, tmp, args.approvals)
             resumed = killed(dsn, tmp, args.lease_ttl)
     finally:
@@ -152,6 +167,11 @@ def main() -> None:
             subprocess.run(["bash", str(ROOT / "scripts" / "postgres.sh"), "stop", cluster_dir], check=False)
     p50 = statistics.median(times) * 1000
     print(f"throughput: {args.sessions} ten-step sessions over 2 workers: {rate:.1f} sessions/s")
+    for anchor in anchors:
+        print(f"  anchor: {_anchor_label(anchor)}: {anchor.rate:.1f} sessions/s ({anchor.wall:.2f} s)")
+    best = max(anchors, key=lambda anchor: anchor.rate, default=None)
+    if best is not None:
+        print(f"  ratio qitos / LangGraph ({best.saver}, the faster here): {rate / best.rate:.2f}x")
     print(f"approval -> resumed (n={len(times)}): p50 {p50:.1f} ms, max {max(times) * 1000:.1f} ms")
     print(
         f"killed worker: all 6 sessions held by the survivor {resumed:.2f} s after SIGKILL (lease {args.lease_ttl} s)"
@@ -162,7 +182,22 @@ def main() -> None:
     print(
         f"  {'PASS' if resumed <= args.lease_ttl + 1 else 'FAIL'}  killed worker's sessions resumed within lease + 1 s"
     )
-    print("  n/a   LangGraph + PostgresSaver in 2 processes: not run (bench/README.md)")
+    if best is None:
+        print("  n/a   LangGraph + PostgresSaver in 2 processes: not run (--no-langgraph)")
+    else:
+        print(
+            f"  info  beside LangGraph + PostgresSaver in 2 processes ({best.saver}): {rate:.1f} vs"
+            f" {best.rate:.1f} sessions/s, qitos {rate / best.rate:.2f}x"
+        )
+
+
+def _anchor_label(anchor: AnchorRun) -> str:
+    kind = (
+        f"PostgresSaver, {anchor.in_flight} threads on a ConnectionPool"
+        if anchor.saver == "sync"
+        else f"AsyncPostgresSaver, {anchor.in_flight} tasks on an AsyncConnectionPool"
+    )
+    return f"LangGraph 1.2 + {kind}, {anchor.processes} processes, static split"
 
 
 if __name__ == "__main__":
