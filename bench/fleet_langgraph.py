@@ -35,6 +35,12 @@ class AnchorRun:
     in_flight: int
     wall: float
     per_process: tuple[float, ...]
+    cpu: float
+
+    @property
+    def cpu_ms_per_session(self) -> float:
+        """CPU time of all processes (during the run) per session, in ms."""
+        return self.cpu / self.sessions * 1000
 
     @property
     def rate(self) -> float:
@@ -66,6 +72,7 @@ def run_langgraph(
     python = str(ensure_langgraph_venv())
     db = _database(dsn, f"langgraph_fleet_{saver}")
     side_log = tmp / f"lg-{saver}.log"
+    side_log.unlink(missing_ok=True)  # a previous round's
     procs: list[subprocess.Popen[str]] = []
     errs: list[Path] = []
     try:
@@ -113,4 +120,5 @@ def run_langgraph(
         in_flight=in_flight,
         wall=wall,
         per_process=tuple(s["elapsed"] for s in summaries),
+        cpu=sum(s["cpu"] for s in summaries),
     )
