@@ -91,7 +91,7 @@ def run_sync(dsn: str, tasks: list[str], in_flight: int, side_log: str) -> None:
     """Threads sharing one pool and one ``PostgresSaver``."""
     with ConnectionPool(dsn, min_size=in_flight, max_size=in_flight, kwargs=POOL_KWARGS) as pool:
         pool.wait()
-        saver = PostgresSaver(pool)  # type: ignore[arg-type]
+        saver = PostgresSaver(pool)
         saver.setup()
         app = build(side_log).compile(checkpointer=saver)
 
@@ -112,7 +112,7 @@ async def run_async(dsn: str, tasks: list[str], in_flight: int, side_log: str) -
     """``in_flight`` tasks sharing one pool and one ``AsyncPostgresSaver``."""
     async with AsyncConnectionPool(dsn, min_size=in_flight, max_size=in_flight, kwargs=POOL_KWARGS) as pool:
         await pool.wait()
-        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        saver = AsyncPostgresSaver(pool)
         await saver.setup()
         app = build(side_log).compile(checkpointer=saver)
         queue: asyncio.Queue[str] = asyncio.Queue()
