@@ -1,6 +1,7 @@
 """The fleet on DBOS: sessions per second over 2 workers, approval -> resumed, a killed worker's sessions.
 
-    .venv/bin/python bench/fleet.py [--sessions 200] [--approvals 20] [--dsn postgresql://...]
+    .venv/bin/python bench/fleet.py [--sessions 200] [--approvals 20] [--rounds 3] [--dsn postgresql://...]
+        [--no-langgraph] [--langgraph-saver sync|async|both]
 
 Workers are real ``qitos worker --app fleet_app:composition`` processes (``tests/fleet_app.py``: a
 session of ten steps, one non-idempotent tool call each, committed with ``durability="sync"``).
@@ -8,6 +9,14 @@ session of ten steps, one non-idempotent tool call each, committed with ``durabi
 - throughput: 2 workers (``--concurrency 8`` each); this process submits ``--sessions`` sessions
   (creating each in the store and enqueueing its run) and waits until all are completed; sessions/s
   is the count over the wall time from the first submit to the last completion.
+- the anchor, right after each qitos throughput run on the same cluster (a database of its own):
+  LangGraph 1.2 + ``PostgresSaver`` in 2 processes (``fleet_langgraph.py``), the same ``--sessions``
+  ten-step sessions with the same non-idempotent side-log call per step, ``durability="sync"``, 8 in
+  flight per process, split statically (session n in process n % 2: no dispatch). Both savers run by
+  default (``--langgraph-saver``): sync ``PostgresSaver`` with 8 threads on a ``ConnectionPool``, and
+  ``AsyncPostgresSaver`` with 8 tasks on an ``AsyncConnectionPool``; the ratio is against the faster.
+  ``--rounds`` (3) alternates a qitos run and each anchor run, so a change of load on this shared
+  machine hits every side; each side's median round is reported.
 - approval -> resumed: ``--approvals`` sessions wait for an approval; each is approved in turn from
   this process (a third process to both workers) and timed until a worker has committed the
   resumed session's next boundary; p50 and max.
@@ -15,7 +24,6 @@ session of ten steps, one non-idempotent tool call each, committed with ``durabi
   starts, the first is SIGKILLed; timed until every session is held by the surviving worker.
 
 Without ``--dsn`` a private cluster is started (``scripts/postgres.sh start``: fsync on) and stopped.
-No LangGraph anchor runs here yet (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -28,17 +36,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "tests" / "distributed")]
 
+from fleet_langgraph import AnchorRun, run_langgraph  # noqa: E402
 from fleet_procs import start_worker, stop_workers, until  # noqa: E402
 
 from fleet_app import composition  # noqa: E402
 from qitos.distributed import Fleet  # noqa: E402
 
 STEPS = 10
+Run = TypeVar("Run")
 
 
 def _cluster(dsn: str | None) -> tuple[str, str | None]:
@@ -57,20 +70,40 @@ def _db(dsn: str, schema: str) -> str:
     return f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
 
 
-def throughput(dsn: str, tmp: Path, sessions: int) -> float:
-    db = _db(dsn, f"bench_tp_{os.getpid()}")
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class QitosRun:
+    """One qitos throughput run: sessions/s and CPU ms per session (the workers', the submitting process's)."""
+
+    rate: float
+    worker_cpu_ms: float
+    submit_cpu_ms: float
+
+
+def throughput(dsn: str, tmp: Path, sessions: int, *, tag: int = 0) -> QitosRun:
+    """``sessions`` ten-step sessions submitted to 2 fresh workers (schema ``bench_tp_{pid}_{tag}``)."""
+    db = _db(dsn, f"bench_tp_{os.getpid()}_{tag}")
     fleet = Fleet(composition, db=db)
     procs = [start_worker(db, tmp / "tp.log", concurrency=8) for _ in range(2)]
     try:
+        cpu = [_cpu_seconds(proc.pid) for proc in procs]
+        own = time.process_time()
         start = time.perf_counter()
-        ids = fleet.submit_many([f"tp-{n}" for n in range(sessions)], target=STEPS)
+        ids = fleet.submit_many([f"tp-{tag}-{n}" for n in range(sessions)], target=STEPS)
         outcomes = fleet.wait(ids, timeout=600, poll=0.01)
         elapsed = time.perf_counter() - start
+        own = time.process_time() - own
+        workers = sum(_cpu_seconds(proc.pid) for proc in procs) - sum(cpu)
     finally:
         stop_workers(procs)
         fleet.close()
     assert {o.lifecycle for o in outcomes.values()} == {"completed"}
-    return sessions / elapsed
+    return QitosRun(sessions / elapsed, workers / sessions * 1000, own / sessions * 1000)
 
 
 def approvals(dsn: str, tmp: Path, count: int) -> list[float]:
@@ -137,32 +170,93 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--approvals", type=int, default=20)
     parser.add_argument("--lease-ttl", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating throughput rounds of each side")
     parser.add_argument("--dsn")
+    parser.add_argument("--no-langgraph", action="store_true", help="skip the LangGraph + PostgresSaver anchor")
+    parser.add_argument(
+        "--langgraph-saver", choices=["sync", "async", "both"], default="both", help="the anchor's saver(s)"
+    )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    savers = ["sync", "async"] if args.langgraph_saver == "both" else [args.langgraph_saver]
+    if args.no_langgraph:
+        savers = []
     dsn, cluster_dir = _cluster(args.dsn)
+    qitos_runs: list[QitosRun] = []
+    anchor_runs: dict[str, list[AnchorRun]] = {saver: [] for saver in savers}
     try:
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
-            print(f"load average: {os.getloadavg()[0]:.2f} (2-core machine shared with other work)")
-            rate = throughput(dsn, tmp, args.sessions)
+            print(f"load average: {_load()} (2-core machine shared with other work)")
+            for tag in range(args.rounds):  # the sides alternate, so a change of load hits both
+                qitos_runs.append(throughput(dsn, tmp, args.sessions, tag=tag))
+                for saver in savers:
+                    anchor_runs[saver].append(run_langgraph(dsn, tmp, args.sessions, saver=saver))
             times = approvals(dsn, tmp, args.approvals)
             resumed = killed(dsn, tmp, args.lease_ttl)
     finally:
         if cluster_dir:
             subprocess.run(["bash", str(ROOT / "scripts" / "postgres.sh"), "stop", cluster_dir], check=False)
+    print(f"load average at the end: {_load()}")
     p50 = statistics.median(times) * 1000
-    print(f"throughput: {args.sessions} ten-step sessions over 2 workers: {rate:.1f} sessions/s")
+    qitos = _median(qitos_runs, key=lambda run: run.rate)
+    print(
+        f"throughput: {args.sessions} ten-step sessions, 2 processes each side, {args.rounds} alternating rounds"
+        f" (the median round; every round's sessions/s in brackets)"
+    )
+    print(
+        f"  qitos, 2 workers x concurrency 8 on DBOS: {qitos.rate:.1f} sessions/s {_rates(r.rate for r in qitos_runs)};"
+        f" CPU per session: workers {qitos.worker_cpu_ms:.1f} ms, submitting process {qitos.submit_cpu_ms:.1f} ms"
+    )
+    anchors = {saver: _median(runs, key=lambda run: run.rate) for saver, runs in anchor_runs.items()}
+    for saver, anchor in anchors.items():
+        print(
+            f"  {_anchor_label(anchor)}: {anchor.rate:.1f} sessions/s {_rates(r.rate for r in anchor_runs[saver])};"
+            f" CPU per session {anchor.cpu_ms_per_session:.1f} ms"
+        )
+    best = max(anchors.values(), key=lambda anchor: anchor.rate, default=None)
+    if best is not None:
+        print(f"  ratio qitos / LangGraph ({best.saver}, the faster here): {qitos.rate / best.rate:.2f}x")
     print(f"approval -> resumed (n={len(times)}): p50 {p50:.1f} ms, max {max(times) * 1000:.1f} ms")
     print(
         f"killed worker: all 6 sessions held by the survivor {resumed:.2f} s after SIGKILL (lease {args.lease_ttl} s)"
     )
     print("targets:")
-    print(f"  {'PASS' if rate >= 100 else 'FAIL'}  >= 100 sessions/s across 2 workers")
+    print(f"  {'PASS' if qitos.rate >= 100 else 'FAIL'}  >= 100 sessions/s across 2 workers")
     print(f"  {'PASS' if p50 <= 100 else 'FAIL'}  approval -> resumed p50 <= 100 ms")
     print(
         f"  {'PASS' if resumed <= args.lease_ttl + 1 else 'FAIL'}  killed worker's sessions resumed within lease + 1 s"
     )
-    print("  n/a   LangGraph + PostgresSaver in 2 processes: not run (bench/README.md)")
+    if best is None:
+        print("  n/a   LangGraph + PostgresSaver in 2 processes: not run (--no-langgraph)")
+    else:
+        print(
+            f"  info  beside LangGraph + PostgresSaver in 2 processes ({best.saver}): {qitos.rate:.1f} vs"
+            f" {best.rate:.1f} sessions/s, qitos {qitos.rate / best.rate:.2f}x (no target)"
+        )
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _rates(rates: Iterable[float]) -> str:
+    return "[" + ", ".join(f"{rate:.1f}" for rate in rates) + "]"
+
+
+def _median(runs: list[Run], *, key: Callable[[Run], float]) -> Run:
+    """The run whose ``key`` is the median (the upper one of an even count)."""
+    return sorted(runs, key=key)[len(runs) // 2]
+
+
+def _anchor_label(anchor: AnchorRun) -> str:
+    kind = (
+        f"PostgresSaver, {anchor.in_flight} threads on a ConnectionPool"
+        if anchor.saver == "sync"
+        else f"AsyncPostgresSaver, {anchor.in_flight} tasks on an AsyncConnectionPool"
+    )
+    return f"LangGraph 1.2 + {kind}, {anchor.processes} processes, static split"
 
 
 if __name__ == "__main__":
