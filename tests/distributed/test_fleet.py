@@ -257,3 +257,18 @@ def test_a_paused_session_is_continued_by_steering_it(fleet: Fleet, fleet_db: st
     assert done.lifecycle == "completed"
     assert sum(steps_before.values()) < sum(side_counts(side_log).values())
     _assert_each_step_once(side_log, ["pause-me"])
+
+
+def test_submit_many_over_several_batches_keeps_the_order_of_the_tasks(
+    fleet: Fleet, fleet_db: str, tmp_path: Path
+) -> None:
+    """More tasks than one batch: created a few at once, enqueued a batch per transaction, ids in order."""
+    tasks = [f"order-{n}" for n in range(150)]
+    with workers(fleet_db, tmp_path / "side.log", 1, concurrency=8):
+        ids = fleet.submit_many(tasks, target=1)
+        outcomes = fleet.wait(ids, timeout=120)
+    assert len(set(ids)) == len(tasks)
+    objectives = [(fleet.store.get_session_head(sid).metadata or {})["task"]["objective"] for sid in ids]  # type: ignore[union-attr]
+    assert objectives == tasks
+    assert {o.lifecycle for o in outcomes.values()} == {"completed"}
+    assert _workflow_ids(fleet_db, ids[-1]) == [f"qitos-{ids[-1]}-0"]

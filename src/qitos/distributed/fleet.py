@@ -8,6 +8,7 @@ a worker creates them when it first starts). Outcomes are read back from the sto
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from qitos.sessions.inspection import SessionLifecycle
 
 __all__ = ["Fleet", "SessionOutcome"]
 
+_SUBMIT_BATCH = 64  # sessions whose first runs submit_many enqueues in one transaction
+_SUBMIT_THREADS = 8  # sessions submit_many creates at once
 _LIST_ABOVE = 16  # wait() lists the store's heads in one query when more sessions than this are pending
 _WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
 SETTLED = frozenset(
@@ -71,6 +74,7 @@ class Fleet:
         self.composition = bind_store(composition, db)
         self.store = self.composition.runtime.checkpoint_store
         self._client: Any = None
+        self._engine: Any = None  # SQLAlchemy engine on DBOS's database, for batched enqueues
         self._enqueued_at: dict[str, int] = {}
 
     # ---- client side
@@ -95,9 +99,24 @@ class Fleet:
             sequence = head.sequence
         self._enqueued_at[session_id] = sequence
         workflow_id = run_workflow_id(session_id, position)
-        options: Any = {"queue_name": self.queue, "workflow_name": WORKFLOW_NAME, "workflow_id": workflow_id}
-        self._dbos().enqueue(options, session_id)
+        self._dbos().enqueue(self._options(workflow_id), session_id)
         return workflow_id
+
+    def _options(self, workflow_id: str) -> Any:
+        return {"queue_name": self.queue, "workflow_name": WORKFLOW_NAME, "workflow_id": workflow_id}
+
+    def _enqueue_first_runs(self, session_ids: list[str]) -> None:
+        """Enqueue the first runs of new sessions in one transaction of DBOS's database (one commit)."""
+        client = self._dbos()
+        if self._engine is None:
+            import sqlalchemy
+
+            self._engine = sqlalchemy.create_engine(dbos_url(self.db), pool_size=1, pool_pre_ping=True)
+        with self._engine.begin() as conn:
+            for session_id in session_ids:
+                client.enqueue_in_transaction(conn, self._options(run_workflow_id(session_id, 0)), session_id)
+        for session_id in session_ids:
+            self._enqueued_at[session_id] = 0  # a new session's head is its first snapshot
 
     def submit(self, task: str | Task, **state_kwargs: Any) -> str:
         """Create a session for ``task`` and enqueue its first run; the session id."""
@@ -106,8 +125,21 @@ class Fleet:
         return session.session_id.value
 
     def submit_many(self, tasks: Iterable[str | Task], **state_kwargs: Any) -> list[str]:
-        """:meth:`submit` for each task, in order; their session ids."""
-        return [self.submit(task, **state_kwargs) for task in tasks]
+        """:meth:`submit` for each task, in order; their session ids.
+
+        Batches of up to ``_SUBMIT_BATCH`` sessions are created a few at once and their runs
+        enqueued in one transaction, so submitting many is not one commit wait after another. A
+        process that dies between the two leaves sessions ``created`` and unqueued: ``resume`` them.
+        """
+        pending, ids = list(tasks), []
+        with concurrent.futures.ThreadPoolExecutor(_SUBMIT_THREADS, thread_name_prefix="qitos-submit") as pool:
+            for start in range(0, len(pending), _SUBMIT_BATCH):
+                batch = pending[start : start + _SUBMIT_BATCH]
+                created = pool.map(lambda task: self.composition.session(task, **state_kwargs), batch)
+                session_ids = [session.session_id.value for session in created]
+                self._enqueue_first_runs(session_ids)
+                ids.extend(session_ids)
+        return ids
 
     def approve(self, session_id: str, call_id: str) -> ApprovalReceipt:
         """Approve the call ``session_id`` waits for and enqueue its continuation (once, however often asked).
@@ -221,4 +253,7 @@ class Fleet:
         if self._client is not None:
             self._client.destroy()
             self._client = None
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
         self.store.close()
