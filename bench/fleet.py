@@ -1,7 +1,7 @@
 """The fleet on DBOS: sessions per second over 2 workers, approval -> resumed, a killed worker's sessions.
 
     .venv/bin/python bench/fleet.py [--sessions 200] [--approvals 20] [--rounds 3] [--dsn postgresql://...]
-        [--no-langgraph] [--langgraph-saver sync|async|both]
+        [--no-langgraph] [--langgraph-saver sync|async|both] [--no-floor]
 
 Workers are real ``qitos worker --app fleet_app:composition`` processes (``tests/fleet_app.py``: a
 session of ten steps, one non-idempotent tool call each, committed with ``durability="sync"``).
