@@ -252,6 +252,8 @@ def main() -> None:
             f" (qitos {qitos.rate / floor.rate:.2f}x of it; 100/s is {'within' if floor.rate >= 100 else 'beyond'}"
             " the floor here)"
         )
+    else:
+        print("  n/a   the floor beside it: not run (--no-floor)")
     print(f"  {'PASS' if p50 <= 100 else 'FAIL'}  approval -> resumed p50 <= 100 ms")
     print(
         f"  {'PASS' if resumed <= args.lease_ttl + 1 else 'FAIL'}  killed worker's sessions resumed within lease + 1 s"
