@@ -1,7 +1,7 @@
 """The fleet on DBOS: sessions per second over 2 workers, approval -> resumed, a killed worker's sessions.
 
     .venv/bin/python bench/fleet.py [--sessions 200] [--approvals 20] [--rounds 3] [--dsn postgresql://...]
-        [--no-langgraph] [--langgraph-saver sync|async|both]
+        [--no-langgraph] [--langgraph-saver sync|async|both] [--no-floor]
 
 Workers are real ``qitos worker --app fleet_app:composition`` processes (``tests/fleet_app.py``: a
 session of ten steps, one non-idempotent tool call each, committed with ``durability="sync"``).
@@ -17,6 +17,14 @@ session of ten steps, one non-idempotent tool call each, committed with ``durabi
   ``AsyncPostgresSaver`` with 8 tasks on an ``AsyncConnectionPool``; the ratio is against the faster.
   ``--rounds`` (3) alternates a qitos run and each anchor run, so a change of load on this shared
   machine hits every side; each side's median round is reported.
+- the floor, in the same rounds (``fleet_floor.py``; ``--no-floor`` skips it): 2 worker processes of
+  the project venv with DBOS configured as qitos' workers (concurrency 8 each, queue polling 0.05
+  s), ``--sessions`` workflows enqueued from this process with ``DBOSClient.enqueue`` as ``Fleet``
+  does, timed from the first enqueue to all ``SUCCESS``. Two lines: empty workflows (DBOS's
+  dispatch alone), and DBOS + 2 prepared autocommit statements per step on an async pool (an intent
+  row; a head compare-and-swap with a snapshot row), the head row created before the enqueue: what
+  a ten-step session with a non-idempotent call per step minimally writes, with no agent, engine,
+  journal, digests or compression. Worker CPU per session is printed for qitos and each floor.
 - approval -> resumed: ``--approvals`` sessions wait for an approval; each is approved in turn from
   this process (a third process to both workers) and timed until a worker has committed the
   resumed session's next boundary; p50 and max.
@@ -44,6 +52,7 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "tests" / "distributed")]
 
+from fleet_floor import FLOOR_KINDS, FloorRun, cpu_seconds, run_floor  # noqa: E402
 from fleet_langgraph import AnchorRun, run_langgraph  # noqa: E402
 from fleet_procs import start_worker, stop_workers, until  # noqa: E402
 
@@ -70,12 +79,6 @@ def _db(dsn: str, schema: str) -> str:
     return f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass(frozen=True)
 class QitosRun:
     """One qitos throughput run: sessions/s and CPU ms per session (the workers', the submitting process's)."""
@@ -91,14 +94,14 @@ def throughput(dsn: str, tmp: Path, sessions: int, *, tag: int = 0) -> QitosRun:
     fleet = Fleet(composition, db=db)
     procs = [start_worker(db, tmp / "tp.log", concurrency=8) for _ in range(2)]
     try:
-        cpu = [_cpu_seconds(proc.pid) for proc in procs]
+        cpu = [cpu_seconds(proc.pid) for proc in procs]
         own = time.process_time()
         start = time.perf_counter()
         ids = fleet.submit_many([f"tp-{tag}-{n}" for n in range(sessions)], target=STEPS)
         outcomes = fleet.wait(ids, timeout=600, poll=0.01)
         elapsed = time.perf_counter() - start
         own = time.process_time() - own
-        workers = sum(_cpu_seconds(proc.pid) for proc in procs) - sum(cpu)
+        workers = sum(cpu_seconds(proc.pid) for proc in procs) - sum(cpu)
     finally:
         stop_workers(procs)
         fleet.close()
@@ -176,6 +179,7 @@ def main() -> None:
     parser.add_argument(
         "--langgraph-saver", choices=["sync", "async", "both"], default="both", help="the anchor's saver(s)"
     )
+    parser.add_argument("--no-floor", action="store_true", help="skip the DBOS / DBOS + statements floors")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -185,6 +189,7 @@ def main() -> None:
     dsn, cluster_dir = _cluster(args.dsn)
     qitos_runs: list[QitosRun] = []
     anchor_runs: dict[str, list[AnchorRun]] = {saver: [] for saver in savers}
+    floor_runs: dict[str, list[FloorRun]] = {kind: [] for kind in ([] if args.no_floor else FLOOR_KINDS)}
     try:
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
@@ -193,6 +198,8 @@ def main() -> None:
                 qitos_runs.append(throughput(dsn, tmp, args.sessions, tag=tag))
                 for saver in savers:
                     anchor_runs[saver].append(run_langgraph(dsn, tmp, args.sessions, saver=saver))
+                for kind, runs in floor_runs.items():
+                    runs.append(run_floor(dsn, tmp, args.sessions, kind=kind, tag=tag))
             times = approvals(dsn, tmp, args.approvals)
             resumed = killed(dsn, tmp, args.lease_ttl)
     finally:
@@ -218,12 +225,35 @@ def main() -> None:
     best = max(anchors.values(), key=lambda anchor: anchor.rate, default=None)
     if best is not None:
         print(f"  ratio qitos / LangGraph ({best.saver}, the faster here): {qitos.rate / best.rate:.2f}x")
+    floors = {kind: _median(runs, key=lambda run: run.rate) for kind, runs in floor_runs.items()}
+    for kind, floor in floors.items():
+        print(
+            f"  floor: {_FLOOR_LABELS[kind]}: {floor.rate:.1f} sessions/s {_rates(r.rate for r in floor_runs[kind])};"
+            f" CPU per session: workers {floor.worker_cpu_ms:.1f} ms, enqueuing process {floor.submit_cpu_ms:.1f} ms"
+        )
+    if floors:
+        ratios = ", ".join(f"{qitos.rate / floor.rate:.2f}x of {_FLOOR_SHORT[kind]}" for kind, floor in floors.items())
+        extra = ", ".join(
+            f"{qitos.worker_cpu_ms - floor.worker_cpu_ms:.1f} ms more than {_FLOOR_SHORT[kind]}"
+            for kind, floor in floors.items()
+        )
+        print(f"  ratio qitos / floor: {ratios}")
+        print(f"  qitos' workers' CPU per session: {qitos.worker_cpu_ms:.1f} ms, {extra}")
     print(f"approval -> resumed (n={len(times)}): p50 {p50:.1f} ms, max {max(times) * 1000:.1f} ms")
     print(
         f"killed worker: all 6 sessions held by the survivor {resumed:.2f} s after SIGKILL (lease {args.lease_ttl} s)"
     )
     print("targets:")
     print(f"  {'PASS' if qitos.rate >= 100 else 'FAIL'}  >= 100 sessions/s across 2 workers")
+    if "steps" in floors:
+        floor = floors["steps"]
+        print(
+            f"  info  the floor beside it, DBOS + 2 statements per step on these parts: {floor.rate:.1f} sessions/s"
+            f" (qitos {qitos.rate / floor.rate:.2f}x of it; 100/s is {'within' if floor.rate >= 100 else 'beyond'}"
+            " the floor here)"
+        )
+    else:
+        print("  n/a   the floor beside it: not run (--no-floor)")
     print(f"  {'PASS' if p50 <= 100 else 'FAIL'}  approval -> resumed p50 <= 100 ms")
     print(
         f"  {'PASS' if resumed <= args.lease_ttl + 1 else 'FAIL'}  killed worker's sessions resumed within lease + 1 s"
@@ -235,6 +265,13 @@ def main() -> None:
             f"  info  beside LangGraph + PostgresSaver in 2 processes ({best.saver}): {qitos.rate:.1f} vs"
             f" {best.rate:.1f} sessions/s, qitos {qitos.rate / best.rate:.2f}x (no target)"
         )
+
+
+_FLOOR_LABELS = {
+    "empty": "DBOS empty async workflows over 2 workers x concurrency 8",
+    "steps": "DBOS + 2 statements per step (20 per session, head row at submit) over 2 workers x concurrency 8",
+}
+_FLOOR_SHORT = {"empty": "the DBOS floor", "steps": "the DBOS + statements floor"}
 
 
 def _load() -> str:
