@@ -16,13 +16,14 @@ import os
 import time
 from dataclasses import dataclass
 
+from delegate_agents import ParentAgent
 from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Action, Decision, Observation
 from qitos.core.state import StateSchema
 from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.composition import compose
 
-__all__ = ["FleetAgent", "FleetState", "composition"]
+__all__ = ["FleetAgent", "FleetState", "composition", "delegating"]
 
 
 @dataclass
@@ -100,3 +101,12 @@ class FleetAgent(AgentModule[FleetState, Observation, Action]):
 
 
 composition = compose(FleetAgent, lease_ttl=float(os.environ.get("QITOS_FLEET_LEASE_TTL", "30")))
+
+
+def _delegating_parent() -> ParentAgent:
+    side_log = os.environ.get("QITOS_FLEET_SIDE_LOG") or os.devnull
+    return ParentAgent(side_log, child_steps=3, approval_at=1)
+
+
+delegating = compose(_delegating_parent, lease_ttl=float(os.environ.get("QITOS_FLEET_LEASE_TTL", "30")))
+"""A parent (``delegate_agents.ParentAgent``) whose delegated child calls ``publish`` (needs approval)."""

@@ -38,6 +38,7 @@ def start_worker(
     step_sleep: float = 0.0,
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
+    app: str = "fleet_app:composition",
 ) -> subprocess.Popen[str]:
     """``qitos worker --app fleet_app:composition`` in a new process, returned once it is ready.
 
@@ -52,7 +53,7 @@ def start_worker(
             _MAIN,
             "worker",
             "--app",
-            "fleet_app:composition",
+            app,
             "--db",
             db,
             "--concurrency",

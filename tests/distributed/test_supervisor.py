@@ -18,7 +18,7 @@ from pg_server import drop_schema, fresh_schema
 
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
-from fleet_app import composition
+from fleet_app import composition, delegating
 from qitos.core.errors import ConfigurationError
 from qitos.distributed import Fleet
 from qitos.distributed.naming import dbos_schema
@@ -95,6 +95,34 @@ def test_an_approval_given_with_the_cli_resumes_the_session_on_the_fleet(
     assert counts[("publish", "approve-by-cli", "0")] == 1
     assert all(counts[("begin", "approve-by-cli", str(step))] == 1 for step in range(STEPS))
     assert sorted(_workflows(pg_dsn, fleet_db, sid).values()) == ["SUCCESS", "SUCCESS"]
+
+
+def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
+    fleet_db: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """The child's call awaits approval; the CLI answers it (stored on the child); the parent's run resumes it."""
+    side_log = tmp_path / "side.log"
+    parents = Fleet(delegating, db=fleet_db)
+    try:
+        with workers(fleet_db, side_log, 1, concurrency=2, app="fleet_app:delegating"):
+            sid = parents.submit("parent")
+            until(lambda: parents.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+            approve = [sys.executable, "-c", _CLI, "sessions", "approve", sid, "p1", "--db", fleet_db, "--json"]
+            out = subprocess.run(approve, env=env, capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            until(lambda: parents.results([sid])[sid].lifecycle == "completed", timeout=60, what="the parent")
+    finally:
+        parents.close()
+    lines = side_log.read_text(encoding="utf-8").splitlines()
+    assert [line for line in lines if line.startswith("begin")] == [
+        "begin work w0",
+        "begin work w1",
+        "begin publish p1",
+        "begin work w2",
+    ]
+    runs = _workflows(pg_dsn, fleet_db, sid)
+    assert len(runs) == 2 and set(runs.values()) == {"SUCCESS"}, runs
 
 
 def test_a_paused_session_is_not_resumed_by_its_own_pause_request(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:

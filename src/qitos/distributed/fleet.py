@@ -17,7 +17,15 @@ from typing import Any
 from qitos.checkpoint.store import SessionHeadRecord
 from qitos.core.errors import ConfigurationError, SessionNotFoundError
 from qitos.core.task import Task
-from qitos.distributed.naming import APP_NAME, DEFAULT_QUEUE, WORKFLOW_NAME, bind_store, dbos_schema, run_workflow_id
+from qitos.distributed.naming import (
+    APP_NAME,
+    DEFAULT_QUEUE,
+    WORKFLOW_NAME,
+    bind_store,
+    continuation_workflow_id,
+    dbos_schema,
+    run_workflow_id,
+)
 from qitos.distributed.worker import Worker, dbos_url
 from qitos.engine.composition import Composition
 from qitos.sessions.control import (
@@ -90,15 +98,20 @@ class Fleet:
             )
         return self._client
 
-    def _enqueue(self, session_id: str, position: int, *, sequence: int | None = None) -> str:
-        """Enqueue the run answering ``position``; ``sequence`` is the head's, when the caller knows it."""
+    def _enqueue(
+        self, session_id: str, position: int, *, sequence: int | None = None, answered: str | None = None
+    ) -> str:
+        """Enqueue the run answering ``position`` of ``answered`` (``session_id`` or a delegated child of it).
+
+        ``sequence`` is the head's, when the caller knows it.
+        """
         if sequence is None:
             head = self.store.get_session_head(session_id)
             if head is None:
                 raise SessionNotFoundError(session_id)
             sequence = head.sequence
         self._enqueued_at[session_id] = sequence
-        workflow_id = run_workflow_id(session_id, position)
+        workflow_id = continuation_workflow_id(session_id, answered or session_id, position)
         self._dbos().enqueue(self._options(workflow_id), session_id)
         return workflow_id
 
@@ -156,7 +169,9 @@ class Fleet:
     def steer(self, session_id: str, text: str) -> SteeringReceipt:
         """Submit steering text; a paused session's continuation is enqueued."""
         receipt = steer_session(self.store, session_id, text)
-        self._continue_if_waiting(session_id, receipt.position, (SessionLifecycle.PAUSED.value,))
+        self._continue_if_waiting(
+            session_id, receipt.position, (SessionLifecycle.PAUSED.value,), answered=receipt.session_id
+        )
         return receipt
 
     def pause(self, session_id: str) -> PauseReceipt:
@@ -182,13 +197,15 @@ class Fleet:
                 session_id=session_id, call_id=call_id, approved=approved, position=item.position, reason=reason
             )
         receipt = answer_approval(self.store, session_id, call_id, approved=approved, reason=reason)
-        self._enqueue(session_id, receipt.position)
+        self._enqueue(session_id, receipt.position, answered=receipt.session_id)  # a delegated child's answer
         return receipt
 
-    def _continue_if_waiting(self, session_id: str, position: int, lifecycles: tuple[str, ...]) -> None:
+    def _continue_if_waiting(
+        self, session_id: str, position: int, lifecycles: tuple[str, ...], *, answered: str | None = None
+    ) -> None:
         head = self.store.get_session_head(session_id)
         if head is not None and head.lifecycle in lifecycles:
-            self._enqueue(session_id, position)
+            self._enqueue(session_id, position, sequence=head.sequence, answered=answered)
 
     # ---- outcomes
 

@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "WORKFLOW_NAME",
     "bind_store",
+    "continuation_workflow_id",
     "dbos_schema",
     "load_composition",
     "redispatch_workflow_id",
@@ -37,6 +38,17 @@ WORKFLOW_NAME = "qitos_run_session"
 def run_workflow_id(session_id: str, position: int) -> str:
     """The workflow id of the run answering control position ``position`` (0: the first run)."""
     return f"qitos-{session_id}-{position}"
+
+
+def continuation_workflow_id(session_id: str, answered_session_id: str, position: int) -> str:
+    """The workflow id of the run of ``session_id`` that answers ``position`` of ``answered_session_id``.
+
+    The answered session is ``session_id`` itself, or a delegated child of it, whose control
+    positions are its own (so the child is named in the id, never confused with the parent's).
+    """
+    if answered_session_id == session_id:
+        return run_workflow_id(session_id, position)
+    return f"qitos-{session_id}-{answered_session_id}-{position}"
 
 
 def redispatch_workflow_id(stuck_workflow_id: str) -> str:

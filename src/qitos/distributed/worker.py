@@ -48,12 +48,12 @@ from qitos.distributed.naming import (
     DEFAULT_QUEUE,
     WORKFLOW_NAME,
     bind_store,
+    continuation_workflow_id,
     dbos_schema,
     redispatch_workflow_id,
-    run_workflow_id,
 )
 from qitos.engine.composition import Composition
-from qitos.sessions.control import acontinuation_position, continuation_position
+from qitos.sessions.control import acontinuation_position, continuation_position, delegation_root
 from qitos.sessions.inspection import SessionLifecycle
 from qitos.sessions.lease import holder_is_dead, runner_id
 
@@ -249,8 +249,9 @@ class Worker:
             position = continuation_position(self.store, session_id)
             if position is None:
                 continue
-            with SetWorkflowID(run_workflow_id(session_id, position)):  # Fleet's id: one run however asked
-                self._queue.enqueue(run_session_workflow, session_id)
+            root = delegation_root(self.store, session_id)  # a delegated child goes on in its parent's run
+            with SetWorkflowID(continuation_workflow_id(root, session_id, position)):  # Fleet's id too
+                self._queue.enqueue(run_session_workflow, root)
             count += 1
         self.continued += count
         return count

@@ -31,6 +31,7 @@ __all__ = [
     "apause_session",
     "asteer_session",
     "continuation_position",
+    "delegation_root",
     "pause_session",
     "steer_session",
 ]
@@ -176,6 +177,24 @@ def continuation_position(store: CheckpointStore, session_id: str) -> int | None
     taken_in = _taken_in(store.get_snapshot(head.snapshot_id))
     items = store.list_control(session_id, after=taken_in, kinds=kinds)
     return items[-1].position if items else None
+
+
+def delegation_root(store: CheckpointStore, session_id: str) -> str:
+    """The session a runner runs to continue ``session_id``: the top of its delegation chain.
+
+    A delegated child session is run by its parent's run (``qitos.engine.delegation``), so an answer
+    given to a waiting child continues the parent (and the parent's parent, up to the top).
+    """
+    seen = {session_id}
+    current = session_id
+    while True:
+        head = store.get_session_head(current)
+        link: Any = (head.metadata or {}).get("delegated_from") if head is not None else None
+        parent = link.get("session_id") if isinstance(link, dict) else None
+        if not isinstance(parent, str) or parent in seen:
+            return current
+        seen.add(parent)
+        current = parent
 
 
 async def acontinuation_position(store: CheckpointStore, session_id: str) -> int | None:
