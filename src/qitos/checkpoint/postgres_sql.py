@@ -182,6 +182,30 @@ class StoreSql:
             " lease_expires::text, now::text FROM fenced"
             " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key, NULL, NULL FROM ins"
         )
+        # The same for one write (a tool call's start, the common case): scalars instead of arrays,
+        # which psycopg adapts several times faster; the rows it returns have the same shape.
+        self.write_put_one = (
+            f"WITH fence AS MATERIALIZED (SELECT h.session_id, h.lease_owner, h.lease_token, h.lease_expires, {now}"
+            f" AS now FROM {s}.heads h WHERE h.session_id = %(sid)s::text FOR SHARE OF h),"
+            " bad AS (SELECT b.* FROM (SELECT %(base)s::text AS base_snapshot_id, %(sid)s::text AS session_id,"
+            f" (SELECT session_id FROM {s}.snapshots WHERE snapshot_id = %(base)s::text) AS owner) b"
+            " WHERE b.owner IS DISTINCT FROM b.session_id),"
+            " fenced AS (SELECT f.session_id, %(token)s::bigint AS token, f.lease_owner, f.lease_token,"
+            " f.lease_expires, f.now FROM fence f WHERE CASE WHEN %(token)s::bigint IS NULL"
+            " THEN f.lease_owner IS NOT NULL AND f.lease_expires > f.now"
+            " ELSE NOT (f.lease_token = %(token)s::bigint AND f.lease_owner IS NOT NULL AND f.lease_expires > f.now)"
+            " END),"
+            f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
+            " SELECT %(sid)s::text, %(base)s::text, %(kind)s::text, %(key)s::text, %(step)s::bigint,"
+            " %(payload)b::bytea, %(digest)s::text"
+            " WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced)"
+            " ON CONFLICT (session_id, base_snapshot_id, kind, key) DO NOTHING"
+            " RETURNING session_id, base_snapshot_id, kind, key)"
+            " SELECT 'bad', base_snapshot_id, session_id, owner, NULL, NULL, NULL FROM bad"
+            " UNION ALL SELECT 'fence', session_id, lease_owner, token::text, lease_token::text,"
+            " lease_expires::text, now::text FROM fenced"
+            " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key, NULL, NULL FROM ins"
+        )
         self.writes_list = (
             f"SELECT step_id, kind, key, payload, digest FROM {s}.writes"
             " WHERE session_id = %s AND base_snapshot_id = %s ORDER BY write_seq"

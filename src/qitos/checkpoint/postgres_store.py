@@ -592,6 +592,23 @@ class PostgresCheckpointStore(CheckpointStore):
         texts = [w.payload_json() for w in writes]
         if not writes:
             return []
+        if len(writes) == 1:
+            one, text = writes[0], texts[0]
+            statement, params = (
+                self.sql.write_put_one,
+                {
+                    "sid": one.session_id,
+                    "base": one.base_snapshot_id,
+                    "kind": one.kind,
+                    "key": one.key,
+                    "step": one.step_id,
+                    "payload": text.encode("utf-8"),
+                    "digest": write_digest(one, text),
+                    "token": one.lease_token,
+                },
+            )
+            rows = yield statement, params
+            return self._put_outcome(writes, rows)
         columns = (
             [w.session_id for w in writes],
             [w.base_snapshot_id for w in writes],
@@ -603,6 +620,10 @@ class PostgresCheckpointStore(CheckpointStore):
             [w.lease_token for w in writes],
         )
         rows = yield self.sql.writes_put, columns
+        return self._put_outcome(writes, rows)
+
+    def _put_outcome(self, writes: Sequence[StepWrite], rows: list[Any]) -> list[bool]:
+        """Per write, whether it was new, from a write statement's rows (refusals raise)."""
         new: set[tuple[str, str, str, str]] = set()
         fences: list[tuple[Any, ...]] = []
         for tag, *fields in rows:
