@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from fleet_floor_worker import APP_NAME, DBOS_SCHEMA, EMPTY_WORKFLOW, QUEUE, STEPS, STEPS_WORKFLOW, dbos_url
+from fleet_procs import stop_workers
 
 __all__ = ["FLOOR_KINDS", "FloorRun", "cpu_seconds", "run_floor"]
 
@@ -106,18 +107,6 @@ def _start(url: str, kind: str, concurrency: int, err_path: Path) -> subprocess.
     return proc
 
 
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _finished(conn: psycopg.Connection[Any], workflow: str) -> tuple[int, int]:
     """How many of the floor's workflows are ``SUCCESS``, and how many ended otherwise (error, cancelled)."""
     row = conn.execute(
@@ -186,5 +175,5 @@ def run_floor(
     finally:
         if client is not None:
             client.destroy()
-        _stop(procs)
+        stop_workers(procs)
     return FloorRun(kind=kind, sessions=sessions, wall=wall, worker_cpu=worker_cpu, submit_cpu=own)

@@ -8,39 +8,19 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import time
 from pathlib import Path
 
 import pytest
 from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, workers
 
-from pg_server import drop_schema, fresh_schema
-
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
-from fleet_app import composition
 from qitos.core.errors import ConfigurationError
 from qitos.distributed import Fleet
 from qitos.distributed.naming import dbos_schema
 
 STEPS = 10
-
-
-@pytest.fixture
-def fleet_db(pg_dsn: str) -> Iterator[str]:
-    """A fleet database URL on a fresh schema (store and DBOS's tables), dropped afterwards."""
-    schema = fresh_schema()
-    db = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
-    yield db
-    drop_schema(pg_dsn, schema)
-    drop_schema(pg_dsn, dbos_schema(db))
-
-
-@pytest.fixture
-def fleet(fleet_db: str) -> Iterator[Fleet]:
-    instance = Fleet(composition, db=fleet_db)
-    yield instance
-    instance.close()
 
 
 def _assert_each_step_once(side_log: Path, tasks: list[str]) -> None:
@@ -244,6 +224,7 @@ def test_a_fleet_serves_its_own_sessions_in_process(fleet_db: str, tmp_path: Pat
 
 
 def test_a_paused_session_is_continued_by_steering_it(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:
+    """And only then: the supervisors hear the pause item too, and leave the paused session alone."""
     side_log = tmp_path / "side.log"
     with workers(fleet_db, side_log, 1, concurrency=2, step_sleep=0.2):
         sid = fleet.submit("pause-me", target=STEPS)
@@ -251,6 +232,8 @@ def test_a_paused_session_is_continued_by_steering_it(fleet: Fleet, fleet_db: st
         fleet.pause(sid)
         paused = fleet.wait([sid], timeout=60)[sid]
         assert paused.lifecycle == "paused"
+        time.sleep(1.5)  # several supervisor passes
+        assert fleet.results([sid])[sid].sequence == paused.sequence
         steps_before = side_counts(side_log)
         fleet.steer(sid, "carry on")
         done = fleet.wait([sid], timeout=60)[sid]

@@ -6,20 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, workers
 
-from pg_server import drop_schema, fresh_schema
-
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
-from fleet_app import composition, delegating
-from qitos.core.errors import ConfigurationError
+from fleet_app import delegating
 from qitos.distributed import Fleet
 from qitos.distributed.naming import dbos_schema
 
@@ -27,20 +22,12 @@ STEPS = 10
 _CLI = "from qitos.cli.app import main; main()"
 
 
-@pytest.fixture
-def fleet_db(pg_dsn: str) -> Iterator[str]:
-    schema = fresh_schema()
-    db = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
-    yield db
-    drop_schema(pg_dsn, schema)
-    drop_schema(pg_dsn, dbos_schema(db))
-
-
-@pytest.fixture
-def fleet(fleet_db: str) -> Iterator[Fleet]:
-    instance = Fleet(composition, db=fleet_db)
-    yield instance
-    instance.close()
+def _cli_approve(session_id: str, call_id: str, fleet_db: str) -> None:
+    """``qitos sessions approve`` in a process of its own: it only appends the answer to the store."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    approve = [sys.executable, "-c", _CLI, "sessions", "approve", session_id, call_id, "--db", fleet_db, "--json"]
+    out = subprocess.run(approve, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
 
 
 def _workflows(pg_dsn: str, fleet_db: str, session_id: str) -> dict[str, str]:
@@ -86,10 +73,7 @@ def test_an_approval_given_with_the_cli_resumes_the_session_on_the_fleet(
     with workers(fleet_db, side_log, 2, concurrency=4):
         sid = fleet.submit("approve-by-cli", target=STEPS)
         until(lambda: fleet.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
-        approve = [sys.executable, "-c", _CLI, "sessions", "approve", sid, "s1-publish", "--db", fleet_db, "--json"]
-        out = subprocess.run(approve, env=env, capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
+        _cli_approve(sid, "s1-publish", fleet_db)
         until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the resumed session")
     counts = side_counts(side_log)
     assert counts[("publish", "approve-by-cli", "0")] == 1
@@ -107,10 +91,7 @@ def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
         with workers(fleet_db, side_log, 1, concurrency=2, app="fleet_app:delegating"):
             sid = parents.submit("parent")
             until(lambda: parents.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
-            approve = [sys.executable, "-c", _CLI, "sessions", "approve", sid, "p1", "--db", fleet_db, "--json"]
-            out = subprocess.run(approve, env=env, capture_output=True, text=True, timeout=60)
-            assert out.returncode == 0, out.stderr
+            _cli_approve(sid, "p1", fleet_db)
             until(lambda: parents.results([sid])[sid].lifecycle == "completed", timeout=60, what="the parent")
     finally:
         parents.close()
@@ -123,27 +104,6 @@ def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
     ]
     runs = _workflows(pg_dsn, fleet_db, sid)
     assert len(runs) == 2 and set(runs.values()) == {"SUCCESS"}, runs
-
-
-def test_a_paused_session_is_not_resumed_by_its_own_pause_request(fleet: Fleet, fleet_db: str, tmp_path: Path) -> None:
-    """The supervisor hears the pause item too; a paused session stays paused until it is steered."""
-    side_log = tmp_path / "side.log"
-    with workers(fleet_db, side_log, 1, concurrency=2, step_sleep=0.2):
-        sid = fleet.submit("pause-me", target=STEPS)
-        until(lambda: fleet.results([sid])[sid].lifecycle == "running", timeout=60, what="running")
-        fleet.pause(sid)
-        until(lambda: fleet.results([sid])[sid].lifecycle == "paused", timeout=60, what="paused")
-        paused_at = fleet.results([sid])[sid].sequence
-        time.sleep(1.5)  # several supervisor passes
-        assert fleet.results([sid])[sid].sequence == paused_at
-        fleet.store.append_control(sid, "steer", {"text": "go on"})  # steering from outside the Fleet
-        until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the steered session")
-
-
-def test_a_fleet_refuses_a_concurrency_that_is_not_a_positive_int(pg_dsn: str) -> None:
-    for bad in (0, -1, True, 2.5):
-        with pytest.raises(ConfigurationError, match="concurrency"):
-            Fleet(composition, db=pg_dsn, concurrency=bad)  # type: ignore[arg-type]
 
 
 def test_a_run_whose_store_connections_are_killed_resumes_and_finishes(

@@ -68,6 +68,26 @@ SCHEMA_VERSION: Final[int] = MIGRATIONS[-1].version
 """The schema version this code writes; older schemas are migrated to it on open."""
 
 
+def _fence_refuses(token: str) -> str:
+    """The condition on a head's lease row ``f`` under which a write with ``token`` is refused: no token
+    while a live lease is held, or a token that is not the live lease's."""
+    return (
+        f"CASE WHEN {token} IS NULL THEN f.lease_owner IS NOT NULL AND f.lease_expires > f.now"
+        f" ELSE NOT (f.lease_token = {token} AND f.lease_owner IS NOT NULL AND f.lease_expires > f.now) END"
+    )
+
+
+# The end of both pending-write statements: first write wins, and one row per refusal or new write.
+_WRITE_TAIL = (
+    " ON CONFLICT (session_id, base_snapshot_id, kind, key) DO NOTHING"
+    " RETURNING session_id, base_snapshot_id, kind, key)"
+    " SELECT 'bad', base_snapshot_id, session_id, owner, NULL, NULL, NULL FROM bad"
+    " UNION ALL SELECT 'fence', session_id, lease_owner, token::text, lease_token::text,"
+    " lease_expires::text, now::text FROM fenced"
+    " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key, NULL, NULL FROM ins"
+)
+
+
 def channel_name(schema: str) -> str:
     """The LISTEN/NOTIFY channel on which a schema's control appends are announced."""
     return f"qitos_control_{schema}"
@@ -169,18 +189,10 @@ class StoreSql:
             f" LEFT JOIN {s}.snapshots s ON s.snapshot_id = i.base_snapshot_id"
             " WHERE s.session_id IS DISTINCT FROM i.session_id ORDER BY i.ord LIMIT 1),"
             " fenced AS (SELECT t.session_id, t.token, f.lease_owner, f.lease_token, f.lease_expires, f.now"
-            " FROM tokens t JOIN fence f ON f.session_id = t.session_id WHERE CASE WHEN t.token IS NULL"
-            " THEN f.lease_owner IS NOT NULL AND f.lease_expires > f.now"
-            " ELSE NOT (f.lease_token = t.token AND f.lease_owner IS NOT NULL AND f.lease_expires > f.now) END),"
+            f" FROM tokens t JOIN fence f ON f.session_id = t.session_id WHERE {_fence_refuses('t.token')}),"
             f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
             " SELECT session_id, base_snapshot_id, kind, key, step_id, payload, digest FROM input"
-            " WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord"
-            " ON CONFLICT (session_id, base_snapshot_id, kind, key) DO NOTHING"
-            " RETURNING session_id, base_snapshot_id, kind, key)"
-            " SELECT 'bad', base_snapshot_id, session_id, owner, NULL, NULL, NULL FROM bad"
-            " UNION ALL SELECT 'fence', session_id, lease_owner, token::text, lease_token::text,"
-            " lease_expires::text, now::text FROM fenced"
-            " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key, NULL, NULL FROM ins"
+            f" WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord{_WRITE_TAIL}"
         )
         # The same for one write (a tool call's start, the common case): scalars instead of arrays,
         # which psycopg adapts several times faster; the rows it returns have the same shape.
@@ -191,20 +203,11 @@ class StoreSql:
             f" (SELECT session_id FROM {s}.snapshots WHERE snapshot_id = %(base)s::text) AS owner) b"
             " WHERE b.owner IS DISTINCT FROM b.session_id),"
             " fenced AS (SELECT f.session_id, %(token)s::bigint AS token, f.lease_owner, f.lease_token,"
-            " f.lease_expires, f.now FROM fence f WHERE CASE WHEN %(token)s::bigint IS NULL"
-            " THEN f.lease_owner IS NOT NULL AND f.lease_expires > f.now"
-            " ELSE NOT (f.lease_token = %(token)s::bigint AND f.lease_owner IS NOT NULL AND f.lease_expires > f.now)"
-            " END),"
+            f" f.lease_expires, f.now FROM fence f WHERE {_fence_refuses('%(token)s::bigint')}),"
             f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
             " SELECT %(sid)s::text, %(base)s::text, %(kind)s::text, %(key)s::text, %(step)s::bigint,"
             " %(payload)b::bytea, %(digest)s::text"
-            " WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced)"
-            " ON CONFLICT (session_id, base_snapshot_id, kind, key) DO NOTHING"
-            " RETURNING session_id, base_snapshot_id, kind, key)"
-            " SELECT 'bad', base_snapshot_id, session_id, owner, NULL, NULL, NULL FROM bad"
-            " UNION ALL SELECT 'fence', session_id, lease_owner, token::text, lease_token::text,"
-            " lease_expires::text, now::text FROM fenced"
-            " UNION ALL SELECT 'new', session_id, base_snapshot_id, kind, key, NULL, NULL FROM ins"
+            f" WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced){_WRITE_TAIL}"
         )
         self.writes_list = (
             f"SELECT step_id, kind, key, payload, digest FROM {s}.writes"
