@@ -53,7 +53,9 @@ class FleetTools:
             step: the step.
         """
         _log(f"begin {task} {step}")
-        time.sleep(float(os.environ.get("QITOS_FLEET_STEP_SLEEP", "0")))
+        pause = float(os.environ.get("QITOS_FLEET_STEP_SLEEP", "0"))
+        if pause:
+            time.sleep(pause)
         _log(f"end {task} {step}")
         return "ok"
 

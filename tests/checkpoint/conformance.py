@@ -689,6 +689,17 @@ def test_a_commit_reports_the_sessions_newest_control_position(store: Checkpoint
     assert seen == 3 == store.list_control("s")[-1].position
 
 
+def test_many_heads_are_read_at_once_and_missing_sessions_are_left_out(store: CheckpointStore) -> None:
+    a, b = create(store, "a"), create(store, "b")
+    b = advance(store, b, {"ops": [1]})
+    heads = store.get_session_heads(["b", "missing", "a", "b"])
+    assert sorted(heads) == ["a", "b"]
+    assert heads["a"] == store.get_session_head("a") and heads["a"].snapshot_id == a.snapshot_id
+    assert heads["b"].snapshot_id == b.snapshot_id and heads["b"].sequence == 1
+    assert store.get_session_heads([]) == {}
+    assert asyncio.run(store.aget_session_heads(["a", "missing"])) == {"a": heads["a"]}
+
+
 def test_control_items_are_listed_after_a_position_and_by_kind(store: CheckpointStore) -> None:
     create(store, "s")
     for kind in ["steer", "pause", "steer", "reject", "approve"]:

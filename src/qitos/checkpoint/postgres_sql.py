@@ -135,6 +135,7 @@ class StoreSql:
         )
         self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
         self.head_list = f"SELECT {head_columns} ORDER BY h.created_seq"
+        self.head_many = f"SELECT {head_columns} WHERE h.session_id = ANY(%s)"
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
         # ---- leases: read with the database clock, then a compare-and-swap on the lease columns

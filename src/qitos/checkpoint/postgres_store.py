@@ -576,6 +576,13 @@ class PostgresCheckpointStore(CheckpointStore):
             raise SnapshotIntegrityError(snapshot_id, reason)
         return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
 
+    def _plan_get_heads(self, session_ids: Iterable[str]) -> Plan[dict[str, SessionHeadRecord]]:
+        wanted = list(dict.fromkeys(session_ids))
+        if not wanted:
+            return {}
+        rows = yield self.sql.head_many, (wanted,)
+        return {head.session_id: head for head in map(_pg_head, rows)}
+
     def _plan_list_sessions(self) -> Plan[list[SessionHeadRecord]]:
         rows = yield self.sql.head_list, ()
         return [_pg_head(row) for row in rows]
@@ -877,6 +884,10 @@ class PostgresCheckpointStore(CheckpointStore):
         """The session's head chain within the session, newest first."""
         return self._run(self._plan_session_snapshots(session_id))
 
+    def get_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
+        """The heads of those of ``session_ids`` that exist, by session id (one statement)."""
+        return self._run(self._plan_get_heads(session_ids))
+
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes in one statement; per write, whether it was new (first wins)."""
         return self._run(self._plan_put_writes(writes))
@@ -1004,6 +1015,9 @@ class PostgresCheckpointStore(CheckpointStore):
 
     async def aget_session_head(self, session_id: str) -> SessionHeadRecord | None:
         return await self._arun(self._plan_get_head(session_id))
+
+    async def aget_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
+        return await self._arun(self._plan_get_heads(session_ids))
 
     async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         return await self._arun(self._plan_commit(request))

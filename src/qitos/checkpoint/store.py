@@ -918,6 +918,26 @@ class CheckpointStore(abc.ABC):
     async def aclose(self) -> None:
         """Release the store's resources."""
 
+    # ---- many heads at once: one read each here; a store with a cheaper way overrides both
+
+    def get_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
+        """The heads of those of ``session_ids`` that exist, by session id."""
+        heads = {}
+        for session_id in session_ids:
+            head = self.get_session_head(session_id)
+            if head is not None:
+                heads[session_id] = head
+        return heads
+
+    async def aget_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
+        """Async twin of :meth:`get_session_heads`."""
+        heads = {}
+        for session_id in session_ids:
+            head = await self.aget_session_head(session_id)
+            if head is not None:
+                heads[session_id] = head
+        return heads
+
     # ---- sync twins: delegate via asyncio.run
 
     def get_session_head(self, session_id: str) -> SessionHeadRecord | None:

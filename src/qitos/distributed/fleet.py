@@ -42,7 +42,6 @@ __all__ = ["Fleet", "SessionOutcome"]
 
 _SUBMIT_BATCH = 64  # sessions whose first runs submit_many enqueues in one transaction
 _SUBMIT_THREADS = 8  # sessions submit_many creates at once
-_LIST_ABOVE = 16  # wait() lists the store's heads in one query when more sessions than this are pending
 _WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
 SETTLED = frozenset(
     {
@@ -211,9 +210,11 @@ class Fleet:
 
     def results(self, session_ids: Iterable[str]) -> dict[str, SessionOutcome]:
         """Each session's outcome as the store has it now."""
+        ids = list(session_ids)
+        heads = self.store.get_session_heads(ids)
         out: dict[str, SessionOutcome] = {}
-        for sid in session_ids:
-            head = self.store.get_session_head(sid)
+        for sid in ids:
+            head = heads.get(sid)
             if head is None:
                 raise SessionNotFoundError(sid)
             out[sid] = SessionOutcome(session_id=sid, lifecycle=head.lifecycle, sequence=head.sequence)
@@ -231,7 +232,7 @@ class Fleet:
         pending = ids
         deadline = time.monotonic() + timeout
         while True:
-            heads = self._heads(pending)
+            heads = self.store.get_session_heads(pending)
             pending = [sid for sid in pending if not self._settled(sid, heads.get(sid))]
             if not pending:
                 break
@@ -239,18 +240,6 @@ class Fleet:
                 raise TimeoutError(f"{len(pending)} sessions did not settle in {timeout}s: {pending[:5]}")
             time.sleep(poll)
         return self.results(ids)
-
-    def _heads(self, session_ids: list[str]) -> dict[str, SessionHeadRecord]:
-        """The heads of ``session_ids``: one listing of the store for many, one read each for a few."""
-        if len(session_ids) > _LIST_ABOVE:
-            wanted = set(session_ids)
-            return {h.session_id: h for h in self.store.list_sessions() if h.session_id in wanted}
-        heads = {}
-        for sid in session_ids:
-            head = self.store.get_session_head(sid)
-            if head is not None:
-                heads[sid] = head
-        return heads
 
     def _settled(self, session_id: str, head: SessionHeadRecord | None) -> bool:
         if head is None:
