@@ -127,29 +127,38 @@ _LIVE: weakref.WeakSet[PostgresCheckpointStore] = weakref.WeakSet()
 class ControlAnnouncements:
     """Which sessions got control items, from the schema's LISTEN/NOTIFY channel (a connection of its own).
 
-    :meth:`wait` returns the ids announced within a timeout, or None while it was not listening
-    (its first call, after a lost connection): items appended then were announced to nobody, so a
-    caller that must see every one looks at the store itself when it gets None.
+    :meth:`wait` returns the ids announced within a timeout, or None when it was not listening
+    before the call (its first call, after a lost connection): items appended then were announced
+    to nobody, so a caller that must see every one looks at the store itself when it gets None.
     """
 
     def __init__(self, store: PostgresCheckpointStore) -> None:
         self._store = store
         self._listener: Any = None
 
-    def wait(self, timeout: float) -> set[str] | None:
-        """The session ids announced within ``timeout`` seconds (back at the first), or None (see above)."""
+    def wait(self, timeout: float, *, session_id: str | None = None) -> set[str] | None:
+        """The session ids announced within ``timeout`` seconds, or None (see above).
+
+        It returns at the first announcement, or with ``session_id`` at the first for that
+        session. Not listening, it starts to and returns None at once; with the server
+        unreachable it returns None after the store's ``poll_interval`` (or ``timeout``).
+        """
         timeout = _check_timeout(timeout)
+        store = self._store
         if self._listener is None:
-            self._listener = self._store._listen()
+            self._listener = store._listen()
             if self._listener is None:
-                time.sleep(timeout)  # the server is unreachable: come back after the timeout
+                time.sleep(min(timeout, store._poll_interval))
             return None
-        psycopg = self._store._psycopg
+        announced: set[str] = set()
         try:
-            announced = {n.payload for n in self._listener.notifies(timeout=timeout, stop_after=1)}
+            for notify in self._listener.notifies(timeout=timeout):
+                announced.add(notify.payload)
+                if session_id is None or notify.payload == session_id:
+                    break
             if announced:  # take what else is queued already, without waiting
                 announced.update(n.payload for n in self._listener.notifies(timeout=0))
-        except psycopg.Error:
+        except store._psycopg.Error:
             self.close()
             return None
         return announced
@@ -956,28 +965,17 @@ class PostgresCheckpointStore(CheckpointStore):
         it polls every ``poll_interval`` seconds and tries to listen again.
         """
         deadline = time.monotonic() + _check_timeout(timeout)
-        psycopg = self._psycopg
-        listener = self._listen()
+        announcements = self.control_announcements()
+        announcements.wait(0)  # listen before the first look: an append after it is announced
         try:
             while True:
                 items = self.list_control(session_id, after=after, kinds=kinds)
                 remaining = deadline - time.monotonic()
                 if items or remaining <= 0:
                     return items
-                if listener is None:
-                    time.sleep(min(self._poll_interval, remaining))
-                    listener = self._listen()
-                    continue
-                try:
-                    for notify in listener.notifies(timeout=remaining):
-                        if notify.payload == session_id:
-                            break
-                except psycopg.Error:
-                    listener.close()
-                    listener = None
+                announcements.wait(remaining, session_id=session_id)
         finally:
-            if listener is not None:
-                listener.close()
+            announcements.close()
 
     def control_announcements(self) -> ControlAnnouncements:
         """The sessions that get control items from now on, as the schema's channel announces them."""
