@@ -254,6 +254,15 @@ class PostgresCheckpointStore(CheckpointStore):
         self._apools = {}
         self._apools_opening = {}
 
+    def _pool_sizes(self) -> dict[str, Any]:
+        """What the sync and the async pools share: sizes, wait for a connection, connection options."""
+        return {
+            "min_size": self._min_size,
+            "max_size": self._max_size,
+            "timeout": self._pool_timeout,
+            "kwargs": self._connect_kwargs(),
+        }
+
     def _connect_kwargs(self) -> dict[str, Any]:
         # application_name unless the DSN sets its own: operators can tell qitos' connections apart.
         return {"autocommit": True, "prepare_threshold": self._prepare_threshold, **self._application_name}
@@ -292,10 +301,7 @@ class PostgresCheckpointStore(CheckpointStore):
                 self._migrate()
                 self._pool = self._pool_module.ConnectionPool(
                     self.dsn,
-                    min_size=self._min_size,
-                    max_size=self._max_size,
-                    timeout=self._pool_timeout,
-                    kwargs=self._connect_kwargs(),
+                    **self._pool_sizes(),
                     check=self._check,
                     reset=self._stamp,
                     name=f"qitos-{self.schema}",
@@ -333,10 +339,7 @@ class PostgresCheckpointStore(CheckpointStore):
             del self._apools[stale]  # closed by its guard before its loop ended
         pool: psycopg_pool.AsyncConnectionPool[Any] = self._pool_module.AsyncConnectionPool(
             self.dsn,
-            min_size=self._min_size,
-            max_size=self._max_size,
-            timeout=self._pool_timeout,
-            kwargs=self._connect_kwargs(),
+            **self._pool_sizes(),
             check=self._acheck,
             reset=self._astamp,
             name=f"qitos-{self.schema}-async",

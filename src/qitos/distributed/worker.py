@@ -238,7 +238,7 @@ class Worker:
             return False
         if head.lifecycle in _UNSETTLED:
             return True
-        return head.lifecycle in _WAITING and continuation_position(store, session_id) is not None
+        return continuation_position(store, session_id, head=head) is not None
 
     def continue_answered(self, session_ids: list[str]) -> int:
         """Enqueue the continuation of each waiting session that has an answer it did not take in."""

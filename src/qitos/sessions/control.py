@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, utc_now
+from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionHeadRecord, SessionSnapshot, utc_now
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import ConfigurationError
 from qitos.core.redaction import Redactor
@@ -163,14 +163,17 @@ async def aanswer_approval(
     return _approval_receipt(await store.aappend_control(target, kind, payload), call_id, approved, reason)
 
 
-def continuation_position(store: CheckpointStore, session_id: str) -> int | None:
+def continuation_position(
+    store: CheckpointStore, session_id: str, *, head: SessionHeadRecord | None = None
+) -> int | None:
     """The position of the control item that continues ``session_id`` where it waits, or None.
 
     A session awaiting approval is continued by an answer it has not taken in yet, a paused one by
     steering it has not taken in (as ``Fleet.steer`` continues it); a session that is running,
-    has ended, or waits with nothing new is not. Read from the store alone.
+    has ended, or waits with nothing new is not. Read from the store alone (``head``: the session's
+    head, when the caller has just read it).
     """
-    head = store.get_session_head(session_id)
+    head = head if head is not None else store.get_session_head(session_id)
     kinds = _CONTINUED_BY.get(head.lifecycle) if head is not None else None
     if head is None or kinds is None:
         return None
