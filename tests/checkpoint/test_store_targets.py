@@ -30,8 +30,25 @@ def test_paths_and_sqlite_urls_name_sqlite_files(tmp_path: Path) -> None:
 
 
 def test_a_postgres_url_keeps_its_parameters_and_takes_out_the_schema() -> None:
-    assert postgres_dsn("postgresql://u@/db?host=/tmp/x&schema=s1") == ("postgresql://u@/db?host=%2Ftmp%2Fx", "s1")
+    assert postgres_dsn("postgresql://u@/db?host=/tmp/x&schema=s1") == ("postgresql://u@/db?host=/tmp/x", "s1")
     assert postgres_dsn("postgres://h:5433/db") == ("postgres://h:5433/db", None)
+    # the other parameters reach libpq byte for byte: "%20" stays "%20" (libpq reads "+" literally)
+    options = "postgresql://u@/db?options=-c%20statement_timeout%3D5s&schema=s%5F2&password=a+b"
+    assert postgres_dsn(options) == ("postgresql://u@/db?options=-c%20statement_timeout%3D5s&password=a+b", "s_2")
+
+
+def test_a_postgres_url_passes_server_options_through(pg_dsn: str) -> None:
+    import psycopg  # present whenever pg_dsn is
+
+    with pg_store(pg_dsn) as named:
+        separator = "&" if "?" in pg_dsn else "?"
+        store = open_store(f"{pg_dsn}{separator}options=-c%20statement_timeout%3D4321&schema={named.schema}")
+        try:
+            assert isinstance(store, PostgresCheckpointStore)
+            with psycopg.connect(store.dsn) as conn:  # the DSN the store's pool connects with
+                assert conn.execute("SHOW statement_timeout").fetchone() == ("4321ms",)
+        finally:
+            store.close()
 
 
 def test_a_postgres_url_opens_the_postgres_store_on_its_schema(pg_dsn: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core.errors import ConfigurationError
@@ -50,10 +50,17 @@ def sqlite_path(target: str | os.PathLike[str]) -> str | None:
 def postgres_dsn(target: str) -> tuple[str, str | None]:
     """A PostgreSQL URL split into the DSN for libpq and the ``schema`` query parameter (or None)."""
     parts = urlsplit(target)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [value for name, value in query if name == "schema"]
-    rest = [(name, value) for name, value in query if name != "schema"]
-    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
+    # The other parameters pass to libpq exactly as written: decoding and re-encoding them would turn
+    # "%20" into "+", which libpq does not read as a space (options=-c%20name%3Dvalue).
+    schemas: list[str] = []
+    rest: list[str] = []
+    for item in parts.query.split("&") if parts.query else []:
+        name, _, value = item.partition("=")
+        if unquote(name) == "schema":
+            schemas.append(unquote(value))
+        else:
+            rest.append(item)
+    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(rest), parts.fragment))
     return dsn, (schemas[-1] if schemas else None)
 
 
