@@ -423,6 +423,33 @@ def test_the_async_twins_work_from_one_event_loop_after_another_and_each_run_end
         assert time.monotonic() - started < 30  # the loop's end did not wait on the pool's workers
 
 
+def test_an_event_loops_connections_are_all_closed_when_it_ends(pg_dsn: str) -> None:
+    """``asyncio.run`` cancels the pool's workers together with the task that closes the pool."""
+    application_name = f"qitos_loops_{fresh_schema()}"
+    separator = "&" if "?" in pg_dsn else "?"
+    schema = fresh_schema()
+    store = PostgresCheckpointStore(f"{pg_dsn}{separator}application_name={application_name}", schema=schema)
+
+    async def busy() -> None:  # eight at once: the pool grows past its one connection
+        await asyncio.gather(*(store.aget_session_head("s") for _ in range(8)))
+        await asyncio.sleep(0.3)  # the connections it started to open are open
+
+    def open_connections() -> int:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        deadline = time.monotonic() + 5
+        while (count := int(_sql(pg_dsn, query, (application_name,))[0][0])) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a closed connection's server process takes a moment to go
+        return count
+
+    try:
+        for _ in range(3):
+            asyncio.run(busy())
+            assert open_connections() == 0
+    finally:
+        store.close()
+        drop_schema(pg_dsn, schema)
+
+
 def test_without_prepared_statements_for_pgbouncer_everything_works(pg_dsn: str) -> None:
     with pg_store(pg_dsn, prepare_threshold=None) as store:
         head = _create(store, "s")
@@ -491,4 +518,63 @@ def test_many_first_calls_at_once_on_an_event_loop_open_one_pool(pg_dsn: str) ->
         assert asyncio.run(main()) <= 2  # the pool's max_size; one pool per call would have made 20
     finally:
         store.close()
+        drop_schema(pg_dsn, schema)
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def _seq_scans(dsn: str, schema: str, application_name: str) -> dict[str, int]:
+    """Whole-table scans of ``schema``'s tables so far, once the store's server processes (which
+    report their counts when they exit) are gone."""
+    deadline = time.monotonic() + 10
+    while _sql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application_name,))[0][0]:
+        assert time.monotonic() < deadline, "the store's connections did not end"
+        time.sleep(0.05)
+    counts: dict[str, int] = {}
+    for _ in range(50):  # a process that just ended may not have reported yet
+        seen = dict(_sql(dsn, "SELECT relname, seq_scan FROM pg_stat_user_tables WHERE schemaname = %s", (schema,)))
+        if seen == counts:
+            break
+        counts = seen
+        time.sleep(0.1)
+    return counts
+
+
+def test_a_sessions_statements_find_rows_by_key_and_never_scan_a_table(pg_dsn: str) -> None:
+    """Generic plans (which the store's connections keep) guess ten rows for every array: a
+    statement that joins an array to a table could then scan the whole table at every step."""
+    from fleet_app import FleetAgent
+    from qitos.engine.composition import compose
+
+    schema, application_name = fresh_schema(), f"qitos_plans_{fresh_schema()}"
+    separator = "&" if "?" in pg_dsn else "?"
+    dsn = f"{pg_dsn}{separator}application_name={application_name}"
+
+    def run(sessions: range, *, create: bool = False) -> list[str]:
+        store = PostgresCheckpointStore(dsn, schema=schema, prepare_threshold=0)  # every statement prepared
+        composition = compose(FleetAgent, store=store)
+        try:
+            if create:
+                return [composition.session(f"t{i}", target=2).session_id.value for i in sessions]
+            for i in sessions[: len(sessions) // 2]:
+                composition.restore(ids[i]).run()
+
+            async def arun_rest() -> None:
+                for i in sessions[len(sessions) // 2 :]:
+                    await (await composition.arestore(ids[i])).arun()
+
+            asyncio.run(arun_rest())
+            return []
+        finally:
+            store.close()
+
+    try:
+        ids = run(range(300), create=True)
+        run(range(0, 40))  # tables with rows in them, and statistics
+        before = _seq_scans(pg_dsn, schema, application_name)
+        run(range(40, 60))
+        after = _seq_scans(pg_dsn, schema, application_name)
+        assert {table: after[table] - before.get(table, 0) for table in after} == dict.fromkeys(after, 0)
+    finally:
         drop_schema(pg_dsn, schema)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -267,8 +268,20 @@ class PostgresCheckpointStore(CheckpointStore):
         # application_name unless the DSN sets its own: operators can tell qitos' connections apart.
         return {"autocommit": True, "prepare_threshold": self._prepare_threshold, **self._application_name}
 
+    def _configure(self, conn: Any) -> None:
+        """Pool ``configure`` callback: prepared statements keep one generic plan (see ``StoreSql.generic_plans``)."""
+        if self._prepare_threshold is not None:
+            conn.execute(self.sql.generic_plans)
+
+    async def _aconfigure(self, made: weakref.WeakSet[Any], conn: Any) -> None:
+        made.add(conn)  # for _close_with_loop
+        if self._prepare_threshold is not None:
+            await conn.execute(self.sql.generic_plans)
+
     def _stamp(self, conn: Any) -> None:
-        """Pool ``reset`` callback: remember when a connection went back idle."""
+        """Remember when a connection went back idle (done here, not as the pool's ``reset``
+        callback: a pool with one returns every connection through a worker task, which costs a
+        task switch per statement and leaves connections in transit when an event loop ends)."""
         self._returned[conn] = time.monotonic()
 
     def _idle_too_long(self, conn: Any) -> bool:
@@ -283,9 +296,6 @@ class PostgresCheckpointStore(CheckpointStore):
     async def _acheck(self, conn: Any) -> None:
         if self._idle_too_long(conn):
             await self._pool_module.AsyncConnectionPool.check_connection(conn)
-
-    async def _astamp(self, conn: Any) -> None:
-        self._stamp(conn)
 
     def _ensure_open(self) -> None:
         if self._closed:
@@ -302,8 +312,8 @@ class PostgresCheckpointStore(CheckpointStore):
                 self._pool = self._pool_module.ConnectionPool(
                     self.dsn,
                     **self._pool_sizes(),
+                    configure=self._configure,
                     check=self._check,
-                    reset=self._stamp,
                     name=f"qitos-{self.schema}",
                     open=True,
                 )
@@ -337,11 +347,12 @@ class PostgresCheckpointStore(CheckpointStore):
             await asyncio.to_thread(self._migrate_once)
         for stale in [other for other in self._apools if other.is_closed()]:
             del self._apools[stale]  # closed by its guard before its loop ended
+        made: weakref.WeakSet[Any] = weakref.WeakSet()  # every connection the pool opens
         pool: psycopg_pool.AsyncConnectionPool[Any] = self._pool_module.AsyncConnectionPool(
             self.dsn,
             **self._pool_sizes(),
+            configure=functools.partial(self._aconfigure, made),
             check=self._acheck,
-            reset=self._astamp,
             name=f"qitos-{self.schema}-async",
             open=False,
         )
@@ -350,7 +361,7 @@ class PostgresCheckpointStore(CheckpointStore):
         except self._pool_module.PoolTimeout as exc:
             await pool.close()
             raise CheckpointError(f"cannot connect to PostgreSQL ({self._where}): {exc}") from exc
-        guard = loop.create_task(_close_with_loop(pool), name=f"qitos-{self.schema}-pool-guard")
+        guard = loop.create_task(_close_with_loop(pool, made), name=f"qitos-{self.schema}-pool-guard")
         self._apools[loop] = (pool, guard)
         return pool
 
@@ -401,6 +412,7 @@ class PostgresCheckpointStore(CheckpointStore):
         try:
             with pool.connection() as conn:
                 yield conn
+                self._stamp(conn)
         except self._pool_module.PoolTimeout as exc:
             raise CheckpointError(
                 f"no PostgreSQL connection free within {self._pool_timeout:g} s ({self._where}): {exc}"
@@ -414,6 +426,7 @@ class PostgresCheckpointStore(CheckpointStore):
         try:
             async with pool.connection() as conn:
                 yield conn
+                self._stamp(conn)
         except self._pool_module.PoolTimeout as exc:
             raise CheckpointError(
                 f"no PostgreSQL connection free within {self._pool_timeout:g} s ({self._where}): {exc}"
@@ -637,6 +650,7 @@ class PostgresCheckpointStore(CheckpointStore):
             [text.encode("utf-8") for text in texts],
             [write_digest(w, text) for w, text in zip(writes, texts, strict=True)],
             [w.lease_token for w in writes],
+            list(dict.fromkeys(w.session_id for w in writes)),
         )
         rows = yield self.sql.writes_put, columns
         return self._put_outcome(writes, rows)
@@ -1143,17 +1157,24 @@ class PostgresCheckpointStore(CheckpointStore):
 # --------------------------------------------------------------------------- helpers
 
 
-async def _close_with_loop(pool: Any) -> None:
-    """Wait until cancelled, then close ``pool``: a pool must be closed while its loop still runs.
+async def _close_with_loop(pool: Any, made: weakref.WeakSet[Any]) -> None:
+    """Wait until cancelled, then close ``pool`` and the connections it ``made``: a pool must be
+    closed while its loop still runs.
 
     ``asyncio.run`` cancels every task before closing its loop, this one included; the pool's own
     workers ignore a cancellation that arrives while they run a task, so without this an
-    ``asyncio.run`` that used the store would never end.
+    ``asyncio.run`` that used the store would never end. The same cancellation reaches the pool's
+    workers, and ``close`` then stops at waiting for them before it closes its idle connections,
+    which would stay open on the server: those are closed here.
     """
     try:
         await asyncio.Event().wait()
     finally:
-        await pool.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pool.close()
+        for conn in list(made):
+            if not conn.closed:
+                await conn.close()
 
 
 def _drive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
