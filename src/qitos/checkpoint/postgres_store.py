@@ -1184,7 +1184,7 @@ def _drive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
         while True:
             try:
                 cur = conn.execute(*query)
-                rows = cur.fetchall() if cur.description is not None else []
+                rows = cur.fetchall() if cur.rownumber is not None else []  # None: no rows; description costs more
             except errors as exc:
                 query = plan.throw(exc)
                 continue
@@ -1201,7 +1201,7 @@ async def _adrive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
         while True:
             try:
                 cur = await conn.execute(*query)
-                rows = await cur.fetchall() if cur.description is not None else []
+                rows = await cur.fetchall() if cur.rownumber is not None else []
             except errors as exc:
                 query = plan.throw(exc)
                 continue

@@ -103,6 +103,7 @@ from qitos.sessions.lease import DEFAULT_LEASE_TTL, LeaseKeeper
 from qitos.sessions.step_journal import (
     RestoredSession,
     SessionJournal,
+    arestore,
     first_payload,
     fork_payload,
     materialize,
@@ -258,8 +259,7 @@ class Session:
         """``run`` through the async driver, on the running event loop.
 
         The lease, the journal's store operations and the model/tool calls are awaited, so many
-        sessions run at once in one process. Rebuilding the head from the store (a chain of reads)
-        runs in a worker thread. Cancelling the awaiting task stops the run as
+        sessions run at once in one process. Cancelling the awaiting task stops the run as
         ``Engine.cancel(immediate=True)`` would, commits its last boundary, releases the lease and
         raises ``CancelledError``.
         """
@@ -273,7 +273,7 @@ class Session:
             head = await store.aget_session_head(sid)
             if head is None:
                 raise SessionNotFoundError(sid)
-            restored = await asyncio.to_thread(restore, store, sid, head.snapshot_id)
+            restored = await arestore(store, sid, head.snapshot_id)
             journal, resume = self._prepare_run(store, restored, lease)
             lease.start_async_heartbeat()
             task = self._task_or_load()

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from qitos.checkpoint.packing import pack_or_raw, unpack
 from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
@@ -56,7 +56,19 @@ from qitos.sessions.lease import LeaseKeeper
 from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 from qitos.sessions.stored_view import view_record
 
-__all__ = ["FORMAT", "RestoredSession", "SessionJournal", "first_payload", "fork_payload", "materialize", "restore"]
+__all__ = [
+    "FORMAT",
+    "RestoredSession",
+    "SessionJournal",
+    "StoreRead",
+    "arestore",
+    "first_payload",
+    "fork_payload",
+    "materialize",
+    "restore",
+]
+
+_T = TypeVar("_T")
 
 FORMAT = 2
 # A new base is written when the deltas since the last one exceed this multiple of its payload
@@ -147,9 +159,52 @@ def fork_payload(source: SessionSnapshot, lifecycle: str) -> dict[str, Any]:
     return payload
 
 
+# Restoring reads the store a few times, each read depending on the one before. The reads are
+# written once, as plans: generators that yield what to read (a CheckpointStore method's name and
+# its arguments) and get back its result, driven by plain calls or by the async twins.
+StoreRead = tuple[Literal["load_chain", "get_blobs", "get_writes"], tuple[Any, ...]]
+_ReadPlan = Generator[StoreRead, Any, _T]
+
+
+def _read(store: CheckpointStore, plan: _ReadPlan[_T]) -> _T:
+    """Run ``plan`` with the store's methods (a read's error is raised inside the plan)."""
+    try:
+        name, args = next(plan)
+        while True:
+            try:
+                result = getattr(store, name)(*args)
+            except CheckpointError as exc:
+                name, args = plan.throw(exc)
+                continue
+            name, args = plan.send(result)
+    except StopIteration as done:
+        value: _T = done.value
+        return value
+
+
+async def _aread(store: CheckpointStore, plan: _ReadPlan[_T]) -> _T:
+    """Run ``plan`` with the store's async twins (``aload_chain``, ...)."""
+    try:
+        name, args = next(plan)
+        while True:
+            try:
+                result = await getattr(store, f"a{name}")(*args)
+            except CheckpointError as exc:
+                name, args = plan.throw(exc)
+                continue
+            name, args = plan.send(result)
+    except StopIteration as done:
+        value: _T = done.value
+        return value
+
+
 def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     """Rebuild the state data and the exchange log at ``snapshot_id`` from its verified chain."""
-    chain = store.load_chain(snapshot_id)
+    return _read(store, _materialize(snapshot_id))
+
+
+def _materialize(snapshot_id: str) -> _ReadPlan[RestoredSession]:
+    chain: list[SessionSnapshot] = yield "load_chain", (snapshot_id,)
     base, head = chain[0], chain[-1]
     state_part = base.payload.get("state") or {}
     if "full" not in state_part:
@@ -157,7 +212,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     # Copy-on-write: fields are copied only when a delta changes them (the payloads stay intact).
     data: dict[str, Any] = dict(state_part["full"])
     copied: set[str] = set()
-    chunks = _load_chunks(store, base, data)
+    chunks = yield from _load_chunks(base, data)
     copied.update(chunks)  # lists joined from runs belong to no payload
     reshaped: set[str] = set()
     log_meta: Mapping[str, Any] = base.payload.get("log") or {}
@@ -190,7 +245,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     log = ExchangeLog(log_meta.get("log_id") or f"log-{head.session_id}")
     if log_chunks:
         try:
-            blobs = store.get_blobs(log_chunks)
+            blobs = yield "get_blobs", (log_chunks,)
         except CheckpointError as exc:
             raise SnapshotIntegrityError(head.snapshot_id, f"its exchange-log blobs are unreadable: {exc}") from exc
         for chunk in log_chunks:
@@ -230,7 +285,7 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
     )
 
 
-def _load_chunks(store: CheckpointStore, base: SessionSnapshot, data: dict[str, Any]) -> dict[str, list[ChunkRef]]:
+def _load_chunks(base: SessionSnapshot, data: dict[str, Any]) -> _ReadPlan[dict[str, list[ChunkRef]]]:
     """Join the base's list fields stored as runs into ``data``; their references, by field."""
     stored = base.payload["state"].get("chunks") or {}
     try:
@@ -244,7 +299,7 @@ def _load_chunks(store: CheckpointStore, base: SessionSnapshot, data: dict[str, 
     if not refs:
         return refs
     try:
-        blobs = store.get_blobs({ref.digest for field_refs in refs.values() for ref in field_refs})
+        blobs = yield "get_blobs", ({ref.digest for field_refs in refs.values() for ref in field_refs},)
     except CheckpointError as exc:
         raise SnapshotIntegrityError(base.snapshot_id, f"its state chunks are unreadable: {exc}") from exc
     for name, field_refs in refs.items():
@@ -280,11 +335,20 @@ def apply_copied(data: dict[str, Any], ops: list[dict[str, Any]], copied: set[st
 
 def restore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSession:
     """Rebuild ``session_id`` at ``head_id``, folding in the pending writes of an unfinished step."""
-    restored = materialize(store, head_id)
+    return _read(store, _restore(session_id, head_id))
+
+
+async def arestore(store: CheckpointStore, session_id: str, head_id: str) -> RestoredSession:
+    """Async twin of :func:`restore` (the same reads, through the store's async methods)."""
+    return await _aread(store, _restore(session_id, head_id))
+
+
+def _restore(session_id: str, head_id: str) -> _ReadPlan[RestoredSession]:
+    restored = yield from _materialize(head_id)
     head = restored.snapshot
     pending_data = head.payload.get("pending")
     pending = PendingStep.from_dict(pending_data) if pending_data else None
-    writes = store.get_writes(session_id, head_id)
+    writes: list[StepWrite] = yield "get_writes", (session_id, head_id)
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
