@@ -689,6 +689,21 @@ def test_a_commit_reports_the_sessions_newest_control_position(store: Checkpoint
     assert seen == 3 == store.list_control("s")[-1].position
 
 
+def test_a_head_reports_the_sessions_newest_control_position(store: CheckpointStore) -> None:
+    create(store, "s")
+    create(store, "other")
+    head = store.get_session_head("s")
+    assert head is not None and head.control_seq == 0
+    store.append_control("s", "steer", {"text": "one"})
+    store.append_control("s", "pause", {})
+    store.append_control("other", "pause", {})
+    head = store.get_session_head("s")
+    assert head is not None and head.control_seq == 2 == store.list_control("s")[-1].position
+    assert {h.session_id: h.control_seq for h in store.list_sessions()} == {"s": 2, "other": 1}
+    assert store.get_session_heads(["other"])["other"].control_seq == 1
+    assert asyncio.run(store.aget_session_head("s")) == head
+
+
 def test_many_heads_are_read_at_once_and_missing_sessions_are_left_out(store: CheckpointStore) -> None:
     a, b = create(store, "a"), create(store, "b")
     b = advance(store, b, {"ops": [1]})

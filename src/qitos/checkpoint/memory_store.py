@@ -101,7 +101,7 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
         with self._lock:
             self._check_open()
             head = self._heads.get(session_id)
-            return None if head is None else _head_record(session_id, head)
+            return None if head is None else _head_record(session_id, head, len(self._control.get(session_id, ())))
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS)."""
@@ -199,7 +199,10 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
         """Every session head, in creation order."""
         with self._lock:
             self._check_open()
-            return [_head_record(session_id, head) for session_id, head in self._heads.items()]
+            return [
+                _head_record(session_id, head, len(self._control.get(session_id, ())))
+                for session_id, head in self._heads.items()
+            ]
 
     def list_session_snapshots(self, session_id: str) -> list[str]:
         """The session's head chain within the session, newest first."""
@@ -408,7 +411,7 @@ def _snapshot(snapshot_id: str, row: _Row) -> SessionSnapshot:
     )
 
 
-def _head_record(session_id: str, head: _Head) -> SessionHeadRecord:
+def _head_record(session_id: str, head: _Head, control_seq: int) -> SessionHeadRecord:
     return SessionHeadRecord(
         session_id=session_id,
         snapshot_id=head.snapshot_id,
@@ -416,6 +419,7 @@ def _head_record(session_id: str, head: _Head) -> SessionHeadRecord:
         lifecycle=head.lifecycle,
         updated_at=head.updated_at,
         metadata=json.loads(head.metadata_json),
+        control_seq=control_seq,
     )
 
 

@@ -135,7 +135,8 @@ class StoreSql:
             f" FROM (SELECT 1) AS one LEFT JOIN {s}.heads h ON h.session_id = %(sid)s::text"
         )
         head_columns = (
-            "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata, m.digest"
+            "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata, m.digest,"
+            " h.control_seq"
             f" FROM {s}.heads h LEFT JOIN {s}.sessions m ON m.session_id = h.session_id"
         )
         self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
@@ -143,7 +144,20 @@ class StoreSql:
         self.head_many = f"SELECT {head_columns} WHERE h.session_id = ANY(%s)"
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
-        # ---- leases: read with the database clock, then a compare-and-swap on the lease columns
+        # ---- leases: read with the database clock, then a compare-and-swap on the lease columns.
+        # lease_take grants in one statement the leases next_lease (qitos.checkpoint.store) grants:
+        # free or lapsed (a new token), held by the asking owner (the same token) or by the runner it
+        # takes over from (a new token); no row means the store reads the lease and decides there.
+        self.lease_take = (
+            f"UPDATE {s}.heads h SET lease_owner = %(owner)s::text,"
+            " lease_token = CASE WHEN h.lease_owner = %(owner)s::text AND h.lease_expires > c.now"
+            " AND h.lease_owner IS DISTINCT FROM %(take_over)s::text THEN h.lease_token ELSE h.lease_token + 1 END,"
+            " lease_expires = c.now + %(ttl)s::float8"
+            f" FROM (SELECT {now} AS now) c WHERE h.session_id = %(sid)s::text"
+            " AND (h.lease_owner IS NULL OR h.lease_expires <= c.now OR h.lease_owner = %(owner)s::text"
+            " OR h.lease_owner = %(take_over)s::text)"
+            " RETURNING h.lease_token, h.lease_expires"
+        )
         self.lease_get = f"SELECT lease_owner, lease_token, lease_expires, {now} FROM {s}.heads WHERE session_id = %s"
         self.lease_swap = (
             f"UPDATE {s}.heads SET lease_owner = %(owner)s::text, lease_token = %(token)s::bigint,"

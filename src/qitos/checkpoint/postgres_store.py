@@ -60,6 +60,7 @@ from qitos.checkpoint.store import (
     check_blobs,
     check_control,
     check_fence,
+    check_lease_owner,
     check_lease_ttl,
     control_digest,
     head_digest,
@@ -794,6 +795,11 @@ class PostgresCheckpointStore(CheckpointStore):
         self, session_id: str, owner: str, ttl_seconds: float, take_over_from: str | None
     ) -> Plan[SessionLease]:
         ttl = check_lease_ttl(ttl_seconds)
+        check_lease_owner(owner, take_over_from)
+        rows = yield self.sql.lease_take, {"sid": session_id, "owner": owner, "ttl": ttl, "take_over": take_over_from}
+        if rows:  # granted at once (the common case); otherwise the shared rules say why not
+            token, expires = rows[0]
+            return SessionLease(session_id=session_id, owner=owner, token=int(token), expires_at=float(expires))
         while True:
             found = yield from self._plan_read_lease(session_id)
             if found is None:
@@ -1260,6 +1266,8 @@ def _lease_of(session_id: str, owner: str | None, token: int, expires: float) ->
 
 
 def _pg_head(row: Any) -> SessionHeadRecord:
-    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest = row
+    session_id, snapshot_id, sequence, lifecycle, updated_at, digest, metadata_raw, meta_digest, control_seq = row
     metadata = None if metadata_raw is None else bytes(metadata_raw)
-    return verified_head(session_id, snapshot_id, int(sequence), lifecycle, updated_at, digest, metadata, meta_digest)
+    return verified_head(
+        session_id, snapshot_id, int(sequence), lifecycle, updated_at, digest, metadata, meta_digest, control_seq
+    )

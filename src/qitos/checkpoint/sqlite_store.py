@@ -200,7 +200,7 @@ _SQL_METADATA_SET = "UPDATE sessions SET metadata = ?, digest = ? WHERE session_
 _SQL_HEAD_ID = "SELECT snapshot_id FROM heads WHERE session_id = ?"
 _HEAD_COLUMNS = (
     "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, "
-    "CAST(m.metadata AS BLOB), m.digest FROM heads h LEFT JOIN sessions m ON m.session_id = h.session_id"
+    "CAST(m.metadata AS BLOB), m.digest, h.control_seq FROM heads h LEFT JOIN sessions m ON m.session_id = h.session_id"
 )
 _SQL_HEAD_GET = f"SELECT {_HEAD_COLUMNS} WHERE h.session_id = ?"
 _SQL_HEAD_LIST = f"SELECT {_HEAD_COLUMNS} ORDER BY h.rowid"

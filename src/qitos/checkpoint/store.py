@@ -72,6 +72,7 @@ __all__ = [
     "check_blobs",
     "check_control",
     "check_fence",
+    "check_lease_owner",
     "check_lease_ttl",
     "check_write_base",
     "control_digest",
@@ -482,6 +483,8 @@ class SessionHeadRecord:
 
     ``metadata`` is given when the session is created (agent id, task, parent session, fork
     snapshot, fork operation id) and replaced only by a commit that passes ``session_metadata``.
+    ``control_seq`` is the session's newest control position when the head was read (0: no
+    control item yet; None: the store does not say), as :class:`SessionCommitReceipt` reports it.
     """
 
     session_id: str
@@ -490,6 +493,7 @@ class SessionHeadRecord:
     lifecycle: str
     updated_at: str
     metadata: Mapping[str, Any]
+    control_seq: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -669,6 +673,12 @@ def check_lease_ttl(ttl_seconds: float) -> float:
     return float(ttl_seconds)
 
 
+def check_lease_owner(owner: str, take_over_from: str | None = None) -> None:
+    """A lease owner (and the owner a lease is taken over from, if any) must be non-empty strings."""
+    _require_str(owner, "lease owner")
+    _require_str(take_over_from, "take_over_from", optional=True)
+
+
 def next_lease(
     current: SessionLease | None,
     session_id: str,
@@ -684,7 +694,7 @@ def next_lease(
     is ``take_over_from`` (a runner the caller knows is dead, e.g. a process of this host that no
     longer exists): then it is taken over at once with a new token.
     """
-    _require_str(owner, "lease owner")
+    check_lease_owner(owner, take_over_from)
     if current is not None and current.expires_at > now and current.owner != take_over_from:
         if current.owner != owner:
             raise SessionBusyError(session_id, current.owner, current.expires_at)
@@ -777,6 +787,7 @@ def verified_head(
     digest: str,
     metadata_raw: bytes | str | None,
     meta_digest: str | None,
+    control_seq: int | None = None,
 ) -> SessionHeadRecord:
     """A head row joined with its session's metadata row, both checked against their digests."""
     if digest != head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at):
@@ -793,6 +804,7 @@ def verified_head(
         lifecycle=lifecycle,
         updated_at=updated_at,
         metadata=stored_object(metadata_json, "sessions", session_id, session_id),
+        control_seq=None if control_seq is None else int(control_seq),
     )
 
 

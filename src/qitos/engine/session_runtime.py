@@ -249,7 +249,8 @@ class Session:
         lease.acquire()
         try:
             head = _require_head(store, sid)  # read under the lease: no other runner moves it now
-            journal, resume = self._prepare_run(store, restore(store, sid, head.snapshot_id), lease)
+            restored = restore(store, sid, head.snapshot_id)
+            journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_heartbeat()
             return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
         finally:
@@ -274,7 +275,7 @@ class Session:
             if head is None:
                 raise SessionNotFoundError(sid)
             restored = await arestore(store, sid, head.snapshot_id)
-            journal, resume = self._prepare_run(store, restored, lease)
+            journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_async_heartbeat()
             task = self._task_or_load()
             return await self.engine.arun(task, journal=journal, resume=resume, run_id=self.run_id.value)
@@ -286,9 +287,10 @@ class Session:
         return LeaseKeeper(store, sid, ttl_seconds=runtime.lease_ttl if runtime else DEFAULT_LEASE_TTL)
 
     def _prepare_run(
-        self, store: CheckpointStore, restored: RestoredSession, lease: LeaseKeeper
+        self, store: CheckpointStore, restored: RestoredSession, lease: LeaseKeeper, *, control_seq: int | None
     ) -> tuple[SessionJournal, ResumePoint]:
-        """The journal and resume point of a new run from the restored head (no I/O)."""
+        """The journal and resume point of a new run from the restored head (no I/O); ``control_seq``
+        is that head's control counter (SessionHeadRecord.control_seq)."""
         runtime = self._composition.runtime if self._composition is not None else None
         state = self.state_type.from_dict(restored.state_data)
         self.run_id = RunIdentity.new()
@@ -303,6 +305,7 @@ class Session:
             batch_ms=runtime.batch_ms if runtime else 50.0,
             lease=lease,
             redactor=self._redactor(),
+            control_seq=control_seq,
         )
         self._journal = journal
         resume = ResumePoint(

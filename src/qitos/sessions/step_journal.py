@@ -399,6 +399,7 @@ class SessionJournal(RunJournal):
         poll_interval: float = 0.005,
         lease: LeaseKeeper | None = None,
         redactor: Redactor | None = None,
+        control_seq: int | None = None,
     ) -> None:
         self.store = store
         self.redactor = redactor if redactor is not None else Redactor()
@@ -408,7 +409,9 @@ class SessionJournal(RunJournal):
         # Control items (pause, steer, approvals) are read from the store at a boundary at most every
         # poll_interval seconds (always at a run's first boundary and before an approval check), so a
         # run of sub-millisecond steps does not pay a query per step; a request lands within that time.
-        # A commit that reports the head's control counter stands for a poll (see _committed_now).
+        # A commit that reports the head's control counter stands for a poll (see _committed_now), and
+        # so does ``control_seq``, the counter of the head the run was restored from, read under its
+        # lease: 0 means there is nothing to read at the first boundary either.
         self.poll_interval = poll_interval
         self._last_poll = _POLL_NOW
         self.session_id = session_id
@@ -444,6 +447,8 @@ class SessionJournal(RunJournal):
         self._pause_handled = restored.pause_position
         self._committed: list[Any] = []  # step records of boundaries made durable, for the trace
         self._fetched = 0
+        if control_seq is not None and control_seq <= self._fetched:
+            self._last_poll = time.monotonic()
         self._pause_positions: list[int] = []
         self._steering: list[SteeringItem] = []
         self._approvals: dict[str, Approval] = {}
