@@ -418,7 +418,7 @@ def test_batched_mode_group_commits_and_inspect_shows_the_lag(db: str, side: str
     assert result.state.to_dict() == sync_result.state.to_dict()
     sync_commits = _commits(sync, sync_session.session_id.value)
     batched_commits = _commits(batched, session.session_id.value)
-    assert sync_commits == target + 2  # every step, the final step, the end of the run
+    assert sync_commits == target + 1  # every step and the final one, which records the run's end too
     assert batched_commits <= -(-(target + 1) // batch) + 2, batched_commits
     unflushed = [d["unflushed_boundaries"] for d in lag.after_step]
     assert {d["mode"] for d in lag.after_step} == {"batched"}
@@ -428,6 +428,38 @@ def test_batched_mode_group_commits_and_inspect_shows_the_lag(db: str, side: str
     restored = batched.restore(session.session_id.value).inspect()
     assert restored.snapshot_integrity == "verified"
     assert restored.budget["used"]["steps"] == target + 1
+
+
+class _NoteAtTheEnd(EngineHook):
+    """Changes the state after the step that ends the run (on_step_end runs after its commit)."""
+
+    def on_step_end(self, ctx: HookContext) -> None:
+        if ctx.state.stop_reason is not None:
+            ctx.state.notes.append("after the last step")
+
+
+def test_the_step_that_ends_a_run_is_its_last_commit(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side, tools_every=0)
+    session = composition.session("Index notes", target=3)
+    driven.run(session)
+    store = _store(composition)
+    snapshots = store.list_session_snapshots(session.session_id.value)
+    assert len(snapshots) == 3 + 2  # creation, three steps, the final one: no end-of-run copy of it
+    last = store.get_snapshot(snapshots[0]).payload
+    assert (last["lifecycle"], last["stop_reason"], last["step"][0]["mode"]) == ("completed", "final", "final")
+    inspection = composition.restore(session.session_id.value).inspect()
+    assert inspection.lifecycle == "completed" and inspection.snapshot_integrity == "verified"
+
+
+def test_what_changes_after_the_last_step_gets_an_end_of_run_commit(db: str, side: str) -> None:
+    composition = sa.make_composition(db, side, tools_every=0, hooks=[_NoteAtTheEnd()])
+    session = composition.session("Index notes", target=3)
+    result = driven.run(session)
+    assert result.state.notes[-1] == "after the last step"
+    snapshots = _store(composition).list_session_snapshots(session.session_id.value)
+    assert len(snapshots) == 3 + 3  # the end of the run records the hook's change
+    restored = materialize(_store(composition), snapshots[0])
+    assert restored.state_data["notes"][-1] == "after the last step"
 
 
 def test_batched_mode_flushes_before_any_step_that_calls_tools(db: str, side: str) -> None:

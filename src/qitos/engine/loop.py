@@ -681,6 +681,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             if run.journal.durable:
                 boundary = self._boundary_commit(run, changes, lifecycle, stop, record=record)
                 yield JournalCall(run.journal, "commit", (boundary,))
+                run.last_commit = boundary
                 if run.writer is not None:
                     self._trace_committed(run)
             elif run.writer is not None:
@@ -1058,7 +1059,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
     ) -> Loop[EngineResult[StateT]]:
         state = run.state
         reason = stop or StopReason.UNRECOVERABLE_ERROR
-        state.stop_reason = reason.value
+        if state.stop_reason != reason.value:
+            state.stop_reason = reason.value
         status = status_for_stop_reason(reason)
         lifecycle = _lifecycle_for(reason)
         changes = run.step_changes + state.drain_changes()
@@ -1067,7 +1069,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         try:
             if run.journal.durable:
                 boundary = self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending)
-                yield JournalCall(run.journal, "commit", (boundary,))
+                if not _repeats(run.last_commit, boundary, run.log):
+                    yield JournalCall(run.journal, "commit", (boundary,))
                 yield JournalCall(run.journal, "close")
                 if writer is not None:
                     self._trace_committed(run)
@@ -1276,6 +1279,20 @@ def _lifecycle_for(reason: StopReason) -> str:
     if reason is StopReason.AWAITING_APPROVAL:
         return "awaiting_approval"
     return status_for_stop_reason(reason)
+
+
+def _repeats(last: BoundaryCommit | None, end: BoundaryCommit, log: Any) -> bool:
+    """Whether the end-of-run boundary ``end`` would record nothing the run's ``last`` step boundary
+    did not (the step that ended the run commits the run's outcome already): then it is not written.
+    Only the elapsed time in ``budget_used`` would differ."""
+    if last is None or end.state_changes or end.pending is not None or last.pending is not None:
+        return False
+    return (
+        (last.step_id, last.lifecycle, last.stop_reason, last.control_position, last.pause_position)
+        == (end.step_id, end.lifecycle, end.stop_reason, end.control_position, end.pause_position)
+        and last.request_view is end.request_view
+        and last.log_position == log.position
+    )
 
 
 def _with_steering(observation: Any, steering: list[str]) -> Observation:

@@ -35,7 +35,7 @@ from typing import Any
 from qitos.core.state import StopReason
 from qitos.core.task import Task
 from qitos.engine.events import EngineEvent, StepRecord
-from qitos.sessions.journal import PendingStep, RunJournal
+from qitos.sessions.journal import BoundaryCommit, PendingStep, RunJournal
 from qitos.trace.writer import TraceWriter
 
 __all__ = ["RunContext", "StopRun"]
@@ -73,6 +73,7 @@ class RunContext:
     control_position: int = 0
     pause_position: int = 0
     pending: PendingStep | None = None
+    last_commit: BoundaryCommit | None = None  # the last step boundary handed to a durable journal
     step_changes: list[dict[str, Any]] = field(default_factory=list)
     steering: list[str] = field(default_factory=list)
     last_request_view: Any = None
