@@ -576,5 +576,11 @@ def test_a_sessions_statements_find_rows_by_key_and_never_scan_a_table(pg_dsn: s
         run(range(40, 60))
         after = _seq_scans(pg_dsn, schema, application_name)
         assert {table: after[table] - before.get(table, 0) for table in after} == dict.fromkeys(after, 0)
+        store = PostgresCheckpointStore(dsn, schema=schema, prepare_threshold=0)
+        try:  # what Fleet.wait reads: a small heads table may be scanned, every session's metadata never is
+            assert len(store.get_session_heads(ids[:20])) == 20
+        finally:
+            store.close()
+        assert _seq_scans(pg_dsn, schema, application_name)["sessions"] == after["sessions"]
     finally:
         drop_schema(pg_dsn, schema)

@@ -141,7 +141,13 @@ class StoreSql:
         )
         self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
         self.head_list = f"SELECT {head_columns} ORDER BY h.created_seq"
-        self.head_many = f"SELECT {head_columns} WHERE h.session_id = ANY(%s)"
+        # Each head's metadata found by key (a LATERAL lookup, which LIMIT keeps from being turned
+        # into a join): joined, the generic plan hashes a scan of every session's metadata.
+        self.head_many = (
+            "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata,"
+            f" m.digest, h.control_seq FROM {s}.heads h LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions"
+            " WHERE session_id = h.session_id LIMIT 1) m ON true WHERE h.session_id = ANY(%s)"
+        )
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
         # ---- leases: read with the database clock, then a compare-and-swap on the lease columns.
