@@ -36,8 +36,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -407,48 +406,39 @@ class PostgresCheckpointStore(CheckpointStore):
     def _error(self, exc: Exception) -> CheckpointError:
         return CheckpointError(f"PostgreSQL error on {self._where}: {exc}")
 
-    @contextmanager
-    def _connection(self) -> Iterator[Any]:
-        pool = self._sync_pool()
-        try:
-            with pool.connection() as conn:
-                yield conn
-                self._stamp(conn)
-        except self._pool_module.PoolTimeout as exc:
-            raise CheckpointError(
-                f"no PostgreSQL connection free within {self._pool_timeout:g} s ({self._where}): {exc}"
-            ) from exc
-        except self._pool_module.PoolClosed as exc:
-            raise CheckpointError(f"{self!r} is closed") from exc
+    def _unavailable(self, exc: Exception) -> CheckpointError:
+        """Why no pooled connection could be had (PoolTimeout, PoolClosed), as a CheckpointError."""
+        if isinstance(exc, self._pool_module.PoolClosed):
+            return CheckpointError(f"{self!r} is closed")
+        return CheckpointError(f"no PostgreSQL connection free within {self._pool_timeout:g} s ({self._where}): {exc}")
 
-    @asynccontextmanager
-    async def _aconnection(self) -> AsyncIterator[Any]:
-        pool = await self._async_pool()
-        try:
-            async with pool.connection() as conn:
-                yield conn
-                self._stamp(conn)
-        except self._pool_module.PoolTimeout as exc:
-            raise CheckpointError(
-                f"no PostgreSQL connection free within {self._pool_timeout:g} s ({self._where}): {exc}"
-            ) from exc
-        except self._pool_module.PoolClosed as exc:
-            raise CheckpointError(f"{self!r} is closed") from exc
+    # The connections are taken and returned with getconn/putconn, not the pool's connection()
+    # context: that one also ends a transaction on every connection it hands back (a lock and a
+    # call per statement), and the store's connections are in autocommit; putconn still replaces
+    # a connection left broken.
 
     def _run(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
         """Drive ``plan`` on one pooled connection (inside one transaction if ``transaction``)."""
         self._ensure_open()
-        psycopg = self._psycopg
+        psycopg, pool = self._psycopg, self._sync_pool()
         try:
-            with self._connection() as conn:
-                if transaction:
-                    with conn.transaction():
-                        return _drive(conn, plan, psycopg.Error)
-                return _drive(conn, plan, psycopg.Error)
+            conn = pool.getconn()
+        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            if transaction:
+                with conn.transaction():
+                    result = _drive(conn, plan, psycopg.Error)
+            else:
+                result = _drive(conn, plan, psycopg.Error)
+            self._stamp(conn)
+            return result
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 self._check_pool()
             raise self._error(exc) from exc
+        finally:
+            pool.putconn(conn)
 
     def _check_pool(self) -> None:
         """After a lost connection, check the idle ones too: the server may have ended them all at once
@@ -460,17 +450,25 @@ class PostgresCheckpointStore(CheckpointStore):
 
     async def _arun(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
         self._ensure_open()
-        psycopg = self._psycopg
+        psycopg, pool = self._psycopg, await self._async_pool()
         try:
-            async with self._aconnection() as conn:
-                if transaction:
-                    async with conn.transaction():
-                        return await _adrive(conn, plan, psycopg.Error)
-                return await _adrive(conn, plan, psycopg.Error)
+            conn = await pool.getconn()
+        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            if transaction:
+                async with conn.transaction():
+                    result = await _adrive(conn, plan, psycopg.Error)
+            else:
+                result = await _adrive(conn, plan, psycopg.Error)
+            self._stamp(conn)
+            return result
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 await self._acheck_pool()
             raise self._error(exc) from exc
+        finally:
+            await pool.putconn(conn)
 
     async def _acheck_pool(self) -> None:
         """Async twin of :meth:`_check_pool` (this loop's pool)."""
