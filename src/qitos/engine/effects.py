@@ -269,11 +269,17 @@ def _batch_pool() -> concurrent.futures.ThreadPoolExecutor:
         return _BATCH_POOL
 
 
+# Journal operations that never write: reading control items, keeping a tool result for the next
+# write. Nothing is lost when a cancellation interrupts one, so the async driver awaits them as they
+# are instead of finishing them in a shielded task of their own (a task per call, most calls
+# completing without any I/O).
+_INTERRUPTIBLE_JOURNAL_OPS = frozenset({"control", "record_tool_result"})
+
+
 class JournalCall(Effect):
     """One journal operation: ``journal.<op>(*args, **kwargs)`` or ``await journal.a<op>(...)``."""
 
-    __slots__ = ("args", "journal", "kwargs", "op")
-    completes_on_cancel = True
+    __slots__ = ("args", "completes_on_cancel", "journal", "kwargs", "op")
 
     def __init__(
         self, journal: Any, op: str, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None
@@ -282,6 +288,7 @@ class JournalCall(Effect):
         self.op = op
         self.args = args
         self.kwargs = kwargs
+        self.completes_on_cancel = op not in _INTERRUPTIBLE_JOURNAL_OPS
 
     def perform(self) -> Any:
         method = getattr(self.journal, self.op)
