@@ -554,6 +554,22 @@ def test_a_write_batch_with_a_bad_write_stores_none_of_it(store: CheckpointStore
     assert store.put_writes([]) == []
 
 
+def test_a_large_write_batch_is_stored_whole_or_not_at_all(store: CheckpointStore) -> None:
+    """Hundreds of writes in one call (a store may split them into statements, never the batch)."""
+    head = create(store, "s")
+    batch = [_write(head, "tool_result", f"call-{i:03}", {"n": i}) for i in range(150)]
+    assert store.put_writes(batch) == [True] * 150
+    assert store.put_writes([*batch[:2], _write(head, "tool_result", "new", {})]) == [False, False, True]
+    assert [w.key for w in store.get_writes("s", head.snapshot_id)] == [w.key for w in batch] + ["new"]
+    later = [_write(head, "tool_result", f"later-{i:03}", {"n": i}) for i in range(150)]
+    missing = StepWrite(session_id="s", base_snapshot_id="e" * 64, step_id=1, kind="k", key="x", payload={})
+    with pytest.raises(SnapshotNotFoundError):
+        store.put_writes([*later, missing])  # the bad write is past the first hundred
+    with pytest.raises(SnapshotNotFoundError):
+        asyncio.run(store.aput_writes([*later, missing]))
+    assert len(store.get_writes("s", head.snapshot_id)) == 151
+
+
 # --------------------------------------------------------------------------- leases and fencing
 
 

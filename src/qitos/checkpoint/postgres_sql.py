@@ -202,43 +202,8 @@ class StoreSql:
             " ORDER BY 2"
         )
 
-        # ---- pending writes: the base check, the fence and the inserts in one statement. The head rows
-        # are locked FOR SHARE, so a lease cannot change hands while the write is being made.
-        self.writes_put = (
-            "WITH input AS MATERIALIZED (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
-            " %s::bigint[], %b::bytea[], %s::text[], %s::bigint[]) WITH ORDINALITY"
-            " AS t(session_id, base_snapshot_id, kind, key, step_id, payload, digest, token, ord)),"
-            # Each head and each base is looked up by its key, once per row (LATERAL with its lock, a scalar
-            # subquery): a join would let the generic plan, which guesses ten rows per array, hash a
-            # scan of the whole table.
-            " fence AS MATERIALIZED (SELECT f.* FROM unnest(%s::text[]) AS u(session_id) CROSS JOIN LATERAL"
-            f" (SELECT h.session_id, h.lease_owner, h.lease_token, h.lease_expires, {now} AS now FROM {s}.heads h"
-            " WHERE h.session_id = u.session_id FOR SHARE OF h) f),"
-            " tokens AS (SELECT DISTINCT ON (session_id) session_id, token FROM input ORDER BY session_id, ord),"
-            " bad AS (SELECT b.* FROM (SELECT i.base_snapshot_id, i.session_id, i.ord,"
-            f" (SELECT s.session_id FROM {s}.snapshots s WHERE s.snapshot_id = i.base_snapshot_id) AS owner"
-            " FROM input i) b WHERE b.owner IS DISTINCT FROM b.session_id ORDER BY b.ord LIMIT 1),"
-            " fenced AS (SELECT t.session_id, t.token, f.lease_owner, f.lease_token, f.lease_expires, f.now"
-            f" FROM tokens t JOIN fence f ON f.session_id = t.session_id WHERE {_fence_refuses('t.token')}),"
-            f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
-            " SELECT session_id, base_snapshot_id, kind, key, step_id, payload, digest FROM input"
-            f" WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord{_WRITE_TAIL}"
-        )
-        # The same for one write (a tool call's start, the common case): scalars instead of arrays,
-        # which psycopg adapts several times faster; the rows it returns have the same shape.
-        self.write_put_one = (
-            f"WITH fence AS MATERIALIZED (SELECT h.session_id, h.lease_owner, h.lease_token, h.lease_expires, {now}"
-            f" AS now FROM {s}.heads h WHERE h.session_id = %(sid)s::text FOR SHARE OF h),"
-            " bad AS (SELECT b.* FROM (SELECT %(base)s::text AS base_snapshot_id, %(sid)s::text AS session_id,"
-            f" (SELECT session_id FROM {s}.snapshots WHERE snapshot_id = %(base)s::text) AS owner) b"
-            " WHERE b.owner IS DISTINCT FROM b.session_id),"
-            " fenced AS (SELECT f.session_id, %(token)s::bigint AS token, f.lease_owner, f.lease_token,"
-            f" f.lease_expires, f.now FROM fence f WHERE {_fence_refuses('%(token)s::bigint')}),"
-            f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
-            " SELECT %(sid)s::text, %(base)s::text, %(kind)s::text, %(key)s::text, %(step)s::bigint,"
-            " %(payload)b::bytea, %(digest)s::text"
-            f" WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced){_WRITE_TAIL}"
-        )
+        # ---- pending writes: see writes_put
+        self._writes_put: dict[int, str] = {}
         self.writes_list = (
             f"SELECT step_id, kind, key, payload, digest FROM {s}.writes"
             " WHERE session_id = %s AND base_snapshot_id = %s ORDER BY write_seq"
@@ -386,3 +351,37 @@ class StoreSql:
         statement = ", ".join(parts) + " SELECT count(*), max(control_seq) FROM head"
         self._commits[key] = statement
         return statement
+
+    def writes_put(self, count: int) -> str:
+        """The statement storing ``count`` pending writes: the base check, the fence and the inserts
+        in one statement (8 parameters a write: session, base, kind, key, step, payload, digest,
+        lease token). The head rows are locked FOR SHARE, so a lease cannot change hands while the
+        writes are made. Each head and each base is looked up by its key (LATERAL with its lock, a
+        scalar subquery), never joined: with a join, the generic plan could hash a scan of a whole
+        table. The writes come as rows of scalars, not arrays: psycopg adapts scalars several times
+        faster."""
+        statement = self._writes_put.get(count)
+        if statement is None:
+            statement = self._writes_put[count] = _writes_put(f'"{self.schema}"', self.now, count)
+        return statement
+
+
+def _writes_put(s: str, now: str, count: int) -> str:
+    row = "(%s::text, %s::text, %s::text, %s::text, %s::bigint, %b::bytea, %s::text, %s::bigint, {ord})"
+    rows = ", ".join(row.format(ord=ord) for ord in range(1, count + 1))
+    return (
+        f"WITH input AS MATERIALIZED (SELECT * FROM (VALUES {rows})"
+        " AS t(session_id, base_snapshot_id, kind, key, step_id, payload, digest, token, ord)),"
+        " fence AS MATERIALIZED (SELECT f.* FROM (SELECT DISTINCT session_id FROM input) u CROSS JOIN LATERAL"
+        f" (SELECT h.session_id, h.lease_owner, h.lease_token, h.lease_expires, {now} AS now FROM {s}.heads h"
+        " WHERE h.session_id = u.session_id FOR SHARE OF h) f),"
+        " tokens AS (SELECT DISTINCT ON (session_id) session_id, token FROM input ORDER BY session_id, ord),"
+        " bad AS (SELECT b.* FROM (SELECT i.base_snapshot_id, i.session_id, i.ord,"
+        f" (SELECT s.session_id FROM {s}.snapshots s WHERE s.snapshot_id = i.base_snapshot_id) AS owner"
+        " FROM input i) b WHERE b.owner IS DISTINCT FROM b.session_id ORDER BY b.ord LIMIT 1),"
+        " fenced AS (SELECT t.session_id, t.token, f.lease_owner, f.lease_token, f.lease_expires, f.now"
+        f" FROM tokens t JOIN fence f ON f.session_id = t.session_id WHERE {_fence_refuses('t.token')}),"
+        f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
+        " SELECT session_id, base_snapshot_id, kind, key, step_id, payload, digest FROM input"
+        f" WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord{_WRITE_TAIL}"
+    )

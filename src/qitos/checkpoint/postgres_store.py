@@ -93,6 +93,9 @@ APPLICATION_NAME: Final = "qitos"
 """The ``application_name`` of the store's connections (unless the DSN names one)."""
 
 _T = TypeVar("_T")
+# Pending writes per statement: a step's are a handful; a larger batch is split (in one transaction),
+# which keeps each statement's parameters (8 a write) far below PostgreSQL's limit of 65,535.
+_WRITES_PER_STATEMENT = 64
 
 Rows = list[tuple[Any, ...]]
 Query = tuple[str, Sequence[Any] | Mapping[str, Any]]
@@ -620,39 +623,18 @@ class PostgresCheckpointStore(CheckpointStore):
     # ---- plans: pending writes, control, blobs
 
     def _plan_put_writes(self, writes: Sequence[StepWrite]) -> Plan[list[bool]]:
+        """Up to _WRITES_PER_STATEMENT writes in one statement; more in several (run in one transaction)."""
         texts = [w.payload_json() for w in writes]
-        if not writes:
-            return []
-        if len(writes) == 1:
-            one, text = writes[0], texts[0]
-            statement, params = (
-                self.sql.write_put_one,
-                {
-                    "sid": one.session_id,
-                    "base": one.base_snapshot_id,
-                    "kind": one.kind,
-                    "key": one.key,
-                    "step": one.step_id,
-                    "payload": text.encode("utf-8"),
-                    "digest": write_digest(one, text),
-                    "token": one.lease_token,
-                },
-            )
-            rows = yield statement, params
-            return self._put_outcome(writes, rows)
-        columns = (
-            [w.session_id for w in writes],
-            [w.base_snapshot_id for w in writes],
-            [w.kind for w in writes],
-            [w.key for w in writes],
-            [w.step_id for w in writes],
-            [text.encode("utf-8") for text in texts],
-            [write_digest(w, text) for w, text in zip(writes, texts, strict=True)],
-            [w.lease_token for w in writes],
-            list(dict.fromkeys(w.session_id for w in writes)),
-        )
-        rows = yield self.sql.writes_put, columns
-        return self._put_outcome(writes, rows)
+        out: list[bool] = []
+        for start in range(0, len(writes), _WRITES_PER_STATEMENT):
+            chunk = writes[start : start + _WRITES_PER_STATEMENT]
+            params: list[Any] = []
+            for write, text in zip(chunk, texts[start : start + _WRITES_PER_STATEMENT], strict=True):
+                params += (write.session_id, write.base_snapshot_id, write.kind, write.key, write.step_id)
+                params += (text.encode("utf-8"), write_digest(write, text), write.lease_token)
+            rows = yield self.sql.writes_put(len(chunk)), params
+            out += self._put_outcome(chunk, rows)
+        return out
 
     def _put_outcome(self, writes: Sequence[StepWrite], rows: list[Any]) -> list[bool]:
         """Per write, whether it was new, from a write statement's rows (refusals raise)."""
@@ -919,8 +901,9 @@ class PostgresCheckpointStore(CheckpointStore):
         return self._run(self._plan_get_heads(session_ids))
 
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
-        """Store pending writes in one statement; per write, whether it was new (first wins)."""
-        return self._run(self._plan_put_writes(writes))
+        """Store pending writes (one statement, or one transaction for a large batch); per write,
+        whether it was new (first wins)."""
+        return self._run(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
 
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
         """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
@@ -1057,7 +1040,7 @@ class PostgresCheckpointStore(CheckpointStore):
         return await self._arun(self._plan_session_snapshots(session_id))
 
     async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
-        return await self._arun(self._plan_put_writes(writes))
+        return await self._arun(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
 
     async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
         return await self._arun(self._plan_get_writes(session_id, base_snapshot_id))
