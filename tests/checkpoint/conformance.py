@@ -573,6 +573,23 @@ def test_a_large_write_batch_is_stored_whole_or_not_at_all(store: CheckpointStor
 # --------------------------------------------------------------------------- leases and fencing
 
 
+def test_a_granted_lease_names_the_head_and_control_position_it_was_granted_on(store: CheckpointStore) -> None:
+    first = create(store, "s")
+    lease = store.acquire_lease("s", "runner-a", ttl_seconds=30)
+    assert (lease.head_snapshot_id, lease.control_seq) == (first.snapshot_id, 0)
+    second = snap("s", first, {"ops": [1]})
+    request = SessionSnapshotCommit(
+        session_id="s", expected_head=first.snapshot_id, snapshot=second, lifecycle="paused", lease_token=lease.token
+    )
+    store.commit_session_snapshot(request)
+    store.release_lease(lease)
+    store.append_control("s", "steer", {"text": "go on"})
+    again = asyncio.run(store.aacquire_lease("s", "runner-b", ttl_seconds=30))
+    assert (again.head_snapshot_id, again.control_seq) == (second.snapshot_id, 1)
+    renewed = store.renew_lease(again, ttl_seconds=30)
+    assert renewed == store.get_lease("s") and renewed.token == again.token  # the grant's view is not compared
+
+
 def test_a_lease_has_one_owner_and_a_second_owner_is_told_who_holds_it(store: CheckpointStore) -> None:
     create(store, "s")
     lease = store.acquire_lease("s", "runner-a", ttl_seconds=30)

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
 from qitos.checkpoint.store import (
@@ -300,7 +300,11 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
                 raise SessionNotFoundError(session_id)
             lease = next_lease(self._leases.get(session_id), session_id, owner, ttl, time.time(), take_over_from)
             self._leases[session_id] = lease
-            return lease
+            return replace(
+                lease,
+                head_snapshot_id=self._heads[session_id].snapshot_id,
+                control_seq=len(self._control.get(session_id, ())),
+            )
 
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         """Extend a held lease; LeaseLostError if it expired or was taken over."""

@@ -162,7 +162,7 @@ class StoreSql:
             f" FROM (SELECT {now} AS now) c WHERE h.session_id = %(sid)s::text"
             " AND (h.lease_owner IS NULL OR h.lease_expires <= c.now OR h.lease_owner = %(owner)s::text"
             " OR h.lease_owner = %(take_over)s::text)"
-            " RETURNING h.lease_token, h.lease_expires"
+            " RETURNING h.lease_token, h.lease_expires, h.snapshot_id, h.control_seq"
         )
         self.lease_get = f"SELECT lease_owner, lease_token, lease_expires, {now} FROM {s}.heads WHERE session_id = %s"
         self.lease_swap = (

@@ -778,8 +778,15 @@ class PostgresCheckpointStore(CheckpointStore):
         check_lease_owner(owner, take_over_from)
         rows = yield self.sql.lease_take, {"sid": session_id, "owner": owner, "ttl": ttl, "take_over": take_over_from}
         if rows:  # granted at once (the common case); otherwise the shared rules say why not
-            token, expires = rows[0]
-            return SessionLease(session_id=session_id, owner=owner, token=int(token), expires_at=float(expires))
+            token, expires, head_id, control_seq = rows[0]
+            return SessionLease(
+                session_id=session_id,
+                owner=owner,
+                token=int(token),
+                expires_at=float(expires),
+                head_snapshot_id=head_id,
+                control_seq=int(control_seq),
+            )
         while True:
             found = yield from self._plan_read_lease(session_id)
             if found is None:

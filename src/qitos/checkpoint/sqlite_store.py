@@ -266,6 +266,7 @@ _SQL_WRITE_LIST = (
 # Control positions come from a counter in the head row (never MAX()+1 over the items).
 _SQL_CONTROL_NEXT = "UPDATE heads SET control_seq = control_seq + 1 WHERE session_id = ? RETURNING control_seq"
 _SQL_CONTROL_SEQ = "SELECT control_seq FROM heads WHERE session_id = ?"
+_SQL_HEAD_AND_CONTROL_SEQ = "SELECT snapshot_id, control_seq FROM heads WHERE session_id = ?"
 _SQL_CONTROL_INSERT = (
     "INSERT INTO control (session_id, position, kind, payload, created_at, digest) VALUES (?, ?, ?, ?, ?, ?)"
 )
@@ -721,11 +722,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         ttl = check_lease_ttl(ttl_seconds)
 
         def acquire(cur: sqlite3.Cursor) -> SessionLease:
-            if _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
+            head = _one(cur.execute(_SQL_HEAD_AND_CONTROL_SEQ, (session_id,)))
+            if head is None:
                 raise SessionNotFoundError(session_id)
             lease = next_lease(_lease(cur, session_id), session_id, owner, ttl, time.time(), take_over_from)
             cur.execute(_SQL_LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
-            return lease
+            return replace(lease, head_snapshot_id=head[0], control_seq=int(head[1]))
 
         return self._run(acquire, write=True)
 

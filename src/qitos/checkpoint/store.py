@@ -600,12 +600,18 @@ class SessionLease:
     and is taken again), and every commit and pending write of the holder carries it, so a runner
     that lost the lease is refused by the store. ``expires_at`` is in seconds since the epoch by
     the store's clock; the holder renews before then (:meth:`CheckpointStore.renew_lease`).
+    ``head_snapshot_id`` and ``control_seq`` are the session's head snapshot and newest control
+    position when :meth:`CheckpointStore.acquire_lease` granted the lease, so its holder knows
+    whether the head it read before still stands (None on a renewed lease, or where a store does not
+    say). They describe the grant, not the lease: two leases compare equal without them.
     """
 
     session_id: str
     owner: str
     token: int
     expires_at: float
+    head_snapshot_id: str | None = field(default=None, compare=False)
+    control_seq: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

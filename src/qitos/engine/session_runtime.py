@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
@@ -53,6 +53,7 @@ from qitos.checkpoint.store import (
     CheckpointStore,
     DuplicateOperationError,
     SessionHeadRecord,
+    SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
     utc_now,
@@ -206,6 +207,7 @@ class Session:
         fork_receipt: SessionForkReceipt | None = None,
         composition: SessionHost | None = None,
         task: Task | None = None,
+        head: SessionHeadRecord | None = None,
     ) -> None:
         self.engine = engine
         self.session_id = session_id
@@ -219,6 +221,7 @@ class Session:
         self.fork_receipt = fork_receipt
         self._composition = composition
         self._task = task
+        self._head = head  # the head it was restored from (see _granted_head)
         self._journal: SessionJournal | None = None
 
     @property
@@ -246,9 +249,10 @@ class Session:
         store = self.store
         sid = self.session_id.value
         lease = self._lease_keeper(store, sid)
-        lease.acquire()
+        granted = lease.acquire()
         try:
-            head = _require_head(store, sid)  # read under the lease: no other runner moves it now
+            # read under the lease: no other runner moves it now
+            head = self._granted_head(granted) or _require_head(store, sid)
             restored = restore(store, sid, head.snapshot_id)
             journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_heartbeat()
@@ -269,9 +273,9 @@ class Session:
         store = self.store
         sid = self.session_id.value
         lease = self._lease_keeper(store, sid)
-        await lease.aacquire()
+        granted = await lease.aacquire()
         try:
-            head = await store.aget_session_head(sid)
+            head = self._granted_head(granted) or await store.aget_session_head(sid)
             if head is None:
                 raise SessionNotFoundError(sid)
             restored = await arestore(store, sid, head.snapshot_id)
@@ -281,6 +285,14 @@ class Session:
             return await self.engine.arun(task, journal=journal, resume=resume, run_id=self.run_id.value)
         finally:
             await lease.arelease()
+
+    def _granted_head(self, granted: SessionLease) -> SessionHeadRecord | None:
+        """The head this Session was restored from, if the lease was granted on that very head (it
+        cannot move now), with the control position at that moment; None: read it again."""
+        head = self._head
+        if head is None or granted.head_snapshot_id != head.snapshot_id or granted.control_seq is None:
+            return None
+        return replace(head, control_seq=granted.control_seq)
 
     def _lease_keeper(self, store: CheckpointStore, sid: str) -> LeaseKeeper:
         runtime = self._composition.runtime if self._composition is not None else None
@@ -673,4 +685,5 @@ def _session_from_head(
         fork_receipt=fork_receipt,
         composition=composition,
         task=Task.from_dict(meta.get("task") or {"objective": ""}),
+        head=head,
     )

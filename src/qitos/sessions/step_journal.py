@@ -60,7 +60,6 @@ __all__ = [
     "FORMAT",
     "RestoredSession",
     "SessionJournal",
-    "StoreRead",
     "arestore",
     "first_payload",
     "fork_payload",
@@ -162,8 +161,8 @@ def fork_payload(source: SessionSnapshot, lifecycle: str) -> dict[str, Any]:
 # Restoring reads the store a few times, each read depending on the one before. The reads are
 # written once, as plans: generators that yield what to read (a CheckpointStore method's name and
 # its arguments) and get back its result, driven by plain calls or by the async twins.
-StoreRead = tuple[Literal["load_chain", "get_blobs", "get_writes"], tuple[Any, ...]]
-_ReadPlan = Generator[StoreRead, Any, _T]
+_StoreRead = tuple[Literal["load_chain", "get_blobs", "get_writes"], tuple[Any, ...]]
+_ReadPlan = Generator[_StoreRead, Any, _T]
 
 
 def _read(store: CheckpointStore, plan: _ReadPlan[_T]) -> _T:
