@@ -580,8 +580,11 @@ class ToolRegistry:
             if self._is_async[name]:
                 pending = spec.func(**prepared)
             else:
-                loop = asyncio.get_running_loop()
-                pending = loop.run_in_executor(executor, _Bound(spec.func, prepared))
+                # qitos' own tool threads (qitos.engine.tool_threads) put the result straight on the
+                # loop; any other executor goes through run_in_executor.
+                run_soon = getattr(executor, "run_soon", None)
+                call = _Bound(spec.func, prepared)
+                pending = run_soon(call) if run_soon else asyncio.get_running_loop().run_in_executor(executor, call)
             output = await (pending if spec.timeout is None else asyncio.wait_for(pending, spec.timeout))
         except TimeoutError:
             return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)

@@ -16,7 +16,6 @@ no extension provides fails here, when ``compose()`` is called.
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy
 from qitos.engine.session_runtime import Session, anew_session, arestore_session, new_session, restore_session
+from qitos.engine.tool_threads import ToolThreads
 from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -156,9 +156,7 @@ def compose(
         if isinstance(tool_workers, bool) or not isinstance(tool_workers, int) or tool_workers < 1:
             raise ConfigurationError(f"tool_workers must be a positive int, got {tool_workers!r}")
         # One executor for all the composition's engines (an engine per session), so the bound holds.
-        engine_kwargs["tool_executor"] = concurrent.futures.ThreadPoolExecutor(
-            tool_workers, thread_name_prefix="qitos-tool"
-        )
+        engine_kwargs["tool_executor"] = ToolThreads(tool_workers)
     if isinstance(store, str):
         store = open_store(store)
     agent_factory = _agent_factory(agent)

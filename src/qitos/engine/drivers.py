@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 from qitos.core.state import StopReason
 from qitos.engine.effects import BOUNDARY, Effect, Loop, ToolCall
 from qitos.engine.run_context import StopRun
+from qitos.engine.tool_threads import ToolThreads
 
 __all__ = ["AsyncDriver", "Backpressure", "drive"]
 
@@ -123,6 +124,8 @@ class AsyncDriver:
     async def run_blocking(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` in the executor; its result or exception comes back here."""
         call = functools.partial(fn, *args, **kwargs) if kwargs else functools.partial(fn, *args)
+        if isinstance(self._executor, ToolThreads):
+            return await self._executor.run_soon(call)
         return await self._running_loop().run_in_executor(self._executor, call)
 
     async def checkpoint(self) -> None:

@@ -68,6 +68,7 @@ from qitos.engine.subagent import (
     child_session_id,
 )
 from qitos.engine.telemetry import OtelOption, otel_hook
+from qitos.engine.tool_threads import ToolThreads
 from qitos.models.function import as_model
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
@@ -232,9 +233,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if executor is None:
             if self.tool_workers is None:
                 return _shared_executor()
-            executor = self._tool_executor = concurrent.futures.ThreadPoolExecutor(
-                self.tool_workers, thread_name_prefix="qitos-tool"
-            )
+            executor = self._tool_executor = ToolThreads(self.tool_workers)
         return executor
 
     def run(
@@ -1302,16 +1301,14 @@ def _with_steering(observation: Any, steering: list[str]) -> Observation:
     return Observation(results=base.results, env=base.env, feedback=feedback)
 
 
-_SHARED_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+_SHARED_EXECUTOR: ToolThreads | None = None
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared_executor() -> concurrent.futures.ThreadPoolExecutor:
+def _shared_executor() -> ToolThreads:
     """The process-wide bounded executor (``DEFAULT_TOOL_WORKERS`` threads, created on first use)."""
     global _SHARED_EXECUTOR
     with _SHARED_LOCK:
         if _SHARED_EXECUTOR is None:
-            _SHARED_EXECUTOR = concurrent.futures.ThreadPoolExecutor(
-                DEFAULT_TOOL_WORKERS, thread_name_prefix="qitos-tool"
-            )
+            _SHARED_EXECUTOR = ToolThreads(DEFAULT_TOOL_WORKERS)
         return _SHARED_EXECUTOR
