@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -255,3 +256,23 @@ def test_submit_many_over_several_batches_keeps_the_order_of_the_tasks(
     assert objectives == tasks
     assert {o.lifecycle for o in outcomes.values()} == {"completed"}
     assert _workflow_ids(fleet_db, ids[-1]) == [f"qitos-{ids[-1]}-0"]
+
+
+def test_wait_returns_once_all_settled_in_any_order_and_names_the_unsettled(fleet: Fleet) -> None:
+    ids = [fleet.composition.session(f"wait-{i}", target=1).session_id.value for i in range(5)]
+
+    def settle_last_first() -> None:
+        for sid in reversed(ids):  # the first one waited for settles last
+            time.sleep(0.03)
+            fleet.composition.restore(sid).run()
+
+    runner = threading.Thread(target=settle_last_first)
+    runner.start()
+    outcomes = fleet.wait(ids, timeout=30, poll=0.01)
+    runner.join()
+    assert list(outcomes) == ids and {o.lifecycle for o in outcomes.values()} == {"completed"}
+    never = fleet.composition.session("never run", target=1).session_id.value
+    done = fleet.composition.session("run", target=1).session_id.value
+    fleet.composition.restore(done).run()
+    with pytest.raises(TimeoutError, match=f"^1 sessions did not settle in 0.3s: \\['{never}'\\]"):
+        fleet.wait([never, done], timeout=0.3, poll=0.01)

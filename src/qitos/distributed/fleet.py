@@ -232,13 +232,20 @@ class Fleet:
         pending = ids
         deadline = time.monotonic() + timeout
         while True:
+            # Read every pending head only once the first one has settled: until then, that one
+            # head. Runs start in the order they were enqueued, so this reads a few heads a poll,
+            # not thousands, and still returns within a poll of the last session settling.
             heads = self.store.get_session_heads(pending)
             pending = [sid for sid in pending if not self._settled(sid, heads.get(sid))]
             if not pending:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(pending)} sessions did not settle in {timeout}s: {pending[:5]}")
-            time.sleep(poll)
+            first = pending[0]
+            while True:
+                time.sleep(poll)
+                if time.monotonic() > deadline or self._settled(first, self.store.get_session_head(first)):
+                    break
         return self.results(ids)
 
     def _settled(self, session_id: str, head: SessionHeadRecord | None) -> bool:
