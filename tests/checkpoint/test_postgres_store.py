@@ -82,16 +82,23 @@ def _sql(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[A
         return cur.fetchall() if cur.description is not None else []
 
 
-class _CountingConnection:
-    """A real psycopg connection that counts the statements sent through it."""
+class _CountingCursor:
+    """A real psycopg cursor that counts the statements sent through it."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self._conn = conn
+    def __init__(self, cur: psycopg.Cursor[Any]) -> None:
+        self._cur = cur
         self.statements: list[str] = []
 
     def execute(self, query: str, params: Any = None) -> Any:
         self.statements.append(query)
-        return self._conn.execute(query, params)
+        return self._cur.execute(query, params)
+
+    @property
+    def rownumber(self) -> int | None:
+        return self._cur.rownumber
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
 
 
 # --------------------------------------------------------------------------- bytes and statements
@@ -117,7 +124,7 @@ def test_a_head_commit_is_one_statement_and_a_refused_one_adds_one_lookup(store:
     first = _create(store, "s")
     second = _next(first, {"ops": [1]})
     with psycopg.connect(store.dsn, autocommit=True) as raw:
-        counted = _CountingConnection(raw)
+        counted = _CountingCursor(raw.cursor())
         commit = SessionSnapshotCommit(
             session_id="s", expected_head=first.snapshot_id, snapshot=second, lifecycle="running"
         )

@@ -107,14 +107,17 @@ _COMMIT_ATTEMPTS: Final = 8  # a refused commit whose lookup finds nothing wrong
 _EXTRA = "PostgresCheckpointStore needs the qitos[postgres] extra: pip install 'qitos[postgres]'"
 
 
-def _psycopg() -> tuple[Any, Any]:
-    """psycopg and psycopg_pool, imported on first use (``import qitos`` never imports them)."""
+def _psycopg() -> tuple[Any, Any, Any]:
+    """psycopg, psycopg_pool and the store's connection classes, imported on first use (``import
+    qitos`` never imports psycopg)."""
     try:
         import psycopg
         import psycopg_pool
+
+        from qitos.checkpoint import postgres_connections
     except ImportError as exc:
         raise ConfigurationError(f"{_EXTRA} ({exc})") from exc
-    return psycopg, psycopg_pool
+    return psycopg, psycopg_pool, postgres_connections
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +225,7 @@ class PostgresCheckpointStore(CheckpointStore):
             raise ConfigurationError(f"prepare_threshold must be None or an int >= 0, got {prepare_threshold!r}")
         if compress_min_bytes is not None and (not isinstance(compress_min_bytes, int) or compress_min_bytes < 0):
             raise ConfigurationError(f"compress_min_bytes must be None or an int >= 0, got {compress_min_bytes!r}")
-        self._psycopg, self._pool_module = _psycopg()
+        self._psycopg, self._pool_module, self._connections = _psycopg()
         self.dsn = dsn
         self.sql = StoreSql(schema)
         self.schema = schema
@@ -314,6 +317,7 @@ class PostgresCheckpointStore(CheckpointStore):
                 self._migrate()
                 self._pool = self._pool_module.ConnectionPool(
                     self.dsn,
+                    connection_class=self._connections.StoreConnection,
                     **self._pool_sizes(),
                     configure=self._configure,
                     check=self._check,
@@ -353,6 +357,7 @@ class PostgresCheckpointStore(CheckpointStore):
         made: weakref.WeakSet[Any] = weakref.WeakSet()  # every connection the pool opens
         pool: psycopg_pool.AsyncConnectionPool[Any] = self._pool_module.AsyncConnectionPool(
             self.dsn,
+            connection_class=self._connections.AsyncStoreConnection,
             **self._pool_sizes(),
             configure=functools.partial(self._aconfigure, made),
             check=self._acheck,
@@ -431,9 +436,9 @@ class PostgresCheckpointStore(CheckpointStore):
         try:
             if transaction:
                 with conn.transaction():
-                    result = _drive(conn, plan, psycopg.Error)
+                    result = _drive(conn.statements, plan, psycopg.Error)
             else:
-                result = _drive(conn, plan, psycopg.Error)
+                result = _drive(conn.statements, plan, psycopg.Error)
             self._stamp(conn)
             return result
         except psycopg.Error as exc:
@@ -461,9 +466,9 @@ class PostgresCheckpointStore(CheckpointStore):
         try:
             if transaction:
                 async with conn.transaction():
-                    result = await _adrive(conn, plan, psycopg.Error)
+                    result = await _adrive(conn.statements, plan, psycopg.Error)
             else:
-                result = await _adrive(conn, plan, psycopg.Error)
+                result = await _adrive(conn.statements, plan, psycopg.Error)
             self._stamp(conn)
             return result
         except psycopg.Error as exc:
@@ -1171,13 +1176,13 @@ async def _close_with_loop(pool: Any, made: weakref.WeakSet[Any]) -> None:
                 await conn.close()
 
 
-def _drive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
-    """Run a plan's statements on a sync connection, sending each one's rows back into it."""
+def _drive(cur: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
+    """Run a plan's statements on a connection's sync cursor, sending each one's rows back into it."""
     try:
         query = next(plan)
         while True:
             try:
-                cur = conn.execute(*query)
+                cur.execute(*query)
                 rows = cur.fetchall() if cur.rownumber is not None else []  # None: no rows; description costs more
             except errors as exc:
                 query = plan.throw(exc)
@@ -1188,13 +1193,13 @@ def _drive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
         return result
 
 
-async def _adrive(conn: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
-    """Run a plan's statements on an async connection."""
+async def _adrive(cur: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
+    """Run a plan's statements on a connection's async cursor."""
     try:
         query = next(plan)
         while True:
             try:
-                cur = await conn.execute(*query)
+                await cur.execute(*query)
                 rows = await cur.fetchall() if cur.rownumber is not None else []
             except errors as exc:
                 query = plan.throw(exc)
