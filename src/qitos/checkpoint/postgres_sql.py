@@ -367,8 +367,8 @@ class StoreSql:
 
 
 def _writes_put(s: str, now: str, count: int) -> str:
-    row = "(%s::text, %s::text, %s::text, %s::text, %s::bigint, %b::bytea, %s::text, %s::bigint, {ord})"
-    rows = ", ".join(row.format(ord=ord) for ord in range(1, count + 1))
+    row = "(%s::text, %s::text, %s::text, %s::text, %s::bigint, %b::bytea, %s::text, %s::bigint, {n})"
+    rows = ", ".join(row.format(n=n) for n in range(1, count + 1))
     return (
         f"WITH input AS MATERIALIZED (SELECT * FROM (VALUES {rows})"
         " AS t(session_id, base_snapshot_id, kind, key, step_id, payload, digest, token, ord)),"
