@@ -32,13 +32,15 @@ def test_results_and_exceptions_come_back_to_the_loop_and_to_submit() -> None:
 def test_no_more_than_max_workers_calls_run_at_once_and_threads_are_reused() -> None:
     threads = ToolThreads(3)
     running, most, lock = 0, 0, threading.Lock()
+    together = threading.Barrier(3, timeout=10)  # three calls at a time meet here
 
     def call() -> None:
         nonlocal running, most
         with lock:
             running += 1
             most = max(most, running)
-        time.sleep(0.02)
+        together.wait()
+        time.sleep(0.01)  # a fourth thread, if there were one, would be counted meanwhile
         with lock:
             running -= 1
 
@@ -54,9 +56,10 @@ def test_no_more_than_max_workers_calls_run_at_once_and_threads_are_reused() -> 
 
 def test_a_cancelled_call_finishes_unobserved_and_one_not_started_is_skipped() -> None:
     threads = ToolThreads(1)
-    release, ran = threading.Event(), []
+    started, release, ran = threading.Event(), threading.Event(), []
 
     def slow() -> str:
+        started.set()
         release.wait(5)
         ran.append("slow")
         return "late"
@@ -64,7 +67,7 @@ def test_a_cancelled_call_finishes_unobserved_and_one_not_started_is_skipped() -
     async def main() -> None:
         first = threads.run_soon(slow)
         queued = threads.run_soon(lambda: ran.append("queued"))
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(started.wait, 5)
         first.cancel()
         queued.cancel()  # still waiting for the one thread
         release.set()
@@ -96,10 +99,15 @@ def test_an_outcome_for_a_loop_that_has_closed_is_dropped() -> None:
 
 def test_shutdown_waits_refuses_new_calls_and_can_drop_queued_ones() -> None:
     threads = ToolThreads(1)
-    release = threading.Event()
-    running = threads.submit(release.wait, 5)
+    started, release = threading.Event(), threading.Event()
+
+    def running_call() -> bool:
+        started.set()
+        return release.wait(5)
+
+    running = threads.submit(running_call)
     queued = threads.submit(lambda: "never")
-    time.sleep(0.05)
+    assert started.wait(5)
     stopper = threading.Thread(target=threads.shutdown, kwargs={"cancel_futures": True})
     stopper.start()
     time.sleep(0.05)
