@@ -17,7 +17,7 @@ from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, wo
 
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
-from qitos.core.errors import ConfigurationError
+from qitos.core.errors import ConfigurationError, SessionNotFoundError
 from qitos.distributed import Fleet
 from qitos.distributed.naming import dbos_schema
 
@@ -259,11 +259,11 @@ def test_submit_many_over_several_batches_keeps_the_order_of_the_tasks(
 
 
 def test_wait_returns_once_all_settled_in_any_order_and_names_the_unsettled(fleet: Fleet) -> None:
-    ids = [fleet.composition.session(f"wait-{i}", target=1).session_id.value for i in range(5)]
+    ids = [fleet.composition.session(f"wait-{i}", target=1).session_id.value for i in range(40)]
 
     def settle_last_first() -> None:
-        for sid in reversed(ids):  # the first one waited for settles last
-            time.sleep(0.03)
+        for sid in reversed(ids):  # the first one waited for settles last, the last ones beyond its window
+            time.sleep(0.005)
             fleet.composition.restore(sid).run()
 
     runner = threading.Thread(target=settle_last_first)
@@ -276,3 +276,5 @@ def test_wait_returns_once_all_settled_in_any_order_and_names_the_unsettled(flee
     fleet.composition.restore(done).run()
     with pytest.raises(TimeoutError, match=f"^1 sessions did not settle in 0.3s: \\['{never}'\\]"):
         fleet.wait([never, done], timeout=0.3, poll=0.01)
+    with pytest.raises(SessionNotFoundError):
+        fleet.wait([never, "ses_unknown"], timeout=30)  # at once, not after the timeout

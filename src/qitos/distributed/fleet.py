@@ -42,6 +42,7 @@ __all__ = ["Fleet", "SessionOutcome"]
 
 _SUBMIT_BATCH = 64  # sessions whose first runs submit_many enqueues in one transaction
 _SUBMIT_THREADS = 8  # sessions submit_many creates at once
+_WAIT_WINDOW = 32  # pending heads a wait poll reads
 _WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
 SETTLED = frozenset(
     {
@@ -229,23 +230,28 @@ class Fleet:
         one it had when this fleet enqueued its run. Raises ``TimeoutError`` naming the unsettled.
         """
         ids = list(session_ids)
-        pending = ids
         deadline = time.monotonic() + timeout
-        while True:
-            # Read every pending head only once the first one has settled: until then, that one
-            # head. Runs start in the order they were enqueued, so this reads a few heads a poll,
-            # not thousands, and still returns within a poll of the last session settling.
-            heads = self.store.get_session_heads(pending)
-            pending = [sid for sid in pending if not self._settled(sid, heads.get(sid))]
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(pending)} sessions did not settle in {timeout}s: {pending[:5]}")
-            first = pending[0]
-            while True:
-                time.sleep(poll)
-                if time.monotonic() > deadline or self._settled(first, self.store.get_session_head(first)):
-                    break
+        heads = self.store.get_session_heads(ids)  # once: an unknown session is named at once
+        pending = [sid for sid in ids if not self._settled(sid, heads.get(sid))]
+        while pending:
+            # Then a poll reads the first _WAIT_WINDOW pending heads, not all of them: runs start in
+            # the order they were enqueued, so the sessions settling soonest are there, and a wait
+            # on thousands reads a bounded number of heads a poll. When any of them settled, the
+            # next ones are read at once.
+            time.sleep(poll)
+            window = pending[:_WAIT_WINDOW]
+            heads = self.store.get_session_heads(window)
+            done = {sid for sid in window if self._settled(sid, heads.get(sid))}
+            while done:
+                pending = [sid for sid in pending if sid not in done]
+                window = pending[:_WAIT_WINDOW]
+                heads = self.store.get_session_heads(window)
+                done = {sid for sid in window if self._settled(sid, heads.get(sid))}
+            if pending and time.monotonic() > deadline:
+                heads = self.store.get_session_heads(pending)
+                pending = [sid for sid in pending if not self._settled(sid, heads.get(sid))]
+                if pending:
+                    raise TimeoutError(f"{len(pending)} sessions did not settle in {timeout}s: {pending[:5]}")
         return self.results(ids)
 
     def _settled(self, session_id: str, head: SessionHeadRecord | None) -> bool:
