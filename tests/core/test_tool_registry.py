@@ -7,6 +7,7 @@ import enum
 import gc
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 import pytest
@@ -431,3 +432,28 @@ def test_tool_methods_of_two_instances_are_bound_to_their_own_instance() -> None
     assert second.call("whoami", {"suffix": "?"}, call_id="c2").output == "b?"
     spec = second.get("whoami")
     assert spec is not None and spec.idempotent and spec.parameters["properties"]["suffix"]["description"]
+
+
+def test_a_method_registered_with_another_schema_is_checked_against_that_schema() -> None:
+    """What registering a method compiles is reused only for the very schema it came from."""
+
+    class Box:
+        @tool
+        def put(self, size: int) -> str:
+            """Put something in.
+
+            Args:
+                size: how big.
+            """
+            return f"put {size}"
+
+    plain = ToolRegistry()
+    plain.include(Box())
+    spec = plain.get("put")
+    assert spec is not None
+    strict = replace(spec, parameters={**spec.parameters, "properties": {"size": {"type": "integer", "enum": [1, 2]}}})
+    custom = ToolRegistry([strict])
+    again = ToolRegistry()
+    again.include(Box())
+    assert custom.call("put", {"size": 3}).error_kind == "invalid_arguments"
+    assert again.call("put", {"size": 3}).output == "put 3" and plain.call("put", {"size": "x"}).ok is False

@@ -229,6 +229,23 @@ def _unbound(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - a cached s
 
 # Specs of ``@tool`` methods by their function: hints, signature and docstring are read once.
 _METHOD_SPECS: weakref.WeakKeyDictionary[Any, ToolSpec] = weakref.WeakKeyDictionary()
+# And what registering one compiles (its validator, its enum converters), kept with the schema it
+# was compiled from: every agent instance registers the same methods again.
+_METHOD_CHECKS: weakref.WeakKeyDictionary[Any, tuple[Mapping[str, Any], Validator, dict[str, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _checks(spec: ToolSpec) -> tuple[Validator, dict[str, Callable[[Any], Any]]]:
+    """``spec``'s argument validator and enum converters, compiled once per method and schema."""
+    function = getattr(spec.func, "__func__", None)
+    cached = _METHOD_CHECKS.get(function) if function is not None else None
+    if cached is not None and cached[0] is spec.parameters:
+        return cached[1], cached[2]
+    validator, converters = compile_validator(spec.parameters), _enum_converters(spec)
+    if function is not None:
+        _METHOD_CHECKS[function] = (spec.parameters, validator, converters)
+    return validator, converters
 
 
 def _derive_spec(fn: Callable[..., Any]) -> ToolSpec:
@@ -502,9 +519,9 @@ class ToolRegistry:
         if spec.name in self._tools:
             raise ToolDefinitionError(f"a tool named {spec.name!r} is already registered")
         self._tools[spec.name] = spec
-        self._validators[spec.name] = compile_validator(spec.parameters)
+        validator, converters = _checks(spec)
+        self._validators[spec.name] = validator
         self._is_async[spec.name] = inspect.iscoroutinefunction(spec.func)
-        converters = _enum_converters(spec)
         if converters:
             self._converters[spec.name] = converters
         self._schemas = None
