@@ -239,14 +239,13 @@ class Fleet:
             # on thousands reads a bounded number of heads a poll. When any of them settled, the
             # next ones are read at once.
             time.sleep(poll)
-            window = pending[:_WAIT_WINDOW]
-            heads = self.store.get_session_heads(window)
-            done = {sid for sid in window if self._settled(sid, heads.get(sid))}
-            while done:
-                pending = [sid for sid in pending if sid not in done]
+            while pending:
                 window = pending[:_WAIT_WINDOW]
                 heads = self.store.get_session_heads(window)
                 done = {sid for sid in window if self._settled(sid, heads.get(sid))}
+                if not done:
+                    break
+                pending = [sid for sid in pending if sid not in done]
             if pending and time.monotonic() > deadline:
                 heads = self.store.get_session_heads(pending)
                 pending = [sid for sid in pending if not self._settled(sid, heads.get(sid))]
