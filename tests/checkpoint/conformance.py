@@ -536,6 +536,22 @@ def test_writes_come_back_in_write_order_per_base(store: CheckpointStore) -> Non
     assert store.get_writes("s", "0" * 64) == []
 
 
+def test_a_restores_reads_are_the_chain_and_the_writes_on_its_head(store: CheckpointStore) -> None:
+    snaps = chain_of(store, "s", 3)
+    head, earlier = snaps[-1], snaps[-2]
+    store.put_writes([_write(head, "tool_result", "b", {"n": 1}), _write(head, "decision", "a", {"n": 2})])
+    store.put_writes([_write(earlier, "tool_result", "other base", {"n": 3})])
+    create(store, "t")
+    chain, writes = store.load_chain_with_writes("s", head.snapshot_id)
+    assert chain == store.load_chain(head.snapshot_id) == snaps
+    assert writes == store.get_writes("s", head.snapshot_id) and [w.key for w in writes] == ["b", "a"]
+    assert asyncio.run(store.aload_chain_with_writes("s", head.snapshot_id)) == (chain, writes)
+    assert store.load_chain_with_writes("s", earlier.snapshot_id)[1] == store.get_writes("s", earlier.snapshot_id)
+    assert store.load_chain_with_writes("t", head.snapshot_id) == (snaps, [])  # no writes of another session
+    with pytest.raises(SnapshotNotFoundError):
+        store.load_chain_with_writes("s", "0" * 64)
+
+
 def test_a_write_batch_with_a_bad_write_stores_none_of_it(store: CheckpointStore) -> None:
     head = create(store, "s")
     other = create(store, "other")
@@ -746,6 +762,25 @@ def test_many_heads_are_read_at_once_and_missing_sessions_are_left_out(store: Ch
     assert heads["b"].snapshot_id == b.snapshot_id and heads["b"].sequence == 1
     assert store.get_session_heads([]) == {}
     assert asyncio.run(store.aget_session_heads(["a", "missing"])) == {"a": heads["a"]}
+
+
+def test_positions_say_where_heads_stand_without_their_metadata(store: CheckpointStore) -> None:
+    create(store, "a")
+    b = advance(store, create(store, "b"), {"ops": [1]})
+    positions = store.get_session_positions(["b", "missing", "a", "b"])
+    assert sorted(positions) == ["a", "b"]
+    for sid, position in positions.items():
+        head = store.get_session_head(sid)
+        assert head is not None
+        assert (position.session_id, position.snapshot_id, position.sequence, position.lifecycle) == (
+            sid,
+            head.snapshot_id,
+            head.sequence,
+            head.lifecycle,
+        )
+    assert positions["b"].snapshot_id == b.snapshot_id and positions["b"].sequence == 1
+    assert store.get_session_positions([]) == {}
+    assert asyncio.run(store.aget_session_positions(["a", "missing"])) == {"a": positions["a"]}
 
 
 def test_control_items_are_listed_after_a_position_and_by_kind(store: CheckpointStore) -> None:

@@ -344,6 +344,10 @@ def test_a_flipped_byte_in_any_table_is_detected_and_named(pg_dsn: str, table: s
         }
         with pytest.raises(IntegrityError) as caught:
             reads[table]()
+        if table in ("snapshots", "writes"):  # a restore's one read of both checks them the same way
+            with pytest.raises(IntegrityError) as restoring:
+                store.load_chain_with_writes("s", head.snapshot_id)
+            assert (restoring.value.table, restoring.value.row) == (caught.value.table, caught.value.row)
         error = caught.value
         assert error.table == table
         if table == "snapshots":
@@ -367,6 +371,9 @@ def test_a_changed_head_row_and_a_deleted_control_item_are_detected(
     assert (caught.value.table, caught.value.row, caught.value.session_id) == ("heads", "s", "s")
     with pytest.raises(IntegrityError):
         store.list_sessions()
+    with pytest.raises(IntegrityError) as positions:  # the heads-only read checks the row too
+        store.get_session_positions(["s"])
+    assert (positions.value.table, positions.value.row) == ("heads", "s")
     _sql(pg_dsn, f'DELETE FROM "{store.schema}".control WHERE position = 3')
     with pytest.raises(IntegrityError, match="missing") as missing:
         store.list_control("s")

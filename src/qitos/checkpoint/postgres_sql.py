@@ -148,6 +148,10 @@ class StoreSql:
             f" m.digest, h.control_seq FROM {s}.heads h LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions"
             " WHERE session_id = h.session_id LIMIT 1) m ON true WHERE h.session_id = ANY(%s)"
         )
+        self.head_positions = (
+            "SELECT session_id, snapshot_id, sequence, lifecycle, updated_at, digest"
+            f" FROM {s}.heads WHERE session_id = ANY(%s)"
+        )
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
         # ---- leases: read with the database clock, then a compare-and-swap on the lease columns.
@@ -189,6 +193,21 @@ class StoreSql:
             f" FROM chain JOIN {s}.snapshots p ON p.snapshot_id = chain.parent_id"
             " WHERE chain.stop IS NOT NULL AND chain.snapshot_id <> chain.stop AND chain.depth < %s)"
             f" SELECT {columns}, stop, depth FROM chain"
+        )
+        # The chain and the writes on its head in one statement (what a restore reads): tagged rows,
+        # the chain's columns, then a write's (its payload in the chain's payload column).
+        self.chain_with_writes = (
+            f"WITH RECURSIVE chain({columns}, stop, depth) AS ("
+            f" SELECT {columns}, base_id, 0 FROM {s}.snapshots WHERE snapshot_id = %(snap)s::text"
+            " UNION ALL"
+            " SELECT p.snapshot_id, p.session_id, p.parent_id, p.base_id, p.sequence, p.created_at, p.encoding,"
+            " p.payload, chain.stop, chain.depth + 1"
+            f" FROM chain JOIN {s}.snapshots p ON p.snapshot_id = chain.parent_id"
+            " WHERE chain.stop IS NOT NULL AND chain.snapshot_id <> chain.stop AND chain.depth < %(max)s)"
+            f" SELECT 'chain', {columns}, stop, depth, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint"
+            " FROM chain UNION ALL"
+            " SELECT 'write', NULL, NULL, NULL, NULL, NULL, NULL, NULL, payload, NULL, NULL, step_id, kind, key,"
+            f" digest, write_seq FROM {s}.writes WHERE session_id = %(sid)s::text AND base_snapshot_id = %(snap)s::text"
         )
         self.session_chain = (
             "WITH RECURSIVE chain(snapshot_id, parent_id, depth) AS ("

@@ -50,6 +50,7 @@ from qitos.checkpoint.store import (
     SessionCommitReceipt,
     SessionHeadRecord,
     SessionLease,
+    SessionPosition,
     SessionSnapshot,
     SessionSnapshotCommit,
     SnapshotNotFoundError,
@@ -73,6 +74,7 @@ from qitos.checkpoint.store import (
     stored_text,
     utc_now,
     verified_head,
+    verified_position,
     write_digest,
 )
 from qitos.core.errors import (
@@ -593,20 +595,17 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def _plan_load_chain(self, snapshot_id: str) -> Plan[list[SessionSnapshot]]:
         rows = yield self.sql.chain, (snapshot_id, _MAX_CHAIN)
-        if not rows:
-            raise SnapshotNotFoundError(snapshot_id)
-        rows.sort(key=lambda row: row[9], reverse=True)
-        oldest = rows[0]
-        stop, depth = oldest[8], oldest[9]
-        if stop is not None and oldest[0] != stop:
-            if depth >= _MAX_CHAIN:
-                reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
-            elif oldest[2] is None:
-                reason = f"its base {stop} is not among its ancestors (reached the root)"
-            else:
-                reason = f"ancestor {oldest[2]} is missing from the store"
-            raise SnapshotIntegrityError(snapshot_id, reason)
-        return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
+        return _chain_of(snapshot_id, rows)
+
+    def _plan_chain_with_writes(
+        self, session_id: str, snapshot_id: str
+    ) -> Plan[tuple[list[SessionSnapshot], list[StepWrite]]]:
+        rows = yield self.sql.chain_with_writes, {"snap": snapshot_id, "max": _MAX_CHAIN, "sid": session_id}
+        chain = [row[1:] for row in rows if row[0] == "chain"]
+        writes = sorted((row for row in rows if row[0] == "write"), key=lambda row: row[15])
+        return _chain_of(snapshot_id, chain), _writes_of(
+            session_id, snapshot_id, [(row[11], row[12], row[13], row[8], row[14]) for row in writes]
+        )
 
     def _plan_get_heads(self, session_ids: Iterable[str]) -> Plan[dict[str, SessionHeadRecord]]:
         wanted = list(dict.fromkeys(session_ids))
@@ -614,6 +613,16 @@ class PostgresCheckpointStore(CheckpointStore):
             return {}
         rows = yield self.sql.head_many, (wanted,)
         return {head.session_id: head for head in map(_pg_head, rows)}
+
+    def _plan_get_positions(self, session_ids: Iterable[str]) -> Plan[dict[str, SessionPosition]]:
+        wanted = list(dict.fromkeys(session_ids))
+        if not wanted:
+            return {}
+        rows = yield self.sql.head_positions, (wanted,)
+        return {
+            str(sid): verified_position(sid, snapshot_id, int(sequence), lifecycle, updated_at, digest)
+            for sid, snapshot_id, sequence, lifecycle, updated_at, digest in rows
+        }
 
     def _plan_list_sessions(self) -> Plan[list[SessionHeadRecord]]:
         rows = yield self.sql.head_list, ()
@@ -676,22 +685,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def _plan_get_writes(self, session_id: str, base_snapshot_id: str) -> Plan[list[StepWrite]]:
         rows = yield self.sql.writes_list, (session_id, base_snapshot_id)
-        out: list[StepWrite] = []
-        for step_id, kind, key, payload, digest in rows:
-            where = f"{kind}/{key}"
-            payload_json = stored_text(payload, "writes", where, session_id)
-            write = StepWrite(
-                session_id=session_id,
-                base_snapshot_id=base_snapshot_id,
-                step_id=int(step_id),
-                kind=kind,
-                key=key,
-                payload={},
-            )
-            if digest != write_digest(write, payload_json):
-                raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
-            out.append(replace(write, payload=stored_object(payload_json, "writes", where, session_id)))
-        return out
+        return _writes_of(session_id, base_snapshot_id, rows)
 
     def _plan_append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> Plan[ControlItem]:
         payload_json = check_control(session_id, kind, payload)
@@ -912,10 +906,20 @@ class PostgresCheckpointStore(CheckpointStore):
         """The heads of those of ``session_ids`` that exist, by session id (one statement)."""
         return self._run(self._plan_get_heads(session_ids))
 
+    def get_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
+        """Where the heads of those of ``session_ids`` that exist stand (one statement, heads only)."""
+        return self._run(self._plan_get_positions(session_ids))
+
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes (one statement, or one transaction for a large batch); per write,
         whether it was new (first wins)."""
         return self._run(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
+
+    def load_chain_with_writes(
+        self, session_id: str, snapshot_id: str
+    ) -> tuple[list[SessionSnapshot], list[StepWrite]]:
+        """The verified chain of ``snapshot_id`` and the session's pending writes on it (one statement)."""
+        return self._run(self._plan_chain_with_writes(session_id, snapshot_id))
 
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
         """Pending writes of the step that started at ``base_snapshot_id``, in write order."""
@@ -1033,6 +1037,9 @@ class PostgresCheckpointStore(CheckpointStore):
     async def aget_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
         return await self._arun(self._plan_get_heads(session_ids))
 
+    async def aget_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
+        return await self._arun(self._plan_get_positions(session_ids))
+
     async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         return await self._arun(self._plan_commit(request))
 
@@ -1053,6 +1060,11 @@ class PostgresCheckpointStore(CheckpointStore):
 
     async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         return await self._arun(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
+
+    async def aload_chain_with_writes(
+        self, session_id: str, snapshot_id: str
+    ) -> tuple[list[SessionSnapshot], list[StepWrite]]:
+        return await self._arun(self._plan_chain_with_writes(session_id, snapshot_id))
 
     async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
         return await self._arun(self._plan_get_writes(session_id, base_snapshot_id))
@@ -1226,6 +1238,45 @@ def _describe(psycopg: Any, dsn: str, schema: str) -> str:
     port = parts.get("port")
     where = f"{host}:{port}" if port else str(host)
     return f"postgresql {where}/{parts.get('dbname') or parts.get('user') or ''} schema {schema!r}"
+
+
+def _chain_of(snapshot_id: str, rows: list[Any]) -> list[SessionSnapshot]:
+    """The verified chain of ``snapshot_id`` from its chain rows (the columns, stop, depth)."""
+    if not rows:
+        raise SnapshotNotFoundError(snapshot_id)
+    rows.sort(key=lambda row: row[9], reverse=True)
+    oldest = rows[0]
+    stop, depth = oldest[8], oldest[9]
+    if stop is not None and oldest[0] != stop:
+        if depth >= _MAX_CHAIN:
+            reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
+        elif oldest[2] is None:
+            reason = f"its base {stop} is not among its ancestors (reached the root)"
+        else:
+            reason = f"ancestor {oldest[2]} is missing from the store"
+        raise SnapshotIntegrityError(snapshot_id, reason)
+    return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
+
+
+def _writes_of(session_id: str, base_snapshot_id: str, rows: Iterable[Any]) -> list[StepWrite]:
+    """The verified pending writes on ``base_snapshot_id`` from their rows (step, kind, key, payload,
+    digest), in the order they were written."""
+    out: list[StepWrite] = []
+    for step_id, kind, key, payload, digest in rows:
+        where = f"{kind}/{key}"
+        payload_json = stored_text(payload, "writes", where, session_id)
+        write = StepWrite(
+            session_id=session_id,
+            base_snapshot_id=base_snapshot_id,
+            step_id=int(step_id),
+            kind=kind,
+            key=key,
+            payload={},
+        )
+        if digest != write_digest(write, payload_json):
+            raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
+        out.append(replace(write, payload=stored_object(payload_json, "writes", where, session_id)))
+    return out
 
 
 def _payload_or_empty(row: Any) -> bytes:

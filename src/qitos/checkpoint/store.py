@@ -62,6 +62,7 @@ __all__ = [
     "SessionCommitReceipt",
     "SessionHeadRecord",
     "SessionLease",
+    "SessionPosition",
     "SessionSnapshot",
     "SessionSnapshotCommit",
     "SnapshotNotFoundError",
@@ -89,6 +90,7 @@ __all__ = [
     "stored_text",
     "utc_now",
     "verified_head",
+    "verified_position",
     "write_digest",
 ]
 
@@ -497,6 +499,20 @@ class SessionHeadRecord:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SessionPosition:
+    """Where a session's head stands: its snapshot, sequence and lifecycle, without the metadata.
+
+    What a waiter polls (``CheckpointStore.get_session_positions``): a store reads it from the head
+    row alone, checked against the row's digest.
+    """
+
+    session_id: str
+    snapshot_id: str
+    sequence: int
+    lifecycle: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SessionSnapshotCommit:
     """A request to persist ``snapshot`` and move the session head to it atomically.
 
@@ -796,8 +812,7 @@ def verified_head(
     control_seq: int | None = None,
 ) -> SessionHeadRecord:
     """A head row joined with its session's metadata row, both checked against their digests."""
-    if digest != head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at):
-        raise IntegrityError("heads", session_id, "content does not match its digest", session_id=session_id)
+    verified_position(session_id, snapshot_id, sequence, lifecycle, updated_at, digest)
     if metadata_raw is None:
         raise IntegrityError("sessions", session_id, "the session's metadata row is missing", session_id=session_id)
     metadata_json = stored_text(metadata_raw, "sessions", session_id, session_id)
@@ -814,7 +829,22 @@ def verified_head(
     )
 
 
+def verified_position(
+    session_id: str, snapshot_id: str, sequence: int, lifecycle: str, updated_at: str, digest: str
+) -> SessionPosition:
+    """A head row, checked against its digest, as a :class:`SessionPosition`."""
+    if digest != head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at):
+        raise IntegrityError("heads", session_id, "content does not match its digest", session_id=session_id)
+    return SessionPosition(session_id=session_id, snapshot_id=snapshot_id, sequence=sequence, lifecycle=lifecycle)
+
+
 # --------------------------------------------------------------------------- the contract
+
+
+def _position(head: SessionHeadRecord) -> SessionPosition:
+    return SessionPosition(
+        session_id=head.session_id, snapshot_id=head.snapshot_id, sequence=head.sequence, lifecycle=head.lifecycle
+    )
 
 
 def _run_sync(coro: Coroutine[Any, Any, _T], name: str) -> _T:
@@ -936,7 +966,7 @@ class CheckpointStore(abc.ABC):
     async def aclose(self) -> None:
         """Release the store's resources."""
 
-    # ---- many heads at once: one read each here; a store with a cheaper way overrides both
+    # ---- reads made of others here; a store with a cheaper way overrides both twins
 
     def get_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
         """The heads of those of ``session_ids`` that exist, by session id."""
@@ -955,6 +985,28 @@ class CheckpointStore(abc.ABC):
             if head is not None:
                 heads[session_id] = head
         return heads
+
+    def load_chain_with_writes(
+        self, session_id: str, snapshot_id: str
+    ) -> tuple[list[SessionSnapshot], list[StepWrite]]:
+        """What restoring ``session_id`` at its head ``snapshot_id`` reads: :meth:`load_chain` of
+        the snapshot and the session's pending writes on it (:meth:`get_writes`), perhaps at once."""
+        return self.load_chain(snapshot_id), self.get_writes(session_id, snapshot_id)
+
+    async def aload_chain_with_writes(
+        self, session_id: str, snapshot_id: str
+    ) -> tuple[list[SessionSnapshot], list[StepWrite]]:
+        """Async twin of :meth:`load_chain_with_writes`."""
+        return await self.aload_chain(snapshot_id), await self.aget_writes(session_id, snapshot_id)
+
+    def get_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
+        """Where the heads of those of ``session_ids`` that exist stand, by session id: what
+        :meth:`get_session_heads` says without the metadata (a store may read less for it)."""
+        return {sid: _position(head) for sid, head in self.get_session_heads(session_ids).items()}
+
+    async def aget_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
+        """Async twin of :meth:`get_session_positions`."""
+        return {sid: _position(head) for sid, head in (await self.aget_session_heads(session_ids)).items()}
 
     # ---- sync twins: delegate via asyncio.run
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.store import SessionHeadRecord
+from qitos.checkpoint.store import SessionPosition
 from qitos.core.errors import ConfigurationError, SessionNotFoundError
 from qitos.core.task import Task
 from qitos.distributed.naming import (
@@ -212,7 +212,7 @@ class Fleet:
     def results(self, session_ids: Iterable[str]) -> dict[str, SessionOutcome]:
         """Each session's outcome as the store has it now."""
         ids = list(session_ids)
-        heads = self.store.get_session_heads(ids)
+        heads = self.store.get_session_positions(ids)
         out: dict[str, SessionOutcome] = {}
         for sid in ids:
             head = heads.get(sid)
@@ -231,7 +231,7 @@ class Fleet:
         """
         ids = list(session_ids)
         deadline = time.monotonic() + timeout
-        heads = self.store.get_session_heads(ids)  # once: an unknown session is named at once
+        heads = self.store.get_session_positions(ids)  # once: an unknown session is named at once
         pending = [sid for sid in ids if not self._settled(sid, heads.get(sid))]
         while pending:
             # Then a poll reads the first _WAIT_WINDOW pending heads, not all of them: runs start in
@@ -241,19 +241,19 @@ class Fleet:
             time.sleep(poll)
             while pending:
                 window = pending[:_WAIT_WINDOW]
-                heads = self.store.get_session_heads(window)
+                heads = self.store.get_session_positions(window)
                 done = {sid for sid in window if self._settled(sid, heads.get(sid))}
                 if not done:
                     break
                 pending = [sid for sid in pending if sid not in done]
             if pending and time.monotonic() > deadline:
-                heads = self.store.get_session_heads(pending)
+                heads = self.store.get_session_positions(pending)
                 pending = [sid for sid in pending if not self._settled(sid, heads.get(sid))]
                 if pending:
                     raise TimeoutError(f"{len(pending)} sessions did not settle in {timeout}s: {pending[:5]}")
         return self.results(ids)
 
-    def _settled(self, session_id: str, head: SessionHeadRecord | None) -> bool:
+    def _settled(self, session_id: str, head: SessionPosition | None) -> bool:
         if head is None:
             raise SessionNotFoundError(session_id)
         return head.lifecycle in SETTLED and head.sequence > self._enqueued_at.get(session_id, -1)

@@ -161,7 +161,7 @@ def fork_payload(source: SessionSnapshot, lifecycle: str) -> dict[str, Any]:
 # Restoring reads the store a few times, each read depending on the one before. The reads are
 # written once, as plans: generators that yield what to read (a CheckpointStore method's name and
 # its arguments) and get back its result, driven by plain calls or by the async twins.
-_StoreRead = tuple[Literal["load_chain", "get_blobs", "get_writes"], tuple[Any, ...]]
+_StoreRead = tuple[Literal["load_chain", "load_chain_with_writes", "get_blobs"], tuple[Any, ...]]
 _ReadPlan = Generator[_StoreRead, Any, _T]
 
 
@@ -204,6 +204,11 @@ def materialize(store: CheckpointStore, snapshot_id: str) -> RestoredSession:
 
 def _materialize(snapshot_id: str) -> _ReadPlan[RestoredSession]:
     chain: list[SessionSnapshot] = yield "load_chain", (snapshot_id,)
+    return (yield from _rebuild(chain))
+
+
+def _rebuild(chain: list[SessionSnapshot]) -> _ReadPlan[RestoredSession]:
+    """The state data and the exchange log at the end of ``chain`` (verified, oldest first)."""
     base, head = chain[0], chain[-1]
     state_part = base.payload.get("state") or {}
     if "full" not in state_part:
@@ -343,11 +348,12 @@ async def arestore(store: CheckpointStore, session_id: str, head_id: str) -> Res
 
 
 def _restore(session_id: str, head_id: str) -> _ReadPlan[RestoredSession]:
-    restored = yield from _materialize(head_id)
+    read: tuple[list[SessionSnapshot], list[StepWrite]] = yield "load_chain_with_writes", (session_id, head_id)
+    chain, writes = read
+    restored = yield from _rebuild(chain)
     head = restored.snapshot
     pending_data = head.payload.get("pending")
     pending = PendingStep.from_dict(pending_data) if pending_data else None
-    writes: list[StepWrite] = yield "get_writes", (session_id, head_id)
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
