@@ -7,9 +7,11 @@
 workflow returns at once) or ``steps`` (ten steps, each an intent ``INSERT`` and a
 compare-and-swap of the session's head with a snapshot ``INSERT``: 2 autocommit prepared
 statements on an ``AsyncConnectionPool``, no lock of the worker's own). DBOS is configured as
-``qitos.distributed.Worker`` configures it (executor threads, queue polling 0.05 s, notification
-polling 0.05 s, worker concurrency). Prints one line of JSON ``{"ready": true}`` once DBOS is up
-and the queue registered; runs until SIGTERM. Imports nothing of qitos.
+``qitos.distributed.Worker`` configures it by default (executor threads, queue polling 0.1 s,
+notification polling 0.05 s, DBOS's worker concurrency ``2 * CONCURRENCY``: as many runs prefetched
+as run), and like it runs ``CONCURRENCY`` workflows at once: the others wait for a free slot.
+Prints one line of JSON ``{"ready": true}`` once DBOS is up and the queue registered; runs until
+SIGTERM. Imports nothing of qitos.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ _SNAPSHOT_BYTES = 300
 _dsn = ""
 _concurrency = 8
 _pool: asyncio.Future[AsyncConnectionPool[Any]] | None = None
+_slots: asyncio.Semaphore | None = None  # made on DBOS's loop by the first workflow
 
 
 def dbos_url(dsn: str) -> str:
@@ -84,13 +87,26 @@ async def _the_pool() -> AsyncConnectionPool[Any]:
     return await _pool
 
 
+def _the_slots() -> asyncio.Semaphore:
+    global _slots
+    if _slots is None:
+        _slots = asyncio.Semaphore(_concurrency)
+    return _slots
+
+
 async def empty_session(session_id: str) -> str:
-    """The dispatch floor's workflow: nothing."""
-    return session_id
+    """The dispatch floor's workflow: nothing, in a slot."""
+    async with _the_slots():
+        return session_id
 
 
 async def step_session(session_id: str) -> str:
-    """The durable-step floor's workflow: ten steps of an intent row and a head CAS + snapshot row."""
+    """The durable-step floor's workflow: ten steps of an intent row and a head CAS + snapshot row, in a slot."""
+    async with _the_slots():
+        return await _steps(session_id)
+
+
+async def _steps(session_id: str) -> str:
     pool = await _the_pool()
     old = ""
     for step in range(STEPS):
@@ -120,14 +136,14 @@ def main() -> None:
         "dbos_system_schema": DBOS_SCHEMA,
         "executor_id": f"floor-{os.getpid()}",
         "application_version": "qitos-floor-1",
-        "max_executor_threads": _concurrency + 4,
+        "max_executor_threads": 2 * _concurrency + 4,
         "notification_listener_polling_interval_sec": 0.05,
         "log_level": "WARNING",
     }
     DBOS(config=config)
     DBOS.workflow(name=name)(workflows[name])
     DBOS.launch()
-    DBOS.register_queue(QUEUE, worker_concurrency=_concurrency, polling_interval_sec=0.05)
+    DBOS.register_queue(QUEUE, worker_concurrency=2 * _concurrency, polling_interval_sec=0.1)
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
     try:
         while not stop.wait(0.5):

@@ -88,6 +88,54 @@ def test_two_hundred_sessions_over_two_worker_processes_all_finish_each_step_onc
     _run_fleet(fleet, fleet_db, tmp_path, 200, timeout=300)
 
 
+def test_a_prefetched_run_waits_for_a_slot_holding_its_sessions_lease_and_is_not_redispatched(
+    fleet: Fleet, fleet_db: str, tmp_path: Path
+) -> None:
+    side_log = tmp_path / "side.log"
+    # One slot, one run prefetched; a 2 s lease, so a supervisor takes a dequeued run with no live
+    # lease after 2 s for the run of a dead worker. The first session takes 10 x 0.3 s.
+    options = {"concurrency": 1, "lease_ttl": 2.0, "step_sleep": 0.3, "extra_args": ("--prefetch", "1")}
+    with workers(fleet_db, side_log, 1, **options) as procs:
+        first, second = fleet.submit_many(["first", "second"], target=STEPS)
+        until(lambda: fleet.results([first])[first].lifecycle == "running", timeout=30, what="the first run")
+        # The second run is dequeued and waits; after half the grace it holds its session's lease,
+        # on the same worker, while the first session is still running.
+        lease = until(lambda: fleet.store.get_lease(second), timeout=10, what="the waiting run's lease")
+        assert f":{procs[0].pid}:" in lease.owner and lease.expires_at > time.time()
+        assert fleet.results([second])[second].lifecycle == "created"
+        time.sleep(2.5)  # past the grace: a supervisor pass would have re-dispatched a run with no lease
+        assert fleet.results([second])[second].lifecycle in ("created", "running")
+        outcomes = fleet.wait([first, second], timeout=60)
+    assert {o.lifecycle for o in outcomes.values()} == {"completed"}
+    _assert_each_step_once(side_log, ["first", "second"])
+    lines = side_log.read_text(encoding="utf-8").splitlines()
+    assert max(i for i, line in enumerate(lines) if " first " in line) < lines.index("begin second 0")  # one slot
+    assert _workflow_ids(fleet_db, second) == [f"qitos-{second}-0"]  # not re-dispatched
+    assert _workflow_statuses(fleet_db, [first, second]) == {"SUCCESS"}
+
+
+def test_a_worker_refuses_a_negative_prefetch() -> None:
+    from fleet_app import composition
+    from qitos.distributed import Worker
+
+    with pytest.raises(ConfigurationError, match="prefetch"):
+        Worker(composition, db="postgresql://nobody@/nowhere", prefetch=-1)
+
+
+def _workflow_statuses(fleet_db: str, ids: list[str]) -> set[str]:
+    import psycopg
+
+    from qitos.checkpoint.targets import postgres_dsn
+
+    dsn, _ = postgres_dsn(fleet_db)
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            f'SELECT status FROM "{dbos_schema(fleet_db)}".workflow_status WHERE workflow_uuid = ANY(%s)',
+            ([f"qitos-{sid}-0" for sid in ids],),
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
 _APPROVER = textwrap.dedent(
     """
     import json, sys

@@ -33,6 +33,10 @@ def worker(
     app: AppOption,
     db: FleetDbOption,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sessions run at once.")] = 8,
+    prefetch: Annotated[
+        int | None,
+        typer.Option("--prefetch", min=0, help="Runs taken from the queue beyond --concurrency, waiting for a slot."),
+    ] = None,
     queue: QueueOption = DEFAULT_QUEUE,
     json_out: Annotated[bool, typer.Option("--json", help="Print the ready line as one line of JSON.")] = False,
     otel: Annotated[
@@ -44,18 +48,27 @@ def worker(
         composition = load_composition(app)
         if provider is not None:
             composition = with_engine_options(composition, otel=provider)
-        _serve(Worker(composition, db=db, queue=queue, concurrency=concurrency), queue, concurrency, json_out)
+        _serve(Worker(composition, db=db, queue=queue, concurrency=concurrency, prefetch=prefetch), queue, json_out)
 
 
-def _serve(runner: Worker, queue: str, concurrency: int, json_out: bool) -> None:
+def _serve(runner: Worker, queue: str, json_out: bool) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runner.start()
     if json_out:
-        ready = {"ready": True, "executor_id": runner.executor_id, "queue": queue, "concurrency": concurrency}
+        ready = {
+            "ready": True,
+            "executor_id": runner.executor_id,
+            "queue": queue,
+            "concurrency": runner.concurrency,
+            "prefetch": runner.prefetch,
+        }
         print(json.dumps(ready), flush=True)  # one line, flushed: a supervisor reads it from a pipe
     else:
-        console().print(f"worker {runner.executor_id} ready on queue {queue!r} (concurrency {concurrency})")
+        console().print(
+            f"worker {runner.executor_id} ready on queue {queue!r}"
+            f" (concurrency {runner.concurrency}, prefetch {runner.prefetch})"
+        )
         sys.stdout.flush()
     try:
         while not stop.wait(0.5):

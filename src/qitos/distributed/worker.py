@@ -27,6 +27,12 @@ What qitos adds, in a supervisor thread in every worker:
   connection) it looks at every waiting session once instead. A run that ends waiting also checks
   for an answer that came while it was finishing.
 
+- **No idle slot between runs.** DBOS hands a worker runs only when its queue thread polls (every
+  ``polling_interval``), so a slot freed by a finished run would stay empty until the next poll. A
+  worker takes up to ``prefetch`` runs more than its ``concurrency``; they wait in the worker for a
+  free slot and start the moment one frees. A run that has waited for a while holds its session's
+  lease (renewed, released when it starts), so no supervisor takes it for the run of a dead worker.
+
 One workflow is one run of a session ("run this session until it pauses, awaits approval,
 finishes or fails"); qitos commits its own steps, so no DBOS step is recorded per agent step.
 Sessions in a store a fleet serves are the fleet's: its workers continue any of them.
@@ -35,9 +41,11 @@ Sessions in a store a fleet serves are the fleet's: its workers continue any of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
@@ -55,13 +63,14 @@ from qitos.distributed.naming import (
 from qitos.engine.composition import Composition
 from qitos.sessions.control import acontinuation_position, continuation_position, delegation_root
 from qitos.sessions.inspection import SessionLifecycle
-from qitos.sessions.lease import holder_is_dead, runner_id
+from qitos.sessions.lease import LeaseKeeper, holder_is_dead, runner_id
 
 __all__ = ["Worker", "dbos_url", "run_session_workflow"]
 
 _UNSETTLED = (SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value)
 _WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
 _MAX_STUCK_GRACE = 5.0  # seconds a dequeued run may take to hold its lease before it counts as stuck
+_RESERVE_AFTER = 0.5  # of that grace: how long a prefetched run waits for a slot before it holds the lease
 _RETRY_FOR = 30.0  # seconds a run keeps resuming after store failures (at least two leases)
 _RETRY_PAUSE = 0.2  # the first pause between attempts, doubling up to 2 s
 _current: Worker | None = None
@@ -85,7 +94,12 @@ async def run_session_workflow(session_id: str) -> str:
 
 
 class Worker:
-    """One worker process's DBOS runtime: the queue, the session workflow and the supervisor."""
+    """One worker process's DBOS runtime: the queue, the session workflow and the supervisor.
+
+    ``concurrency`` sessions run at once; DBOS may hand the worker ``prefetch`` more runs (default:
+    as many as ``concurrency``), which wait here for a free slot. ``polling_interval`` is how often,
+    in seconds, the worker asks DBOS for runs.
+    """
 
     def __init__(
         self,
@@ -94,11 +108,16 @@ class Worker:
         db: str,
         queue: str = DEFAULT_QUEUE,
         concurrency: int = 8,
-        polling_interval: float = 0.05,
+        prefetch: int | None = None,
+        polling_interval: float = 0.1,
         supervise: bool = True,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be a positive int, got {concurrency!r}")
+        if prefetch is None:
+            prefetch = concurrency
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ConfigurationError(f"prefetch must be an int >= 0, got {prefetch!r}")
         self.composition = bind_store(composition, db)
         store = self.composition.runtime.checkpoint_store
         if not isinstance(store, PostgresCheckpointStore):  # bind_store opened db: always PostgreSQL here
@@ -107,6 +126,7 @@ class Worker:
         self.db = db
         self.queue_name = queue
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.polling_interval = polling_interval
         self.supervise = supervise
         self.executor_id = runner_id()
@@ -116,6 +136,7 @@ class Worker:
         self._supervisor: threading.Thread | None = None
         self._dbos: Any = None
         self._queue: Any = None
+        self._slots = asyncio.Semaphore(concurrency)  # bound to DBOS's event loop at its first use
 
     def start(self) -> None:
         """Launch DBOS (creating its system tables if needed), the queue and the supervisor."""
@@ -131,7 +152,7 @@ class Worker:
             "dbos_system_schema": dbos_schema(self.db),
             "executor_id": self.executor_id,
             "application_version": "qitos-fleet-1",
-            "max_executor_threads": self.concurrency + 4,
+            "max_executor_threads": self.concurrency + self.prefetch + 4,
             "notification_listener_polling_interval_sec": 0.05,
             "log_level": "WARNING",
         }
@@ -139,7 +160,9 @@ class Worker:
         DBOS.workflow(name=WORKFLOW_NAME)(run_session_workflow)
         DBOS.launch()
         self._queue = DBOS.register_queue(
-            self.queue_name, worker_concurrency=self.concurrency, polling_interval_sec=self.polling_interval
+            self.queue_name,
+            worker_concurrency=self.concurrency + self.prefetch,
+            polling_interval_sec=self.polling_interval,
         )
         if self.supervise:
             self._supervisor = threading.Thread(target=self._supervise, name="qitos-fleet-supervisor", daemon=True)
@@ -166,7 +189,56 @@ class Worker:
         failed on the store itself (a lost connection, the server restarting: a plain
         ``CheckpointError``) is resumed from its last committed boundary, with pauses, for up to
         ``max(30 s, 2 leases)``; then the workflow fails and ``Fleet.resume`` starts it again.
+        The run first waits for one of the worker's ``concurrency`` slots.
         """
+        async with self._slot(session_id):
+            return await self._run_session(session_id)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, session_id: str) -> AsyncIterator[None]:
+        """Hold one of the run slots; while waiting for one, hold ``session_id``'s lease after a while.
+
+        A prefetched run that waits longer than a supervisor's grace without a lease would look
+        like the run of a dead worker; so after half of it, the run takes the session's lease (kept
+        renewed) and releases it when it gets its slot, just before the run takes it again. If
+        another runner holds the lease, the run goes on waiting (and finds it busy, or free, later).
+        """
+        slots = self._slots
+        if slots.locked():
+            reserve_after = _RESERVE_AFTER * min(self.composition.runtime.lease_ttl, _MAX_STUCK_GRACE)
+            acquiring = asyncio.ensure_future(slots.acquire())
+            reservation: LeaseKeeper | None = None
+            try:
+                while not acquiring.done():
+                    await asyncio.wait({acquiring}, timeout=reserve_after)
+                    if not acquiring.done() and reservation is None:
+                        reservation = await self._reserve(session_id)
+            except BaseException:
+                acquiring.cancel()  # no effect if it has just acquired: then the slot goes back
+                if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                    slots.release()
+                raise
+            finally:
+                if reservation is not None:
+                    await reservation.arelease()
+        else:
+            await slots.acquire()
+        try:
+            yield
+        finally:
+            slots.release()
+
+    async def _reserve(self, session_id: str) -> LeaseKeeper | None:
+        """``session_id``'s lease, renewed from now on; None if another runner holds it."""
+        keeper = LeaseKeeper(self.store, session_id, ttl_seconds=self.composition.runtime.lease_ttl)
+        try:
+            await keeper.aacquire()
+        except SessionBusyError:
+            return None
+        keeper.start_async_heartbeat()
+        return keeper
+
+    async def _run_session(self, session_id: str) -> str:
         store = self.store
         retry_until: float | None = None  # set by the first store failure
         pause = _RETRY_PAUSE
