@@ -194,10 +194,12 @@ class PostgresCheckpointStore(CheckpointStore):
     the tables (created with them on first use). ``min_size``/``max_size`` bound each connection
     pool; ``pool_timeout`` is how long a call waits for a free connection. A pooled connection idle
     for at least ``check_idle_after`` seconds is checked before use (0: before every use, one
-    round trip more per call). ``prepare_threshold`` is psycopg's (None: never prepare, for
-    PgBouncer in transaction mode). ``compress_min_bytes`` (None: never) is the payload size from
-    which Zstandard compression is tried. ``poll_interval`` is how often
-    :meth:`wait_for_control` polls while it has no listening connection.
+    round trip more per call). ``prepare_threshold`` is psycopg's: how often a connection runs a
+    statement before preparing it (0, the default: at its first use, since the store runs a fixed
+    set of statements; None: never prepare, for PgBouncer in transaction mode).
+    ``compress_min_bytes`` (None: never) is the payload size from which Zstandard compression is
+    tried. ``poll_interval`` is how often :meth:`wait_for_control` polls while it has no listening
+    connection.
     """
 
     def __init__(
@@ -209,7 +211,7 @@ class PostgresCheckpointStore(CheckpointStore):
         max_size: int = 10,
         pool_timeout: float = 30.0,
         check_idle_after: float = 1.0,
-        prepare_threshold: int | None = 5,
+        prepare_threshold: int | None = 0,
         compress_min_bytes: int | None = 512,
         poll_interval: float = 2.0,
     ) -> None:

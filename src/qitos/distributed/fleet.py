@@ -41,6 +41,7 @@ from qitos.sessions.inspection import SessionLifecycle
 __all__ = ["Fleet", "SessionOutcome"]
 
 _SUBMIT_BATCH = 64  # sessions whose first runs submit_many enqueues in one transaction
+_FIRST_BATCH = 8  # the first batch: the workers start while the next ones are created (doubling up)
 _SUBMIT_THREADS = 8  # sessions submit_many creates at once
 _WAIT_WINDOW = 32  # pending heads a wait poll reads
 _WAITING = (SessionLifecycle.PAUSED.value, SessionLifecycle.AWAITING_APPROVAL.value)
@@ -140,18 +141,23 @@ class Fleet:
     def submit_many(self, tasks: Iterable[str | Task], **state_kwargs: Any) -> list[str]:
         """:meth:`submit` for each task, in order; their session ids.
 
-        Batches of up to ``_SUBMIT_BATCH`` sessions are created a few at once and their runs
-        enqueued in one transaction, so submitting many is not one commit wait after another. A
-        process that dies between the two leaves sessions ``created`` and unqueued: ``resume`` them.
+        Batches of sessions are created a few at once and their runs enqueued in one transaction,
+        so submitting many is not one commit wait after another. The first batch is small and each
+        next one twice as large (up to ``_SUBMIT_BATCH``), so the workers start on the first runs
+        while the rest are created. A process that dies between creating a batch and enqueueing
+        it leaves sessions ``created`` and unqueued: ``resume`` them.
         """
-        pending, ids = list(tasks), []
+        pending = list(tasks)
+        ids: list[str] = []
+        size = _FIRST_BATCH
         with concurrent.futures.ThreadPoolExecutor(_SUBMIT_THREADS, thread_name_prefix="qitos-submit") as pool:
-            for start in range(0, len(pending), _SUBMIT_BATCH):
-                batch = pending[start : start + _SUBMIT_BATCH]
+            while len(ids) < len(pending):
+                batch = pending[len(ids) : len(ids) + size]
                 created = pool.map(lambda task: self.composition.session(task, **state_kwargs), batch)
                 session_ids = [session.session_id.value for session in created]
                 self._enqueue_first_runs(session_ids)
                 ids.extend(session_ids)
+                size = min(2 * size, _SUBMIT_BATCH)
         return ids
 
     def approve(self, session_id: str, call_id: str) -> ApprovalReceipt:
