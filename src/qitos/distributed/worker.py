@@ -229,11 +229,12 @@ class Worker:
             slots.release()
 
     async def _reserve(self, session_id: str) -> LeaseKeeper | None:
-        """``session_id``'s lease, renewed from now on; None if another runner holds it."""
+        """``session_id``'s lease, renewed from now on; None if another runner holds it or the store
+        failed (the waiting run tries again later; its run deals with the store as any run does)."""
         keeper = LeaseKeeper(self.store, session_id, ttl_seconds=self.composition.runtime.lease_ttl)
         try:
             await keeper.aacquire()
-        except SessionBusyError:
+        except CheckpointError:  # SessionBusyError among them
             return None
         keeper.start_async_heartbeat()
         return keeper
