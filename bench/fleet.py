@@ -6,9 +6,10 @@
 Workers are real ``qitos worker --app fleet_app:composition`` processes (``tests/fleet_app.py``: a
 session of ten steps, one non-idempotent tool call each, committed with ``durability="sync"``).
 
-- throughput: 2 workers (``--concurrency 8`` each); this process submits ``--sessions`` sessions
-  (creating each in the store and enqueueing its run) and waits until all are completed; sessions/s
-  is the count over the wall time from the first submit to the last completion.
+- throughput: 2 workers (``--concurrency 8`` each, with their default prefetch of 8); this process
+  submits ``--sessions`` sessions (creating each in the store and enqueueing its run) and waits
+  until all are completed; sessions/s is the count over the wall time from the first submit to the
+  last completion.
 - the anchor, right after each qitos throughput run on the same cluster (a database of its own):
   LangGraph 1.2 + ``PostgresSaver`` in 2 processes (``fleet_langgraph.py``), the same ``--sessions``
   ten-step sessions with the same non-idempotent side-log call per step, ``durability="sync"``, 8 in
