@@ -48,6 +48,11 @@ def _run_fleet(fleet: Fleet, fleet_db: str, tmp_path: Path, sessions: int, timeo
 
 
 def _workflow_executors(fleet_db: str, ids: list[str]) -> set[str]:
+    return _first_runs(fleet_db, ids, "executor_id")
+
+
+def _first_runs(fleet_db: str, ids: list[str], column: str) -> set[str]:
+    """``column`` of the sessions' first runs (workflows ``qitos-{id}-0``) in DBOS's workflow_status."""
     import psycopg
 
     from qitos.checkpoint.targets import postgres_dsn
@@ -55,7 +60,7 @@ def _workflow_executors(fleet_db: str, ids: list[str]) -> set[str]:
     dsn, _ = postgres_dsn(fleet_db)
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            f'SELECT executor_id FROM "{dbos_schema(fleet_db)}".workflow_status WHERE workflow_uuid = ANY(%s)',
+            f'SELECT {column} FROM "{dbos_schema(fleet_db)}".workflow_status WHERE workflow_uuid = ANY(%s)',
             ([f"qitos-{sid}-0" for sid in ids],),
         ).fetchall()
     return {row[0] for row in rows}
@@ -111,7 +116,7 @@ def test_a_prefetched_run_waits_for_a_slot_holding_its_sessions_lease_and_is_not
     lines = side_log.read_text(encoding="utf-8").splitlines()
     assert max(i for i, line in enumerate(lines) if " first " in line) < lines.index("begin second 0")  # one slot
     assert _workflow_ids(fleet_db, second) == [f"qitos-{second}-0"]  # not re-dispatched
-    assert _workflow_statuses(fleet_db, [first, second]) == {"SUCCESS"}
+    assert _first_runs(fleet_db, [first, second], "status") == {"SUCCESS"}
 
 
 def test_a_worker_refuses_a_negative_prefetch() -> None:
@@ -120,20 +125,6 @@ def test_a_worker_refuses_a_negative_prefetch() -> None:
 
     with pytest.raises(ConfigurationError, match="prefetch"):
         Worker(composition, db="postgresql://nobody@/nowhere", prefetch=-1)
-
-
-def _workflow_statuses(fleet_db: str, ids: list[str]) -> set[str]:
-    import psycopg
-
-    from qitos.checkpoint.targets import postgres_dsn
-
-    dsn, _ = postgres_dsn(fleet_db)
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            f'SELECT status FROM "{dbos_schema(fleet_db)}".workflow_status WHERE workflow_uuid = ANY(%s)',
-            ([f"qitos-{sid}-0" for sid in ids],),
-        ).fetchall()
-    return {row[0] for row in rows}
 
 
 _APPROVER = textwrap.dedent(

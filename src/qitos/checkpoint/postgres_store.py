@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from qitos.checkpoint.packing import PackingError, pack, unpack
 from qitos.checkpoint.postgres_sql import SCHEMA_VERSION, StoreSql
 from qitos.checkpoint.store import (
+    MAX_CHAIN,
     CheckpointStore,
     ControlItem,
     DuplicateOperationError,
@@ -56,6 +57,7 @@ from qitos.checkpoint.store import (
     SnapshotNotFoundError,
     StepWrite,
     StoredSnapshotRow,
+    chain_oldest_first,
     check_after,
     check_blobs,
     check_control,
@@ -75,6 +77,7 @@ from qitos.checkpoint.store import (
     utc_now,
     verified_head,
     verified_position,
+    verified_write,
     write_digest,
 )
 from qitos.core.errors import (
@@ -104,7 +107,6 @@ Query = tuple[str, Sequence[Any] | Mapping[str, Any]]
 Plan = Generator[Query, Rows, _T]
 """A store operation: yields each statement with its parameters, receives its rows, returns the result."""
 
-_MAX_CHAIN: Final = 10_000_000  # guards the recursive chain query against a cycle in corrupted rows
 _COMMIT_ATTEMPTS: Final = 8  # a refused commit whose lookup finds nothing wrong (a race) is retried
 _EXTRA = "PostgresCheckpointStore needs the qitos[postgres] extra: pip install 'qitos[postgres]'"
 
@@ -596,13 +598,13 @@ class PostgresCheckpointStore(CheckpointStore):
         return SessionSnapshot.from_stored_rows([_stored_row(rows[0])])[0]
 
     def _plan_load_chain(self, snapshot_id: str) -> Plan[list[SessionSnapshot]]:
-        rows = yield self.sql.chain, (snapshot_id, _MAX_CHAIN)
+        rows = yield self.sql.chain, (snapshot_id, MAX_CHAIN)
         return _chain_of(snapshot_id, rows)
 
     def _plan_chain_with_writes(
         self, session_id: str, snapshot_id: str
     ) -> Plan[tuple[list[SessionSnapshot], list[StepWrite]]]:
-        rows = yield self.sql.chain_with_writes, {"snap": snapshot_id, "max": _MAX_CHAIN, "sid": session_id}
+        rows = yield self.sql.chain_with_writes, {"snap": snapshot_id, "max": MAX_CHAIN, "sid": session_id}
         chain = [row[1:] for row in rows if row[0] == "chain"]
         writes = sorted((row for row in rows if row[0] == "write"), key=lambda row: row[15])
         return _chain_of(snapshot_id, chain), _writes_of(
@@ -1246,39 +1248,13 @@ def _chain_of(snapshot_id: str, rows: list[Any]) -> list[SessionSnapshot]:
     """The verified chain of ``snapshot_id`` from its chain rows (the columns, stop, depth)."""
     if not rows:
         raise SnapshotNotFoundError(snapshot_id)
-    rows.sort(key=lambda row: row[9], reverse=True)
-    oldest = rows[0]
-    stop, depth = oldest[8], oldest[9]
-    if stop is not None and oldest[0] != stop:
-        if depth >= _MAX_CHAIN:
-            reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
-        elif oldest[2] is None:
-            reason = f"its base {stop} is not among its ancestors (reached the root)"
-        else:
-            reason = f"ancestor {oldest[2]} is missing from the store"
-        raise SnapshotIntegrityError(snapshot_id, reason)
-    return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
+    return SessionSnapshot.from_stored_rows([_stored_row(row) for row in chain_oldest_first(snapshot_id, rows)])
 
 
 def _writes_of(session_id: str, base_snapshot_id: str, rows: Iterable[Any]) -> list[StepWrite]:
     """The verified pending writes on ``base_snapshot_id`` from their rows (step, kind, key, payload,
     digest), in the order they were written."""
-    out: list[StepWrite] = []
-    for step_id, kind, key, payload, digest in rows:
-        where = f"{kind}/{key}"
-        payload_json = stored_text(payload, "writes", where, session_id)
-        write = StepWrite(
-            session_id=session_id,
-            base_snapshot_id=base_snapshot_id,
-            step_id=int(step_id),
-            kind=kind,
-            key=key,
-            payload={},
-        )
-        if digest != write_digest(write, payload_json):
-            raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
-        out.append(replace(write, payload=stored_object(payload_json, "writes", where, session_id)))
-    return out
+    return [verified_write(session_id, base_snapshot_id, *row) for row in rows]
 
 
 def _payload_or_empty(row: Any) -> bytes:

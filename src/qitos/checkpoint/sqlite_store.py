@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import operator
 import os
 import random
 import sqlite3
@@ -43,6 +42,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from qitos.checkpoint.packing import PackingError, pack, unpack
 from qitos.checkpoint.store import (
+    MAX_CHAIN,
     ControlItem,
     DuplicateOperationError,
     PruneReport,
@@ -55,6 +55,7 @@ from qitos.checkpoint.store import (
     StepWrite,
     StoredSnapshotRow,
     SyncCheckpointStore,
+    chain_oldest_first,
     check_after,
     check_blobs,
     check_control,
@@ -73,6 +74,7 @@ from qitos.checkpoint.store import (
     stored_text,
     utc_now,
     verified_head,
+    verified_write,
     write_digest,
 )
 from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
@@ -303,8 +305,6 @@ _SQL_BLOB_DELETE = "DELETE FROM blobs WHERE digest IN (SELECT value FROM json_ea
 _SQL_PRUNE_WRITES = "DELETE FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
 _SQL_SNAPSHOT_COUNT = "SELECT COUNT(*) FROM snapshots"
 
-_DEPTH: Final = operator.itemgetter(9)  # the depth column of _SQL_CHAIN rows
-_MAX_CHAIN: Final = 10_000_000  # guards the recursive query against a cycle in corrupted rows
 _BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 Synchronous = Literal["NORMAL", "FULL"]
@@ -629,19 +629,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         for step_id, kind_raw, key_raw, payload_raw, digest in rows:
             kind = stored_text(kind_raw, "writes", "?", session_id)
             key = stored_text(key_raw, "writes", kind, session_id)
-            where = f"{kind}/{key}"
-            payload_json = stored_text(payload_raw, "writes", where, session_id)
-            write = StepWrite(
-                session_id=session_id,
-                base_snapshot_id=base_snapshot_id,
-                step_id=step_id,
-                kind=kind,
-                key=key,
-                payload={},
-            )
-            if digest != write_digest(write, payload_json):
-                raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
-            out.append(replace(write, payload=stored_object(payload_json, "writes", where, session_id)))
+            out.append(verified_write(session_id, base_snapshot_id, step_id, kind, key, payload_raw, digest))
         return out
 
     # ---- control items
@@ -949,21 +937,8 @@ def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]
                         chain.reverse()
                         return chain, False
                     current = by_id.get(current[2])
-        rows = cur.execute(_SQL_CHAIN, (snapshot_id, _MAX_CHAIN)).fetchall()
-    if not rows:
-        return rows, True
-    rows.sort(key=_DEPTH, reverse=True)  # here, not in SQL: sorting rows with payloads there costs more
-    oldest = rows[0]
-    stop, depth = oldest[8], oldest[9]
-    if stop is not None and oldest[0] != stop:
-        if depth >= _MAX_CHAIN:
-            reason = f"its chain to base {stop} exceeds {_MAX_CHAIN} snapshots (a parent cycle?)"
-        elif oldest[2] is None:
-            reason = f"its base {stop} is not among its ancestors (reached the root)"
-        else:
-            reason = f"ancestor {oldest[2]} is missing from the store"
-        raise SnapshotIntegrityError(snapshot_id, reason)
-    return rows, True
+        rows = cur.execute(_SQL_CHAIN, (snapshot_id, MAX_CHAIN)).fetchall()
+    return chain_oldest_first(snapshot_id, rows), True
 
 
 def _snapshot(row: Any) -> SessionSnapshot:

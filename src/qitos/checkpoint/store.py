@@ -32,15 +32,16 @@ import concurrent.futures
 import functools
 import hashlib
 import json
+import operator
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from json.encoder import encode_basestring
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, Final, ParamSpec, Self, TypeVar
 
 from qitos.core.codec import canonical_json
 from qitos.core.errors import (
@@ -54,6 +55,7 @@ from qitos.core.errors import (
 )
 
 __all__ = [
+    "MAX_CHAIN",
     "BlobIntegrityError",
     "CheckpointStore",
     "ControlItem",
@@ -69,6 +71,7 @@ __all__ = [
     "StepWrite",
     "StoredSnapshotRow",
     "SyncCheckpointStore",
+    "chain_oldest_first",
     "check_after",
     "check_blobs",
     "check_control",
@@ -91,6 +94,7 @@ __all__ = [
     "utc_now",
     "verified_head",
     "verified_position",
+    "verified_write",
     "write_digest",
 ]
 
@@ -827,6 +831,48 @@ def verified_head(
         metadata=stored_object(metadata_json, "sessions", session_id, session_id),
         control_seq=None if control_seq is None else int(control_seq),
     )
+
+
+def verified_write(
+    session_id: str, base_snapshot_id: str, step_id: int, kind: str, key: str, payload_raw: bytes | str, digest: str
+) -> StepWrite:
+    """A writes row, checked against its digest, as the :class:`StepWrite` it stores."""
+    where = f"{kind}/{key}"
+    payload_json = stored_text(payload_raw, "writes", where, session_id)
+    write = StepWrite(
+        session_id=session_id, base_snapshot_id=base_snapshot_id, step_id=int(step_id), kind=kind, key=key, payload={}
+    )
+    if digest != write_digest(write, payload_json):
+        raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
+    return replace(write, payload=stored_object(payload_json, "writes", where, session_id))
+
+
+MAX_CHAIN: Final = 10_000_000
+"""How many snapshots a SQL store's recursive chain query follows at most (a cycle in corrupted rows)."""
+_DEPTH: Final = operator.itemgetter(9)  # the depth column of a chain row
+
+
+def chain_oldest_first(snapshot_id: str, rows: list[Any]) -> list[Any]:
+    """A SQL store's chain rows of ``snapshot_id`` (a snapshot's columns, then its chain's base id
+    and the row's depth), sorted oldest first; SnapshotIntegrityError unless they reach the base
+    (no rows: returned as they are).
+
+    They are sorted here, not in SQL: sorting rows with payloads there costs more.
+    """
+    if not rows:
+        return rows
+    rows.sort(key=_DEPTH, reverse=True)
+    oldest = rows[0]
+    stop, depth = oldest[8], oldest[9]
+    if stop is not None and oldest[0] != stop:
+        if depth >= MAX_CHAIN:
+            reason = f"its chain to base {stop} exceeds {MAX_CHAIN} snapshots (a parent cycle?)"
+        elif oldest[2] is None:
+            reason = f"its base {stop} is not among its ancestors (reached the root)"
+        else:
+            reason = f"ancestor {oldest[2]} is missing from the store"
+        raise SnapshotIntegrityError(snapshot_id, reason)
+    return rows
 
 
 def verified_position(
