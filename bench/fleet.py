@@ -20,7 +20,7 @@ session of ten steps, one non-idempotent tool call each, committed with ``durabi
   machine hits every side; each side's median round is reported.
 - the floor, in the same rounds (``fleet_floor.py``; ``--no-floor`` skips it): 2 worker processes of
   the project venv with DBOS configured as qitos' workers (concurrency 8 each with 8 runs
-  prefetched, queue polling 0.1 s), ``--sessions`` workflows enqueued from this process with
+  prefetched, queue polling 0.05 s), ``--sessions`` workflows enqueued from this process with
   ``DBOSClient.enqueue`` as ``Fleet`` does, timed from the first enqueue to all ``SUCCESS``. Two
   lines: empty workflows (DBOS's dispatch alone), and DBOS + 2 prepared autocommit statements per
   step on an async pool (an intent row; a head compare-and-swap with a snapshot row), the head row

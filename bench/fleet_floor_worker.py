@@ -7,7 +7,7 @@
 workflow returns at once) or ``steps`` (ten steps, each an intent ``INSERT`` and a
 compare-and-swap of the session's head with a snapshot ``INSERT``: 2 autocommit prepared
 statements on an ``AsyncConnectionPool``, no lock of the worker's own). DBOS is configured as
-``qitos.distributed.Worker`` configures it by default (executor threads, queue polling 0.1 s,
+``qitos.distributed.Worker`` configures it by default (executor threads, queue polling 0.05 s,
 notification polling 0.05 s, DBOS's worker concurrency ``2 * CONCURRENCY``: as many runs prefetched
 as run), and like it runs ``CONCURRENCY`` workflows at once: the others wait for a free slot.
 Prints one line of JSON ``{"ready": true}`` once DBOS is up and the queue registered; runs until
@@ -143,7 +143,7 @@ def main() -> None:
     DBOS(config=config)
     DBOS.workflow(name=name)(workflows[name])
     DBOS.launch()
-    DBOS.register_queue(QUEUE, worker_concurrency=2 * _concurrency, polling_interval_sec=0.1)
+    DBOS.register_queue(QUEUE, worker_concurrency=2 * _concurrency, polling_interval_sec=0.05)
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
     try:
         while not stop.wait(0.5):

@@ -109,7 +109,7 @@ class Worker:
         queue: str = DEFAULT_QUEUE,
         concurrency: int = 8,
         prefetch: int | None = None,
-        polling_interval: float = 0.1,
+        polling_interval: float = 0.05,
         supervise: bool = True,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
