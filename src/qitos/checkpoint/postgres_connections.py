@@ -16,16 +16,19 @@ __all__ = ["AsyncStoreConnection", "StoreConnection"]
 
 
 class StoreConnection(psycopg.Connection[Any]):
-    """A sync pooled connection of the store, with its ``statements`` cursor."""
+    """A sync pooled connection of the store, with its ``statements`` cursor; ``returned_at`` is
+    when the store last gave it back to the pool (``time.monotonic()``; None: never)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.statements: psycopg.Cursor[Any] = self.cursor()
+        self.returned_at: float | None = None
 
 
 class AsyncStoreConnection(psycopg.AsyncConnection[Any]):
-    """An async pooled connection of the store, with its ``statements`` cursor."""
+    """An async pooled connection of the store, with its ``statements`` cursor and ``returned_at``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.statements: psycopg.AsyncCursor[Any] = self.cursor()
+        self.returned_at: float | None = None

@@ -252,7 +252,6 @@ class PostgresCheckpointStore(CheckpointStore):
         self._apools_opening: dict[asyncio.AbstractEventLoop, asyncio.Future[Any]] = {}  # pools being opened
         self._migrated = False
         self._closed = False
-        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         _LIVE.add(self)
 
     def __repr__(self) -> str:
@@ -294,10 +293,10 @@ class PostgresCheckpointStore(CheckpointStore):
         """Remember when a connection went back idle (done here, not as the pool's ``reset``
         callback: a pool with one returns every connection through a worker task, which costs a
         task switch per statement and leaves connections in transit when an event loop ends)."""
-        self._returned[conn] = time.monotonic()
+        conn.returned_at = time.monotonic()
 
     def _idle_too_long(self, conn: Any) -> bool:
-        returned = self._returned.get(conn)
+        returned = conn.returned_at
         return returned is None or time.monotonic() - returned >= self._check_idle_after
 
     def _check(self, conn: Any) -> None:
