@@ -184,19 +184,7 @@ class StoreSql:
         columns = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload"
         self.snapshot_get = f"SELECT {columns} FROM {s}.snapshots WHERE snapshot_id = %s"
         # The snapshot and its ancestors up to its base (``stop``), in one recursive query.
-        self.chain = (
-            f"WITH RECURSIVE chain({columns}, stop, depth) AS ("
-            f" SELECT {columns}, base_id, 0 FROM {s}.snapshots WHERE snapshot_id = %s"
-            " UNION ALL"
-            " SELECT p.snapshot_id, p.session_id, p.parent_id, p.base_id, p.sequence, p.created_at, p.encoding,"
-            " p.payload, chain.stop, chain.depth + 1"
-            f" FROM chain JOIN {s}.snapshots p ON p.snapshot_id = chain.parent_id"
-            " WHERE chain.stop IS NOT NULL AND chain.snapshot_id <> chain.stop AND chain.depth < %s)"
-            f" SELECT {columns}, stop, depth FROM chain"
-        )
-        # The chain and the writes on its head in one statement (what a restore reads): tagged rows,
-        # the chain's columns, then a write's (its payload in the chain's payload column).
-        self.chain_with_writes = (
+        chain_cte = (
             f"WITH RECURSIVE chain({columns}, stop, depth) AS ("
             f" SELECT {columns}, base_id, 0 FROM {s}.snapshots WHERE snapshot_id = %(snap)s::text"
             " UNION ALL"
@@ -204,8 +192,13 @@ class StoreSql:
             " p.payload, chain.stop, chain.depth + 1"
             f" FROM chain JOIN {s}.snapshots p ON p.snapshot_id = chain.parent_id"
             " WHERE chain.stop IS NOT NULL AND chain.snapshot_id <> chain.stop AND chain.depth < %(max)s)"
-            f" SELECT 'chain', {columns}, stop, depth, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint"
-            " FROM chain UNION ALL"
+        )
+        self.chain = f"{chain_cte} SELECT {columns}, stop, depth FROM chain"
+        # The chain and the writes on its head in one statement (what a restore reads): tagged rows,
+        # the chain's columns, then a write's (its payload in the chain's payload column).
+        self.chain_with_writes = (
+            f"{chain_cte} SELECT 'chain', {columns}, stop, depth,"
+            " NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint FROM chain UNION ALL"
             " SELECT 'write', NULL, NULL, NULL, NULL, NULL, NULL, NULL, payload, NULL, NULL, step_id, kind, key,"
             f" digest, write_seq FROM {s}.writes WHERE session_id = %(sid)s::text AND base_snapshot_id = %(snap)s::text"
         )

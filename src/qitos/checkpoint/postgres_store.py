@@ -597,7 +597,7 @@ class PostgresCheckpointStore(CheckpointStore):
         return SessionSnapshot.from_stored_rows([_stored_row(rows[0])])[0]
 
     def _plan_load_chain(self, snapshot_id: str) -> Plan[list[SessionSnapshot]]:
-        rows = yield self.sql.chain, (snapshot_id, MAX_CHAIN)
+        rows = yield self.sql.chain, {"snap": snapshot_id, "max": MAX_CHAIN}
         return _chain_of(snapshot_id, rows)
 
     def _plan_chain_with_writes(
