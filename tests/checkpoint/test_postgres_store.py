@@ -590,11 +590,36 @@ def test_a_sessions_statements_find_rows_by_key_and_never_scan_a_table(pg_dsn: s
         run(range(40, 60))
         after = _seq_scans(pg_dsn, schema, application_name)
         assert {table: after[table] - before.get(table, 0) for table in after} == dict.fromkeys(after, 0)
-        store = PostgresCheckpointStore(dsn, schema=schema, prepare_threshold=0)
-        try:  # what Fleet.wait reads: a small heads table may be scanned, every session's metadata never is
-            assert len(store.get_session_heads(ids[:20])) == 20
+    finally:
+        drop_schema(pg_dsn, schema)
+
+
+def test_the_many_heads_reads_find_each_head_by_key_though_planned_on_a_small_table(pg_dsn: str) -> None:
+    """What Fleet.wait reads at every poll. A generic plan is made once per connection, here while
+    the table holds three sessions: it must still look each head up by key at three hundred."""
+    from fleet_app import FleetAgent
+    from qitos.engine.composition import compose
+
+    schema, application_name = fresh_schema(), f"qitos_plans_{fresh_schema()}"
+    separator = "&" if "?" in pg_dsn else "?"
+    dsn = f"{pg_dsn}{separator}application_name={application_name}"
+    try:
+        with PostgresCheckpointStore(dsn, schema=schema) as store:  # the schema (its set-up scans each table)
+            ids = [compose(FleetAgent, store=store).session("t0", target=2).session_id.value]
+        before = _seq_scans(pg_dsn, schema, application_name)
+        store = PostgresCheckpointStore(dsn, schema=schema, min_size=1, max_size=1, prepare_threshold=0)
+        composition = compose(FleetAgent, store=store)
+        try:
+            ids += [composition.session(f"t{i}", target=2).session_id.value for i in range(1, 3)]
+            assert len(store.get_session_positions(ids)) == len(store.get_session_heads(ids)) == 3
+            ids += [composition.session(f"t{i}", target=2).session_id.value for i in range(3, 300)]
+            for start in range(0, 100, 20):
+                assert len(store.get_session_positions(ids[start : start + 20])) == 20
+                heads = store.get_session_heads([*ids[start : start + 20], "ses_unknown"])
+                assert sorted(heads) == sorted(ids[start : start + 20])
         finally:
             store.close()
-        assert _seq_scans(pg_dsn, schema, application_name)["sessions"] == after["sessions"]
+        after = _seq_scans(pg_dsn, schema, application_name)
+        assert (after["heads"], after["sessions"]) == (before["heads"], before["sessions"])
     finally:
         drop_schema(pg_dsn, schema)

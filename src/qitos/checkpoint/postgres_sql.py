@@ -141,16 +141,20 @@ class StoreSql:
         )
         self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
         self.head_list = f"SELECT {head_columns} ORDER BY h.created_seq"
-        # Each head's metadata found by key (a LATERAL lookup, which LIMIT keeps from being turned
-        # into a join): joined, the generic plan hashes a scan of every session's metadata.
+        # The many-heads reads start from the wanted ids and look each head (and its metadata) up by
+        # key: LATERAL, which LIMIT keeps from being turned into a join. As `heads WHERE session_id =
+        # ANY(...)`, a generic plan made while the table was small scans the whole table at every
+        # call, and a fleet's Fleet.wait makes such a call at every poll.
+        wanted = "FROM unnest(%s::text[]) AS w(session_id) CROSS JOIN LATERAL"
         self.head_many = (
             "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata,"
-            f" m.digest, h.control_seq FROM {s}.heads h LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions"
-            " WHERE session_id = h.session_id LIMIT 1) m ON true WHERE h.session_id = ANY(%s)"
+            f" m.digest, h.control_seq {wanted} (SELECT * FROM {s}.heads WHERE session_id = w.session_id LIMIT 1) h"
+            f" LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions WHERE session_id = h.session_id LIMIT 1) m"
+            " ON true"
         )
         self.head_positions = (
-            "SELECT session_id, snapshot_id, sequence, lifecycle, updated_at, digest"
-            f" FROM {s}.heads WHERE session_id = ANY(%s)"
+            "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest"
+            f" {wanted} (SELECT * FROM {s}.heads WHERE session_id = w.session_id LIMIT 1) h"
         )
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
