@@ -9,7 +9,8 @@ compare-and-swap of the session's head with a snapshot ``INSERT``: 2 autocommit 
 statements on an ``AsyncConnectionPool``, no lock of the worker's own). DBOS is configured as
 ``qitos.distributed.Worker`` configures it by default (executor threads, queue polling 0.05 s,
 notification polling 0.05 s, DBOS's worker concurrency ``2 * CONCURRENCY``: as many runs prefetched
-as run), and like it runs ``CONCURRENCY`` workflows at once: the others wait for a free slot.
+as run), and like it runs ``CONCURRENCY`` workflows at once: the others wait for a free slot. Its
+garbage collector is set up as ``qitos worker`` sets its own (``qitos.cli.worker.tune_collector``).
 Prints one line of JSON ``{"ready": true}`` once DBOS is up and the queue registered; runs until
 SIGTERM. Imports nothing of qitos.
 """
@@ -17,6 +18,7 @@ SIGTERM. Imports nothing of qitos.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -144,6 +146,9 @@ def main() -> None:
     DBOS.workflow(name=name)(workflows[name])
     DBOS.launch()
     DBOS.register_queue(QUEUE, worker_concurrency=2 * _concurrency, polling_interval_sec=0.05)
+    gc.collect()  # as qitos.cli.worker.tune_collector: start-up frozen, young objects every 10,000 allocations
+    gc.freeze()
+    gc.set_threshold(10_000, *gc.get_threshold()[1:])
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
     try:
         while not stop.wait(0.5):

@@ -233,6 +233,19 @@ def test_sessions_submit_on_the_command_line_is_run_by_a_worker(fleet: Fleet, fl
     _assert_each_step_once(side_log, ["cli-task"])
 
 
+def test_a_worker_process_freezes_its_start_up_objects_out_of_the_collector(
+    fleet: Fleet, fleet_db: str, tmp_path: Path
+) -> None:
+    """``qitos worker`` tunes the cyclic collector for a long-lived process (``tune_collector``)."""
+    gc_log = tmp_path / "gc.log"
+    with workers(fleet_db, tmp_path / "side.log", 1, concurrency=1, extra_env={"QITOS_FLEET_GC_LOG": str(gc_log)}):
+        ids = fleet.submit_many(["probe"], target=1)
+        assert fleet.wait(ids, timeout=60)[ids[0]].lifecycle == "completed"
+    frozen, youngest = map(int, gc_log.read_text(encoding="utf-8").split())
+    assert frozen > 10_000  # DBOS, SQLAlchemy and the app, built before the worker was ready
+    assert youngest == 10_000
+
+
 _SERVE = textwrap.dedent(
     """
     import json, sys
