@@ -20,13 +20,13 @@ session of ten steps, one non-idempotent tool call each, committed with ``durabi
   machine hits every side; each side's median round is reported.
 - the floor, in the same rounds (``fleet_floor.py``; ``--no-floor`` skips it): 2 worker processes of
   the project venv with DBOS configured as qitos' workers (concurrency 8 each with 8 runs
-  prefetched, queue polling 0.05 s), ``--sessions`` workflows enqueued from this process with
-  ``DBOSClient.enqueue`` as ``Fleet`` does, timed from the first enqueue to all ``SUCCESS``. Two
-  lines: empty workflows (DBOS's dispatch alone), and DBOS + 2 prepared autocommit statements per
-  step on an async pool (an intent row; a head compare-and-swap with a snapshot row), the head row
-  created before the enqueue: what a ten-step session with a non-idempotent call per step minimally
-  writes, with no agent, engine, journal, digests or compression. Worker CPU per session is printed
-  for qitos and each floor.
+  prefetched, queue polling 0.05 s, the garbage collector set up as ``qitos worker`` sets it),
+  ``--sessions`` workflows enqueued from this process with ``DBOSClient.enqueue`` as ``Fleet`` does,
+  timed from the first enqueue to all ``SUCCESS``. Two lines: empty workflows (DBOS's dispatch
+  alone), and DBOS + 2 prepared autocommit statements per step on an async pool (an intent row; a
+  head compare-and-swap with a snapshot row), the head row created before the enqueue: what a
+  ten-step session with a non-idempotent call per step minimally writes, with no agent, engine,
+  journal, digests or compression. Worker CPU per session is printed for qitos and each floor.
 - approval -> resumed: ``--approvals`` sessions wait for an approval; each is approved in turn from
   this process (a third process to both workers) and timed until a worker has committed the
   resumed session's next boundary; p50 and max.
