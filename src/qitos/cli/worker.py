@@ -22,7 +22,7 @@ from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engin
 from qitos.distributed.worker import Worker
 from qitos.engine.otlp import otlp_export
 
-__all__ = ["submit", "worker"]
+__all__ = ["submit", "tune_collector", "worker"]
 
 _YOUNG_COLLECTION_EVERY = 10_000  # allocations between collections of the youngest generation (default 700)
 
