@@ -68,8 +68,8 @@ class AsyncOnlyStore(CheckpointStore):
     async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         return self._inner.load_chain(snapshot_id)
 
-    async def alist_sessions(self) -> list[SessionHeadRecord]:
-        return self._inner.list_sessions()
+    async def alist_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        return self._inner.list_sessions(lifecycles=lifecycles)
 
     async def alist_session_snapshots(self, session_id: str) -> list[str]:
         return self._inner.list_session_snapshots(session_id)
@@ -491,6 +491,25 @@ def test_sessions_are_listed_in_creation_order(store: CheckpointStore) -> None:
     advance(store, store.get_snapshot(store.list_sessions()[0].snapshot_id), {"ops": [1]})
     assert [head.session_id for head in store.list_sessions()] == ["zeta", "alpha", "mid"]
     assert store.list_sessions()[0].sequence == 1
+
+
+def test_sessions_are_listed_by_lifecycle_in_creation_order(store: CheckpointStore) -> None:
+    for name in ["zeta", "alpha", "mid", "last"]:
+        create(store, name)
+    heads = {head.session_id: head for head in store.list_sessions()}
+    advance(store, store.get_snapshot(heads["zeta"].snapshot_id), {"ops": [1]}, lifecycle="paused")
+    advance(store, store.get_snapshot(heads["mid"].snapshot_id), {"ops": [1]}, lifecycle="awaiting_approval")
+    advance(store, store.get_snapshot(heads["last"].snapshot_id), {"ops": [1]}, lifecycle="completed")
+    waiting = store.list_sessions(lifecycles=("awaiting_approval", "paused"))
+    assert [(head.session_id, head.lifecycle) for head in waiting] == [("zeta", "paused"), ("mid", "awaiting_approval")]
+    assert waiting[0] == store.get_session_head("zeta")  # whole records, metadata and counters too
+    assert [head.session_id for head in store.list_sessions(lifecycles={"created"})] == ["alpha"]
+    assert store.list_sessions(lifecycles=["failed"]) == store.list_sessions(lifecycles=[]) == []
+    assert [head.session_id for head in asyncio.run(store.alist_sessions(lifecycles=["completed"]))] == ["last"]
+    with pytest.raises(UsageError, match="not a single string"):
+        store.list_sessions(lifecycles="paused")
+    with pytest.raises(UsageError, match="must hold strings"):
+        store.list_sessions(lifecycles=[1])  # type: ignore[list-item]
 
 
 def test_a_sessions_snapshots_are_listed_newest_first_within_the_session(store: CheckpointStore) -> None:

@@ -81,6 +81,27 @@ def test_an_approval_given_with_the_cli_resumes_the_session_on_the_fleet(
     assert sorted(_workflows(pg_dsn, fleet_db, sid).values()) == ["SUCCESS", "SUCCESS"]
 
 
+def test_an_answer_given_while_no_worker_listened_is_taken_in_by_the_next_worker_to_start(
+    fleet: Fleet, fleet_db: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """A supervisor that starts listening first looks at every waiting session (only those: the
+    store lists the waiting heads alone), so an answer nobody heard still resumes its session."""
+    side_log = tmp_path / "side.log"
+    with workers(fleet_db, side_log, 1, concurrency=2):
+        waiting, done = fleet.submit_many(["approve-unheard", "plain"], target=STEPS)
+        until(lambda: fleet.results([waiting])[waiting].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
+        assert fleet.wait([done], timeout=60)[done].lifecycle == "completed"
+    _cli_approve(waiting, "s1-publish", fleet_db)  # no worker runs: nobody hears it, nothing is enqueued
+    assert [head.session_id for head in fleet.store.list_sessions(lifecycles=("awaiting_approval",))] == [waiting]
+    assert len(_workflows(pg_dsn, fleet_db, waiting)) == 1  # only its first run
+    with workers(fleet_db, side_log, 1, concurrency=2):
+        until(lambda: fleet.results([waiting])[waiting].lifecycle == "completed", timeout=60, what="the resumed one")
+    counts = side_counts(side_log)
+    assert counts[("publish", "approve-unheard", "0")] == 1
+    assert all(counts[("begin", "approve-unheard", str(step))] == 1 for step in range(STEPS))
+    assert sorted(_workflows(pg_dsn, fleet_db, waiting).values()) == ["SUCCESS", "SUCCESS"]
+
+
 def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
     fleet_db: str, pg_dsn: str, tmp_path: Path
 ) -> None:

@@ -195,13 +195,15 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
             chain.reverse()
             return chain
 
-    def list_sessions(self) -> list[SessionHeadRecord]:
-        """Every session head, in creation order."""
+    def list_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        """Every session head (only those in ``lifecycles``, when given), in creation order."""
+        wanted = name_set(lifecycles, "lifecycles")
         with self._lock:
             self._check_open()
             return [
                 _head_record(session_id, head, len(self._control.get(session_id, ())))
                 for session_id, head in self._heads.items()
+                if wanted is None or head.lifecycle in wanted
             ]
 
     def list_session_snapshots(self, session_id: str) -> list[str]:

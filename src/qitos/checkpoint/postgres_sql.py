@@ -141,6 +141,14 @@ class StoreSql:
         )
         self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
         self.head_list = f"SELECT {head_columns} ORDER BY h.created_seq"
+        # Few heads among many (the waiting ones a fleet supervisor looks at): each one's metadata
+        # by key, never a join that could hash every session's metadata.
+        self.head_list_in = (
+            "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata,"
+            f" m.digest, h.control_seq FROM {s}.heads h LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions"
+            " WHERE session_id = h.session_id LIMIT 1) m ON true WHERE h.lifecycle = ANY(%s::text[])"
+            " ORDER BY h.created_seq"
+        )
         # The many-heads reads start from the wanted ids and look each head (and its metadata) up by
         # key: LATERAL, which LIMIT keeps from being turned into a join. As `heads WHERE session_id =
         # ANY(...)`, a generic plan made while the table was small scans the whole table at every

@@ -627,8 +627,11 @@ class PostgresCheckpointStore(CheckpointStore):
             for sid, snapshot_id, sequence, lifecycle, updated_at, digest in rows
         }
 
-    def _plan_list_sessions(self) -> Plan[list[SessionHeadRecord]]:
-        rows = yield self.sql.head_list, ()
+    def _plan_list_sessions(self, lifecycles: Iterable[str] | None) -> Plan[list[SessionHeadRecord]]:
+        wanted = name_set(lifecycles, "lifecycles")
+        if wanted is not None and not wanted:
+            return []
+        rows = yield (self.sql.head_list, ()) if wanted is None else (self.sql.head_list_in, (sorted(wanted),))
         return [_pg_head(row) for row in rows]
 
     def _plan_session_snapshots(self, session_id: str) -> Plan[list[str]]:
@@ -897,9 +900,9 @@ class PostgresCheckpointStore(CheckpointStore):
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
         return self._run(self._plan_load_chain(snapshot_id))
 
-    def list_sessions(self) -> list[SessionHeadRecord]:
-        """Every session head, in creation order."""
-        return self._run(self._plan_list_sessions())
+    def list_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        """Every session head (only those in ``lifecycles``, when given), in creation order."""
+        return self._run(self._plan_list_sessions(lifecycles))
 
     def list_session_snapshots(self, session_id: str) -> list[str]:
         """The session's head chain within the session, newest first."""
@@ -1055,8 +1058,8 @@ class PostgresCheckpointStore(CheckpointStore):
     async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         return await self._arun(self._plan_load_chain(snapshot_id))
 
-    async def alist_sessions(self) -> list[SessionHeadRecord]:
-        return await self._arun(self._plan_list_sessions())
+    async def alist_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        return await self._arun(self._plan_list_sessions(lifecycles))
 
     async def alist_session_snapshots(self, session_id: str) -> list[str]:
         return await self._arun(self._plan_session_snapshots(session_id))

@@ -206,6 +206,13 @@ _HEAD_COLUMNS = (
 )
 _SQL_HEAD_GET = f"SELECT {_HEAD_COLUMNS} WHERE h.session_id = ?"
 _SQL_HEAD_LIST = f"SELECT {_HEAD_COLUMNS} ORDER BY h.rowid"
+
+
+def _sql_head_list_in(count: int) -> str:
+    """The heads in one of ``count`` lifecycles, in creation order."""
+    return f"SELECT {_HEAD_COLUMNS} WHERE h.lifecycle IN ({', '.join('?' * count)}) ORDER BY h.rowid"
+
+
 _SQL_LEASE_GET = "SELECT owner, token, expires_at FROM leases WHERE session_id = ?"
 _SQL_LEASE_PUT = (
     "INSERT INTO leases (session_id, owner, token, expires_at) VALUES (?, ?, ?, ?) "
@@ -575,9 +582,14 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             raise SnapshotNotFoundError(snapshot_id)
         return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
 
-    def list_sessions(self) -> list[SessionHeadRecord]:
-        """Every session head, in creation order."""
-        rows = self._run(lambda cur: cur.execute(_SQL_HEAD_LIST).fetchall(), write=False)
+    def list_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        """Every session head (only those in ``lifecycles``, when given), in creation order."""
+        wanted = name_set(lifecycles, "lifecycles")
+        if wanted is not None and not wanted:
+            return []
+        statement = _SQL_HEAD_LIST if wanted is None else _sql_head_list_in(len(wanted))
+        params = sorted(wanted or ())
+        rows = self._run(lambda cur: cur.execute(statement, params).fetchall(), write=False)
         return [verified_head(*row) for row in rows]
 
     def list_session_snapshots(self, session_id: str) -> list[str]:

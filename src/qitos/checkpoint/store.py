@@ -934,8 +934,8 @@ class CheckpointStore(abc.ABC):
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
 
     @abc.abstractmethod
-    async def alist_sessions(self) -> list[SessionHeadRecord]:
-        """Every session head, in creation order."""
+    async def alist_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        """Every session head (only those in ``lifecycles``, when given), in creation order."""
 
     @abc.abstractmethod
     async def alist_session_snapshots(self, session_id: str) -> list[str]:
@@ -1076,9 +1076,9 @@ class CheckpointStore(abc.ABC):
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
         return _run_sync(self.aload_chain(snapshot_id), "load_chain")
 
-    def list_sessions(self) -> list[SessionHeadRecord]:
-        """Every session head, in creation order."""
-        return _run_sync(self.alist_sessions(), "list_sessions")
+    def list_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        """Every session head (only those in ``lifecycles``, when given), in creation order."""
+        return _run_sync(self.alist_sessions(lifecycles=lifecycles), "list_sessions")
 
     def list_session_snapshots(self, session_id: str) -> list[str]:
         """The session's head chain within the session, newest first."""
@@ -1213,7 +1213,7 @@ class SyncCheckpointStore(CheckpointStore):
     def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]: ...
 
     @abc.abstractmethod
-    def list_sessions(self) -> list[SessionHeadRecord]: ...
+    def list_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]: ...
 
     @abc.abstractmethod
     def list_session_snapshots(self, session_id: str) -> list[str]: ...
@@ -1288,8 +1288,8 @@ class SyncCheckpointStore(CheckpointStore):
     async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         return await self._offload(self.load_chain, snapshot_id)
 
-    async def alist_sessions(self) -> list[SessionHeadRecord]:
-        return await self._offload(self.list_sessions)
+    async def alist_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
+        return await self._offload(self.list_sessions, lifecycles=lifecycles)
 
     async def alist_session_snapshots(self, session_id: str) -> list[str]:
         return await self._offload(self.list_session_snapshots, session_id)

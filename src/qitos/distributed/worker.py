@@ -331,7 +331,7 @@ class Worker:
 
     def continue_all_answered(self) -> int:
         """:meth:`continue_answered` for every waiting session of the store (after not listening)."""
-        waiting = [h.session_id for h in self.store.list_sessions() if h.lifecycle in _WAITING]
+        waiting = [head.session_id for head in self.store.list_sessions(lifecycles=_WAITING)]
         return self.continue_answered(waiting)
 
     def _supervise(self) -> None:
