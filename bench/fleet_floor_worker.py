@@ -10,7 +10,8 @@ statements on an ``AsyncConnectionPool``, no lock of the worker's own). DBOS is 
 ``qitos.distributed.Worker`` configures it by default (executor threads, queue polling 0.05 s,
 notification polling 0.05 s, DBOS's worker concurrency ``2 * CONCURRENCY``: as many runs prefetched
 as run), and like it runs ``CONCURRENCY`` workflows at once: the others wait for a free slot. Its
-garbage collector is set up as ``qitos worker`` sets its own (``qitos.cli.worker.tune_collector``).
+garbage collector and event loop are set up as ``qitos worker`` sets its own
+(``qitos.cli.worker.tune_collector``; uvloop when it is installed, as ``--loop auto``).
 Prints one line of JSON ``{"ready": true}`` once DBOS is up and the queue registered; runs until
 SIGTERM. Imports nothing of qitos.
 """
@@ -142,6 +143,12 @@ def main() -> None:
         "notification_listener_polling_interval_sec": 0.05,
         "log_level": "WARNING",
     }
+    try:  # as qitos worker --loop auto: DBOS's loop, made when it launches, is uvloop's when installed
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
     DBOS(config=config)
     DBOS.workflow(name=name)(workflows[name])
     DBOS.launch()

@@ -5,14 +5,15 @@ Each session does ``target`` steps; step ``i`` calls ``record`` (**not idempoten
 repeated call is visible afterwards. A task starting with ``approve`` also calls ``publish`` (needs
 approval) at step 1. ``$QITOS_FLEET_STEP_SLEEP`` seconds pass in every call;
 ``$QITOS_FLEET_LEASE_TTL`` sets the composition's lease; with ``$QITOS_FLEET_GC_LOG`` set,
-``record`` also appends the process's garbage-collector set-up there (``<frozen objects> <youngest
-threshold>``). While the file ``$QITOS_FLEET_HANG_FILE`` names exists, building the agent (which a
+``record`` also appends the process's set-up there (``<frozen objects> <youngest collector threshold>
+<event loop policy's module>``). While the file ``$QITOS_FLEET_HANG_FILE`` names exists, building the agent (which a
 worker does for each run before it takes the session's lease) writes ``<that file>.hung`` and hangs:
 a worker that dies there has dequeued a run and holds no lease.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import time
@@ -58,7 +59,8 @@ class FleetTools:
         gc_log = os.environ.get("QITOS_FLEET_GC_LOG")
         if gc_log:
             with open(gc_log, "a", encoding="utf-8") as fh:
-                fh.write(f"{gc.get_freeze_count()} {gc.get_threshold()[0]}\n")
+                policy = type(asyncio.get_event_loop_policy()).__module__
+                fh.write(f"{gc.get_freeze_count()} {gc.get_threshold()[0]} {policy}\n")
         pause = float(os.environ.get("QITOS_FLEET_STEP_SLEEP", "0"))
         if pause:
             time.sleep(pause)

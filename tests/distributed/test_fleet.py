@@ -233,17 +233,40 @@ def test_sessions_submit_on_the_command_line_is_run_by_a_worker(fleet: Fleet, fl
     _assert_each_step_once(side_log, ["cli-task"])
 
 
-def test_a_worker_process_freezes_its_start_up_objects_out_of_the_collector(
-    fleet: Fleet, fleet_db: str, tmp_path: Path
-) -> None:
-    """``qitos worker`` tunes the cyclic collector for a long-lived process (``tune_collector``)."""
-    gc_log = tmp_path / "gc.log"
-    with workers(fleet_db, tmp_path / "side.log", 1, concurrency=1, extra_env={"QITOS_FLEET_GC_LOG": str(gc_log)}):
+def _worker_set_up(fleet: Fleet, fleet_db: str, tmp_path: Path, *extra_args: str) -> tuple[int, int, str]:
+    """What one ``record`` call in a worker process found: frozen objects, the youngest collector
+    threshold and the event loop policy's module."""
+    gc_log = tmp_path / f"set-up{len(extra_args)}.log"
+    env = {"QITOS_FLEET_GC_LOG": str(gc_log)}
+    with workers(fleet_db, tmp_path / "side.log", 1, concurrency=1, extra_args=extra_args, extra_env=env):
         ids = fleet.submit_many(["probe"], target=1)
         assert fleet.wait(ids, timeout=60)[ids[0]].lifecycle == "completed"
-    frozen, youngest = map(int, gc_log.read_text(encoding="utf-8").split())
+    frozen, youngest, policy = gc_log.read_text(encoding="utf-8").split()
+    return int(frozen), int(youngest), policy
+
+
+def test_a_worker_process_freezes_its_start_up_objects_and_runs_sessions_on_uvloop(
+    fleet: Fleet, fleet_db: str, tmp_path: Path
+) -> None:
+    """``qitos worker`` tunes the cyclic collector (``tune_collector``) and, by default, runs its
+    sessions on uvloop when it is installed (``use_event_loop``); ``--loop asyncio`` keeps asyncio's."""
+    pytest.importorskip("uvloop", reason="the fleet extra installs uvloop")
+    frozen, youngest, policy = _worker_set_up(fleet, fleet_db, tmp_path)
     assert frozen > 10_000  # DBOS, SQLAlchemy and the app, built before the worker was ready
     assert youngest == 10_000
+    assert policy == "uvloop"
+    assert _worker_set_up(fleet, fleet_db, tmp_path, "--loop", "asyncio")[2].startswith("asyncio")
+
+
+def test_a_worker_refuses_an_unknown_event_loop() -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    out = subprocess.run(
+        [sys.executable, "-c", "from qitos.cli.app import main; main()", "worker", "--app", "fleet_app:composition",
+         "--db", "postgresql://nobody@/none?host=/nonexistent", "--loop", "trio"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "--loop must be one of auto, uvloop, asyncio; got 'trio'" in out.stderr
 
 
 _SERVE = textwrap.dedent(

@@ -7,6 +7,7 @@ Both name the agent with ``--app pkg.module:composition`` and the PostgreSQL dat
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import signal
@@ -17,12 +18,15 @@ from typing import Annotated
 import typer
 
 from qitos.cli.common import cli_command, console, print_json
+from qitos.core.errors import ConfigurationError
 from qitos.distributed.fleet import Fleet
 from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engine_options
 from qitos.distributed.worker import Worker
 from qitos.engine.otlp import otlp_export
 
-__all__ = ["submit", "tune_collector", "worker"]
+__all__ = ["submit", "tune_collector", "use_event_loop", "worker"]
+
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 _YOUNG_COLLECTION_EVERY = 10_000  # allocations between collections of the youngest generation (default 700)
 
@@ -45,16 +49,21 @@ def worker(
     otel: Annotated[
         bool, typer.Option("--otel", help="Export OpenTelemetry spans of every run (OTLP/HTTP, OTEL_EXPORTER_OTLP_*).")
     ] = False,
+    loop: Annotated[
+        str, typer.Option("--loop", help="The sessions' event loop: auto (uvloop when installed), uvloop or asyncio.")
+    ] = "auto",
 ) -> None:
     """Run sessions from the fleet's queue until interrupted (SIGINT or SIGTERM)."""
+    loop_in_use = use_event_loop(loop)  # before DBOS starts the thread whose loop runs the sessions
     with otlp_export(otel) as provider:
         composition = load_composition(app)
         if provider is not None:
             composition = with_engine_options(composition, otel=provider)
-        _serve(Worker(composition, db=db, queue=queue, concurrency=concurrency, prefetch=prefetch), queue, json_out)
+        runner = Worker(composition, db=db, queue=queue, concurrency=concurrency, prefetch=prefetch)
+        _serve(runner, queue, json_out, loop_in_use)
 
 
-def _serve(runner: Worker, queue: str, json_out: bool) -> None:
+def _serve(runner: Worker, queue: str, json_out: bool, loop: str) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runner.start()
@@ -66,12 +75,13 @@ def _serve(runner: Worker, queue: str, json_out: bool) -> None:
             "queue": queue,
             "concurrency": runner.concurrency,
             "prefetch": runner.prefetch,
+            "loop": loop,
         }
         print(json.dumps(ready), flush=True)  # one line, flushed: a supervisor reads it from a pipe
     else:
         console().print(
             f"worker {runner.executor_id} ready on queue {queue!r}"
-            f" (concurrency {runner.concurrency}, prefetch {runner.prefetch})"
+            f" (concurrency {runner.concurrency}, prefetch {runner.prefetch}, {loop} event loop)"
         )
         sys.stdout.flush()
     try:
@@ -81,6 +91,28 @@ def _serve(runner: Worker, queue: str, json_out: bool) -> None:
         pass
     finally:
         runner.stop()
+
+
+def use_event_loop(kind: str) -> str:
+    """Make event loops created from now on ``kind``'s (one of :data:`EVENT_LOOPS`); the one in use.
+
+    DBOS runs a worker's sessions on an event loop of its own, made when it starts. ``auto`` is
+    uvloop when it is installed (``qitos[fleet]`` installs it where it builds: not on Windows),
+    else asyncio's. uvloop's loop does the same work in C: measured on the fleet agent in one
+    process, 4.40-4.50 ms of CPU per ten-step session against 4.68-4.90 ms on asyncio's loop.
+    """
+    if kind not in EVENT_LOOPS:
+        raise ConfigurationError(f"--loop must be one of {', '.join(EVENT_LOOPS)}; got {kind!r}")
+    if kind == "asyncio":
+        return kind
+    try:
+        import uvloop
+    except ImportError:
+        if kind == "uvloop":
+            raise ConfigurationError("--loop uvloop needs uvloop: pip install 'qitos[fleet]'") from None
+        return "asyncio"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return "uvloop"
 
 
 def tune_collector() -> None:
