@@ -4,10 +4,10 @@ What DBOS (``dbos>=3,<4``, tested with 3.4.0) does here: it stores each enqueued
 in its system tables (schema ``{store schema}_dbos`` in the same PostgreSQL), dispatches queued
 workflows to workers up to each one's ``concurrency``, and starts one workflow per id only, so a
 repeated request for the same continuation is one run. The workflow is ``async``: DBOS runs it on
-its event loop, so a worker's sessions run through the async driver (``Session.arun``), many at
-once on one loop. Self-hosted DBOS recovers a process's pending workflows only when a process with
-the *same executor id* starts again; it does not hand a dead executor's workflows to the workers
-still alive.
+its event loop (uvloop's under ``qitos worker`` when uvloop is installed: ``--loop``), so a worker's
+sessions run through the async driver (``Session.arun``), many at once on one loop. Self-hosted DBOS
+recovers a process's pending workflows only when a process with the *same executor id* starts again;
+it does not hand a dead executor's workflows to the workers still alive.
 
 What qitos adds, in a supervisor thread in every worker:
 
