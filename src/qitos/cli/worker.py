@@ -24,7 +24,7 @@ from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engin
 from qitos.distributed.worker import Worker
 from qitos.engine.otlp import otlp_export
 
-__all__ = ["submit", "tune_collector", "use_event_loop", "worker"]
+__all__ = ["EVENT_LOOPS", "submit", "tune_collector", "use_event_loop", "worker"]
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
