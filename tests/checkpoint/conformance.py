@@ -800,6 +800,12 @@ def test_positions_say_where_heads_stand_without_their_metadata(store: Checkpoin
     assert positions["b"].snapshot_id == b.snapshot_id and positions["b"].sequence == 1
     assert store.get_session_positions([]) == {}
     assert asyncio.run(store.aget_session_positions(["a", "missing"])) == {"a": positions["a"]}
+    # Only the heads in the given lifecycles ("b" is running, "a" created), as a waiter polls them.
+    assert store.get_session_positions(["a", "b", "missing"], lifecycles=["running", "paused"]) == {"b": positions["b"]}
+    assert store.get_session_positions(["a", "b"], lifecycles=[]) == {}
+    assert asyncio.run(store.aget_session_positions(["a", "b"], lifecycles={"created"})) == {"a": positions["a"]}
+    with pytest.raises(UsageError, match="not a single string"):
+        store.get_session_positions(["a"], lifecycles="created")
 
 
 def test_control_items_are_listed_after_a_position_and_by_kind(store: CheckpointStore) -> None:

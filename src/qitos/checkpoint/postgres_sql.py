@@ -164,6 +164,7 @@ class StoreSql:
             "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest"
             f" {wanted} (SELECT * FROM {s}.heads WHERE session_id = w.session_id LIMIT 1) h"
         )
+        self.head_positions_in = f"{self.head_positions} WHERE h.lifecycle = ANY(%s::text[])"
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
         # ---- leases: read with the database clock, then a compare-and-swap on the lease columns.

@@ -617,11 +617,17 @@ class PostgresCheckpointStore(CheckpointStore):
         rows = yield self.sql.head_many, (wanted,)
         return {head.session_id: head for head in map(_pg_head, rows)}
 
-    def _plan_get_positions(self, session_ids: Iterable[str]) -> Plan[dict[str, SessionPosition]]:
+    def _plan_get_positions(
+        self, session_ids: Iterable[str], lifecycles: Iterable[str] | None
+    ) -> Plan[dict[str, SessionPosition]]:
         wanted = list(dict.fromkeys(session_ids))
-        if not wanted:
+        kinds = name_set(lifecycles, "lifecycles")
+        if not wanted or (kinds is not None and not kinds):
             return {}
-        rows = yield self.sql.head_positions, (wanted,)
+        if kinds is None:
+            rows = yield self.sql.head_positions, (wanted,)
+        else:  # only those rows come back, and only they are checked against their digests
+            rows = yield self.sql.head_positions_in, (wanted, sorted(kinds))
         return {
             str(sid): verified_position(sid, snapshot_id, int(sequence), lifecycle, updated_at, digest)
             for sid, snapshot_id, sequence, lifecycle, updated_at, digest in rows
@@ -912,9 +918,12 @@ class PostgresCheckpointStore(CheckpointStore):
         """The heads of those of ``session_ids`` that exist, by session id (one statement)."""
         return self._run(self._plan_get_heads(session_ids))
 
-    def get_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
-        """Where the heads of those of ``session_ids`` that exist stand (one statement, heads only)."""
-        return self._run(self._plan_get_positions(session_ids))
+    def get_session_positions(
+        self, session_ids: Iterable[str], *, lifecycles: Iterable[str] | None = None
+    ) -> dict[str, SessionPosition]:
+        """Where the heads of those of ``session_ids`` that exist (and are in one of ``lifecycles``,
+        when given) stand (one statement, heads only)."""
+        return self._run(self._plan_get_positions(session_ids, lifecycles))
 
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes (one statement, or one transaction for a large batch); per write,
@@ -1043,8 +1052,10 @@ class PostgresCheckpointStore(CheckpointStore):
     async def aget_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
         return await self._arun(self._plan_get_heads(session_ids))
 
-    async def aget_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
-        return await self._arun(self._plan_get_positions(session_ids))
+    async def aget_session_positions(
+        self, session_ids: Iterable[str], *, lifecycles: Iterable[str] | None = None
+    ) -> dict[str, SessionPosition]:
+        return await self._arun(self._plan_get_positions(session_ids, lifecycles))
 
     async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         return await self._arun(self._plan_commit(request))

@@ -1045,14 +1045,23 @@ class CheckpointStore(abc.ABC):
         """Async twin of :meth:`load_chain_with_writes`."""
         return await self.aload_chain(snapshot_id), await self.aget_writes(session_id, snapshot_id)
 
-    def get_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
-        """Where the heads of those of ``session_ids`` that exist stand, by session id: what
-        :meth:`get_session_heads` says without the metadata (a store may read less for it)."""
-        return {sid: _position(head) for sid, head in self.get_session_heads(session_ids).items()}
+    def get_session_positions(
+        self, session_ids: Iterable[str], *, lifecycles: Iterable[str] | None = None
+    ) -> dict[str, SessionPosition]:
+        """Where the heads of those of ``session_ids`` that exist (and are in one of ``lifecycles``,
+        when given) stand, by session id: what :meth:`get_session_heads` says without the metadata
+        (a store may read less for it)."""
+        wanted = name_set(lifecycles, "lifecycles")
+        heads = self.get_session_heads(session_ids)
+        return {sid: _position(head) for sid, head in heads.items() if wanted is None or head.lifecycle in wanted}
 
-    async def aget_session_positions(self, session_ids: Iterable[str]) -> dict[str, SessionPosition]:
+    async def aget_session_positions(
+        self, session_ids: Iterable[str], *, lifecycles: Iterable[str] | None = None
+    ) -> dict[str, SessionPosition]:
         """Async twin of :meth:`get_session_positions`."""
-        return {sid: _position(head) for sid, head in (await self.aget_session_heads(session_ids)).items()}
+        wanted = name_set(lifecycles, "lifecycles")
+        heads = await self.aget_session_heads(session_ids)
+        return {sid: _position(head) for sid, head in heads.items() if wanted is None or head.lifecycle in wanted}
 
     # ---- sync twins: delegate via asyncio.run
 

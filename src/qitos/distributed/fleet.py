@@ -240,15 +240,16 @@ class Fleet:
         heads = self.store.get_session_positions(ids)  # once: an unknown session is named at once
         pending = [sid for sid in ids if not self._settled(sid, heads.get(sid))]
         while pending:
-            # Then a poll reads the first _WAIT_WINDOW pending heads, not all of them: runs start in
-            # the order they were enqueued, so the sessions settling soonest are there, and a wait
-            # on thousands reads a bounded number of heads a poll. When any of them settled, the
-            # next ones are read at once.
+            # Then a poll asks for the settled ones among the first _WAIT_WINDOW pending heads, not
+            # all of them: runs start in the order they were enqueued, so the sessions settling
+            # soonest are there, and a wait on thousands reads a bounded number of heads a poll
+            # (the store returns, and checks, only the settled ones). When any of them settled,
+            # the next ones are read at once.
             time.sleep(poll)
             while pending:
                 window = pending[:_WAIT_WINDOW]
-                heads = self.store.get_session_positions(window)
-                done = {sid for sid in window if self._settled(sid, heads.get(sid))}
+                heads = self.store.get_session_positions(window, lifecycles=SETTLED)
+                done = {sid for sid in window if sid in heads and self._settled(sid, heads[sid])}
                 if not done:
                     break
                 pending = [sid for sid in pending if sid not in done]
