@@ -5,10 +5,10 @@ Each session does ``target`` steps; step ``i`` calls ``record`` (**not idempoten
 repeated call is visible afterwards. A task starting with ``approve`` also calls ``publish`` (needs
 approval) at step 1. ``$QITOS_FLEET_STEP_SLEEP`` seconds pass in every call;
 ``$QITOS_FLEET_LEASE_TTL`` sets the composition's lease; with ``$QITOS_FLEET_GC_LOG`` set,
-``record`` also appends the process's set-up there (``<frozen objects> <youngest collector threshold>
-<event loop policy's module>``). While the file ``$QITOS_FLEET_HANG_FILE`` names exists, building the agent (which a
-worker does for each run before it takes the session's lease) writes ``<that file>.hung`` and hangs:
-a worker that dies there has dequeued a run and holds no lease.
+``record`` also appends the process's set-up there (``<frozen objects> <youngest collector
+threshold> <event loop policy's module>``). While the file ``$QITOS_FLEET_HANG_FILE`` names exists,
+building the agent (which a worker does for each run before it takes the session's lease) writes
+``<that file>.hung`` and hangs: a worker that dies there has dequeued a run and holds no lease.
 """
 
 from __future__ import annotations
