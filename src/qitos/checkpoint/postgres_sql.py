@@ -134,36 +134,32 @@ class StoreSql:
             f" OR EXISTS (SELECT 1 FROM {s}.snapshots WHERE snapshot_id = %(parent)s::text))"
             f" FROM (SELECT 1) AS one LEFT JOIN {s}.heads h ON h.session_id = %(sid)s::text"
         )
-        head_columns = (
-            "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata, m.digest,"
-            " h.control_seq"
-            f" FROM {s}.heads h LEFT JOIN {s}.sessions m ON m.session_id = h.session_id"
-        )
+        position_columns = "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest"
+        head_fields = f"{position_columns}, m.metadata, m.digest, h.control_seq"
+        head_columns = f"{head_fields} FROM {s}.heads h LEFT JOIN {s}.sessions m ON m.session_id = h.session_id"
         self.head_get = f"SELECT {head_columns} WHERE h.session_id = %s"
         self.head_list = f"SELECT {head_columns} ORDER BY h.created_seq"
-        # Few heads among many (the waiting ones a fleet supervisor looks at): each one's metadata
-        # by key, never a join that could hash every session's metadata.
-        self.head_list_in = (
-            "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata,"
-            f" m.digest, h.control_seq FROM {s}.heads h LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions"
-            " WHERE session_id = h.session_id LIMIT 1) m ON true WHERE h.lifecycle = ANY(%s::text[])"
-            " ORDER BY h.created_seq"
-        )
-        # The many-heads reads start from the wanted ids and look each head (and its metadata) up by
-        # key: LATERAL, which LIMIT keeps from being turned into a join. As `heads WHERE session_id =
-        # ANY(...)`, a generic plan made while the table was small scans the whole table at every
-        # call, and a fleet's Fleet.wait makes such a call at every poll.
-        wanted = "FROM unnest(%s::text[]) AS w(session_id) CROSS JOIN LATERAL"
-        self.head_many = (
-            "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, m.metadata,"
-            f" m.digest, h.control_seq {wanted} (SELECT * FROM {s}.heads WHERE session_id = w.session_id LIMIT 1) h"
-            f" LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions WHERE session_id = h.session_id LIMIT 1) m"
+        # Reads of a few heads among many look each head's metadata up by key (a LATERAL lookup,
+        # which LIMIT keeps from being turned into a join): joined, a generic plan could hash a scan
+        # of every session's metadata.
+        metadata_by_key = (
+            f"LEFT JOIN LATERAL (SELECT metadata, digest FROM {s}.sessions WHERE session_id = h.session_id LIMIT 1) m"
             " ON true"
         )
-        self.head_positions = (
-            "SELECT h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest"
-            f" {wanted} (SELECT * FROM {s}.heads WHERE session_id = w.session_id LIMIT 1) h"
+        # The waiting ones a fleet supervisor looks at.
+        self.head_list_in = (
+            f"SELECT {head_fields} FROM {s}.heads h {metadata_by_key}"
+            " WHERE h.lifecycle = ANY(%s::text[]) ORDER BY h.created_seq"
         )
+        # The many-heads reads start from the wanted ids and look each head up by key, as above. As
+        # `heads WHERE session_id = ANY(...)`, a generic plan made while the table was small scans the
+        # whole table at every call, and a fleet's Fleet.wait makes such a call at every poll.
+        heads_by_id = (
+            "FROM unnest(%s::text[]) AS w(session_id)"
+            f" CROSS JOIN LATERAL (SELECT * FROM {s}.heads WHERE session_id = w.session_id LIMIT 1) h"
+        )
+        self.head_many = f"SELECT {head_fields} {heads_by_id} {metadata_by_key}"
+        self.head_positions = f"SELECT {position_columns} {heads_by_id}"
         self.head_positions_in = f"{self.head_positions} WHERE h.lifecycle = ANY(%s::text[])"
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
