@@ -887,10 +887,15 @@ def verified_position(
 # --------------------------------------------------------------------------- the contract
 
 
-def _position(head: SessionHeadRecord) -> SessionPosition:
-    return SessionPosition(
-        session_id=head.session_id, snapshot_id=head.snapshot_id, sequence=head.sequence, lifecycle=head.lifecycle
-    )
+def _positions(heads: Mapping[str, SessionHeadRecord], lifecycles: frozenset[str] | None) -> dict[str, SessionPosition]:
+    """The positions of those of ``heads`` in one of ``lifecycles`` (None: all)."""
+    return {
+        sid: SessionPosition(
+            session_id=head.session_id, snapshot_id=head.snapshot_id, sequence=head.sequence, lifecycle=head.lifecycle
+        )
+        for sid, head in heads.items()
+        if lifecycles is None or head.lifecycle in lifecycles
+    }
 
 
 def _run_sync(coro: Coroutine[Any, Any, _T], name: str) -> _T:
@@ -1052,16 +1057,14 @@ class CheckpointStore(abc.ABC):
         when given) stand, by session id: what :meth:`get_session_heads` says without the metadata
         (a store may read less for it)."""
         wanted = name_set(lifecycles, "lifecycles")
-        heads = self.get_session_heads(session_ids)
-        return {sid: _position(head) for sid, head in heads.items() if wanted is None or head.lifecycle in wanted}
+        return _positions(self.get_session_heads(session_ids), wanted)
 
     async def aget_session_positions(
         self, session_ids: Iterable[str], *, lifecycles: Iterable[str] | None = None
     ) -> dict[str, SessionPosition]:
         """Async twin of :meth:`get_session_positions`."""
         wanted = name_set(lifecycles, "lifecycles")
-        heads = await self.aget_session_heads(session_ids)
-        return {sid: _position(head) for sid, head in heads.items() if wanted is None or head.lifecycle in wanted}
+        return _positions(await self.aget_session_heads(session_ids), wanted)
 
     # ---- sync twins: delegate via asyncio.run
 
