@@ -119,6 +119,40 @@ def test_a_prefetched_run_waits_for_a_slot_holding_its_sessions_lease_and_is_not
     assert _first_runs(fleet_db, [first, second], "status") == {"SUCCESS"}
 
 
+def _notices(directory: Path) -> list[str]:
+    """The ``qitos worker:`` lines on the stderr of the one worker whose side log is in ``directory``."""
+    (err,) = directory.glob("worker-*.err")
+    return [line for line in err.read_text(encoding="utf-8").splitlines() if line.startswith("qitos worker:")]
+
+
+def test_a_worker_started_with_other_limits_changes_them_for_the_queue_and_both_workers_say_so(
+    fleet_db: str, tmp_path: Path
+) -> None:
+    """DBOS keeps one limit of runs per worker on the queue, and the last worker to start sets it."""
+    first, second, third = (tmp_path / name for name in ("first", "second", "third"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    with workers(fleet_db, first / "side.log", 1, concurrency=3):  # asks for 3 + 3 prefetched
+        assert _notices(first) == []
+        with workers(fleet_db, second / "side.log", 1, concurrency=1):  # asks for 1 + 1
+            told = until(lambda: _notices(first), timeout=10, what="the first worker's notice")
+            with workers(fleet_db, third / "side.log", 1, concurrency=1):  # as the second: no change
+                time.sleep(1.5)  # past a supervisor pass of the first worker
+                assert _notices(first) == told
+                assert _notices(third) == []
+    assert told == [
+        "qitos worker: queue 'qitos' now hands each of its workers at most 2 runs, as a worker started with"
+        " other --concurrency or --prefetch asked; this worker asked for 6 (--concurrency 3 + --prefetch 3)"
+        " and now runs at most 2 at once. The workers of one queue share this limit: start them with the"
+        " same values."
+    ]
+    assert _notices(second) == [
+        "qitos worker: queue 'qitos' handed each of its workers at most 6 runs, as a worker started before"
+        " with other --concurrency or --prefetch asked; now it hands every one of them 2 runs, as this"
+        " worker asks."
+    ]
+
+
 def test_a_worker_refuses_a_negative_prefetch() -> None:
     from fleet_app import composition
     from qitos.distributed import Worker

@@ -84,13 +84,47 @@ def _serve(runner: Worker, queue: str, json_out: bool, loop: str) -> None:
             f" (concurrency {runner.concurrency}, prefetch {runner.prefetch}, {loop} event loop)"
         )
         sys.stdout.flush()
+    if runner.queue_limit != runner.intake:
+        _say_queue_limit(runner, queue)
+    elif runner.changed_queue_limit:
+        _say(
+            f"queue {queue!r} handed each of its workers at most {_runs(runner.replaced_limit)}, as a worker"
+            f" started before with other --concurrency or --prefetch asked; now it hands every one of them"
+            f" {_runs(runner.queue_limit)}, as this worker asks"
+        )
+    said = runner.queue_limit
     try:
         while not stop.wait(0.5):
-            pass
+            if runner.queue_limit != said:
+                said = runner.queue_limit
+                _say_queue_limit(runner, queue)
     except KeyboardInterrupt:
         pass
     finally:
         runner.stop()
+
+
+def _say_queue_limit(runner: Worker, queue: str) -> None:
+    """Say on stderr that the queue's per-worker limit changed (DBOS keeps one for all its workers)."""
+    limit = runner.queue_limit
+    if limit == runner.intake:
+        _say(f"queue {queue!r} hands each of its workers at most {_runs(limit)} again, as this worker asked")
+        return
+    running = runner.concurrency if limit is None else min(limit, runner.concurrency)
+    _say(
+        f"queue {queue!r} now hands each of its workers at most {_runs(limit)}, as a worker started with"
+        f" other --concurrency or --prefetch asked; this worker asked for {runner.intake} (--concurrency"
+        f" {runner.concurrency} + --prefetch {runner.prefetch}) and now runs at most {running} at once."
+        " The workers of one queue share this limit: start them with the same values"
+    )
+
+
+def _runs(limit: int | None) -> str:
+    return "any number of runs" if limit is None else f"{limit} runs"
+
+
+def _say(notice: str) -> None:
+    print(f"qitos worker: {notice}.", file=sys.stderr, flush=True)
 
 
 def use_event_loop(kind: str) -> str:

@@ -7,7 +7,12 @@ repeated request for the same continuation is one run. The workflow is ``async``
 its event loop (uvloop's under ``qitos worker`` when uvloop is installed: ``--loop``), so a worker's
 sessions run through the async driver (``Session.arun``), many at once on one loop. Self-hosted DBOS
 recovers a process's pending workflows only when a process with the *same executor id* starts again;
-it does not hand a dead executor's workflows to the workers still alive.
+it does not hand a dead executor's workflows to the workers still alive. DBOS keeps a queue's limits
+in its system tables, one value for all the queue's workers: how many runs it hands each worker at
+most (here ``concurrency + prefetch``) is whatever the worker that registered the queue last asked
+for. So a worker started with other ``concurrency``/``prefetch`` changes it for the workers already
+running; :attr:`Worker.queue_limit` is what the supervisor last read, and ``qitos worker`` says so
+when it is not its own (start the workers of one queue with the same values).
 
 What qitos adds, in a supervisor thread in every worker:
 
@@ -132,6 +137,9 @@ class Worker:
         self.executor_id = runner_id()
         self.redispatched = 0
         self.continued = 0
+        self.queue_limit: int | None = None  # runs DBOS hands this worker at most: read at start, then each pass
+        self.changed_queue_limit = False  # whether registering the queue changed the limit another worker set
+        self.replaced_limit: int | None = None  # that limit, when it did (None: no limit)
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._dbos: Any = None
@@ -159,14 +167,33 @@ class Worker:
         self._dbos = DBOS(config=config)
         DBOS.workflow(name=WORKFLOW_NAME)(run_session_workflow)
         DBOS.launch()
+        registered = DBOS.retrieve_queue(self.queue_name)  # None: this worker registers a new queue
+        if registered is not None and registered.worker_concurrency != self.intake:  # read before it changes
+            self.changed_queue_limit, self.replaced_limit = True, registered.worker_concurrency
         self._queue = DBOS.register_queue(
             self.queue_name,
-            worker_concurrency=self.concurrency + self.prefetch,
+            worker_concurrency=self.intake,
             polling_interval_sec=self.polling_interval,
         )
+        self.read_queue_limit()
         if self.supervise:
             self._supervisor = threading.Thread(target=self._supervise, name="qitos-fleet-supervisor", daemon=True)
             self._supervisor.start()
+
+    @property
+    def intake(self) -> int:
+        """How many runs this worker asks DBOS for at most: ``concurrency + prefetch``."""
+        return self.concurrency + self.prefetch
+
+    def read_queue_limit(self) -> int | None:
+        """How many runs DBOS hands this worker at most now (the queue's ``worker_concurrency``), read
+        again from DBOS's tables into :attr:`queue_limit`; None means no limit.
+
+        It is one value for every worker of the queue (the module docstring says why): below
+        :attr:`intake`, this worker runs fewer sessions at once than ``concurrency`` asks.
+        """
+        self.queue_limit = self._queue.worker_concurrency
+        return self.queue_limit
 
     def stop(self) -> None:
         """Stop the supervisor and DBOS (running sessions are left to their leases)."""
@@ -348,6 +375,7 @@ class Worker:
                         self.continue_answered(sorted(announced))
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + interval
+                        self.read_queue_limit()
                         self.supervise_once()
                 except Exception:  # a lost connection must not end the supervisor; the next pass retries
                     self._stop.wait(interval)
