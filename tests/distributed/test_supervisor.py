@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -14,9 +16,14 @@ from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, wo
 
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
+from delegate_agents import ParentAgent, ParentState
 from fleet_app import delegating
-from qitos.distributed import Fleet
+from qitos.checkpoint.store import CheckpointStore
+from qitos.distributed import Fleet, Worker
 from qitos.distributed.naming import dbos_schema
+from qitos.engine.composition import compose
+from qitos.engine.hooks import EngineHook, HookContext
+from qitos.sessions.control import answer_approval
 
 STEPS = 10
 _CLI = "from qitos.cli.app import main; main()"
@@ -125,6 +132,50 @@ def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
     ]
     runs = _workflows(pg_dsn, fleet_db, sid)
     assert len(runs) == 2 and set(runs.values()) == {"SUCCESS"}, runs
+
+
+class _AnswerAsTheParentsRunEnds(EngineHook):
+    """Approves the delegated child's call once, when the parent's run ends waiting on it: the run
+    has committed its last boundary and still holds the parent's lease, so the answer's own run
+    would find the session busy."""
+
+    def __init__(self) -> None:
+        self.store: CheckpointStore | None = None
+        self.session_id = ""
+        self.answered = False
+
+    def on_run_end(self, ctx: HookContext) -> None:
+        state: Any = ctx.state
+        if self.answered or not isinstance(state, ParentState) or state.stop_reason != "awaiting_approval":
+            return
+        assert self.store is not None
+        self.answered = True
+        answer_approval(self.store, self.session_id, "p1", approved=True)
+
+
+def test_an_answer_to_a_delegated_child_given_as_the_parents_run_ends_is_taken_in_by_that_run(
+    fleet_db: str, tmp_path: Path
+) -> None:
+    side_log = tmp_path / "side.log"
+    hook = _AnswerAsTheParentsRunEnds()
+    parents = compose(lambda: ParentAgent(str(side_log), child_steps=3, approval_at=1), hooks=[hook])
+    worker = Worker(parents, db=fleet_db)  # its runs only: no DBOS, no supervisor
+    try:
+        hook.store = worker.store
+        hook.session_id = worker.composition.session("parent").session_id.value
+        ended = asyncio.run(worker.arun_session(hook.session_id))
+        head = worker.store.get_session_head(hook.session_id)
+    finally:
+        worker.store.close()
+    assert hook.answered
+    assert (ended, head is not None and head.lifecycle) == ("final", "completed")
+    lines = side_log.read_text(encoding="utf-8").splitlines()
+    assert [line for line in lines if line.startswith("begin")] == [
+        "begin work w0",
+        "begin work w1",
+        "begin publish p1",
+        "begin work w2",
+    ]
 
 
 def test_a_run_whose_store_connections_are_killed_resumes_and_finishes(

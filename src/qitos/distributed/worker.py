@@ -30,7 +30,7 @@ What qitos adds, in a supervisor thread in every worker:
   (not only :class:`~qitos.distributed.Fleet`) enqueues the waiting session's continuation, under
   the same workflow id ``Fleet`` would use. While it was not listening (at start, after a lost
   connection) it looks at every waiting session once instead. A run that ends waiting also checks
-  for an answer that came while it was finishing.
+  for an answer that came while it was finishing, to the session or to a delegated child it waits on.
 
 - **No idle slot between runs.** DBOS hands a worker runs only when its queue thread polls (every
   ``polling_interval``), so a slot freed by a finished run would stay empty until the next poll. A
@@ -66,7 +66,7 @@ from qitos.distributed.naming import (
     redispatch_workflow_id,
 )
 from qitos.engine.composition import Composition
-from qitos.sessions.control import acontinuation_position, continuation_position, delegation_root
+from qitos.sessions.control import acontinuation, continuation, continuation_position, delegation_root
 from qitos.sessions.inspection import SessionLifecycle
 from qitos.sessions.lease import LeaseKeeper, holder_is_dead, runner_id
 
@@ -212,7 +212,8 @@ class Worker:
         """Run ``session_id`` until it pauses, awaits approval, finishes or fails; how it ended.
 
         A run that ends waiting runs again at once if an answer (or steering) it did not take in
-        came while it was finishing: that answer's own run found the lease still held. A run that
+        came while it was finishing, to the session or to a delegated child it waits on
+        (``continuation``): that answer's own run found the lease still held. A run that
         failed on the store itself (a lost connection, the server restarting: a plain
         ``CheckpointError``) is resumed from its last committed boundary, with pauses, for up to
         ``max(30 s, 2 leases)``; then the workflow fails and ``Fleet.resume`` starts it again.
@@ -289,7 +290,7 @@ class Worker:
             else:
                 retry_until, pause = None, _RETRY_PAUSE
                 ended = str(result.state.stop_reason or "")
-                if ended not in _WAITING or await acontinuation_position(store, session_id) is None:
+                if ended not in _WAITING or await acontinuation(store, session_id) is None:
                     return ended
                 continue
             await asyncio.sleep(pause)
@@ -338,7 +339,7 @@ class Worker:
             return False
         if head.lifecycle in _UNSETTLED:
             return True
-        return continuation_position(store, session_id, head=head) is not None
+        return continuation(store, session_id, head=head) is not None
 
     def continue_answered(self, session_ids: list[str]) -> int:
         """Enqueue the continuation of each waiting session that has an answer it did not take in."""

@@ -26,10 +26,12 @@ __all__ = [
     "PauseReceipt",
     "SteeringReceipt",
     "aanswer_approval",
+    "acontinuation",
     "acontinuation_position",
     "answer_approval",
     "apause_session",
     "asteer_session",
+    "continuation",
     "continuation_position",
     "delegation_root",
     "pause_session",
@@ -180,6 +182,49 @@ def continuation_position(
     taken_in = _taken_in(store.get_snapshot(head.snapshot_id))
     items = store.list_control(session_id, after=taken_in, kinds=kinds)
     return items[-1].position if items else None
+
+
+def continuation(
+    store: CheckpointStore, session_id: str, *, head: SessionHeadRecord | None = None
+) -> tuple[str, int] | None:
+    """``(the session answered, the position)`` of the control item that continues ``session_id``'s
+    run where it waits, or None.
+
+    That is ``session_id``'s own :func:`continuation_position`, or, while it waits on delegated child
+    sessions in progress (their runs go on in its run), the first of theirs found, children before
+    grandchildren: an answer to a waiting child continues its parent's run.
+    """
+    position = continuation_position(store, session_id, head=head)
+    if position is not None:
+        return session_id, position
+    return _child_continuation(store, session_id)
+
+
+async def acontinuation(store: CheckpointStore, session_id: str) -> tuple[str, int] | None:
+    """Async twin of :func:`continuation` (the delegated children are looked at in a thread)."""
+    position = await acontinuation_position(store, session_id)
+    if position is not None:
+        return session_id, position
+    return await asyncio.to_thread(_child_continuation, store, session_id)
+
+
+def _child_continuation(store: CheckpointStore, session_id: str) -> tuple[str, int] | None:
+    """The continuation of a delegated child in progress below a waiting ``session_id``, or None."""
+    head = store.get_session_head(session_id)
+    if head is None or head.lifecycle not in _CONTINUED_BY:
+        return None
+    seen, waiting = {session_id}, [session_id]
+    while waiting:
+        parent = waiting.pop(0)
+        for _, child_id in _children_now(store, parent):
+            if child_id in seen:
+                continue
+            seen.add(child_id)
+            position = continuation_position(store, child_id)
+            if position is not None:
+                return child_id, position
+            waiting.append(child_id)
+    return None
 
 
 def delegation_root(store: CheckpointStore, session_id: str) -> str:
