@@ -401,6 +401,28 @@ def test_the_schema_records_its_version_and_a_newer_one_is_refused(pg_dsn: str) 
         drop_schema(pg_dsn, schema)
 
 
+def test_a_version_1_schema_loses_the_unused_writes_index_and_keeps_its_rows(pg_dsn: str) -> None:
+    """Migration 2 drops ``writes_base``: every read of pending writes goes by the primary key."""
+    schema = fresh_schema()
+    indexes = f"SELECT indexname FROM pg_indexes WHERE schemaname = '{schema}' AND tablename = 'writes'"
+    try:
+        with PostgresCheckpointStore(pg_dsn, schema=schema) as store:
+            head = _create(store, "s")
+            write = StepWrite(session_id="s", base_snapshot_id=head.snapshot_id, step_id=1, kind="tool_result",
+                              key="c1", payload={"text": "kept"})  # fmt: skip
+            store.put_writes([write])
+        assert _sql(pg_dsn, indexes) == [("writes_pkey",)]
+        # The schema as version 1 left it: the index back, no record of version 2.
+        _sql(pg_dsn, f'CREATE INDEX writes_base ON "{schema}".writes (base_snapshot_id)')
+        _sql(pg_dsn, f'DELETE FROM "{schema}".schema_version WHERE version = 2')
+        with PostgresCheckpointStore(pg_dsn, schema=schema) as store:
+            assert [w.payload for w in store.get_writes("s", head.snapshot_id)] == [{"text": "kept"}]
+        assert sorted(_sql(pg_dsn, indexes)) == [("writes_pkey",)]
+        assert _sql(pg_dsn, f'SELECT version FROM "{schema}".schema_version ORDER BY version') == [(1,), (2,)]
+    finally:
+        drop_schema(pg_dsn, schema)
+
+
 def test_stores_opening_one_new_schema_at_once_migrate_it_once(pg_dsn: str) -> None:
     schema = fresh_schema()
     errors: list[BaseException] = []

@@ -63,6 +63,13 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "snapshot_id text NOT NULL, created_at text NOT NULL)",
         ),
     ),
+    Migration(
+        2,
+        "drop writes_base: every read of pending writes names the session too (the primary key)",
+        # It served no read and cost an index entry (a 64-character key) per pending write, in WAL and
+        # on disk: two a step with one tool call (the decision and the call's start).
+        ("DROP INDEX IF EXISTS {s}.writes_base",),
+    ),
 )
 SCHEMA_VERSION: Final[int] = MIGRATIONS[-1].version
 """The schema version this code writes; older schemas are migrated to it on open."""
