@@ -99,6 +99,12 @@ def test_approving_a_call_that_is_not_waiting_is_a_usage_error(cli: Any, workdir
     assert "call-nope" in result.stderr and "awaiting" in result.stderr
 
 
+def test_an_answer_in_text_says_how_the_session_goes_on(cli: Any, workdir: Path) -> None:
+    sid = _session(cli)
+    out = cli.run("sessions", "approve", sid, "call-publish", "--db", "s.db", code=0).stdout
+    assert out.strip() == f"approved call-publish; run: qitos sessions resume {sid}"  # not a fleet's session
+
+
 def test_steer_then_resume_takes_the_instruction_in(cli: Any, workdir: Path) -> None:
     sid = _session(cli)
     cli.run("sessions", "approve", sid, "call-publish", "--db", "s.db", code=0)

@@ -29,12 +29,13 @@ STEPS = 10
 _CLI = "from qitos.cli.app import main; main()"
 
 
-def _cli_approve(session_id: str, call_id: str, fleet_db: str) -> None:
-    """``qitos sessions approve`` in a process of its own: it only appends the answer to the store."""
+def _cli_approve(session_id: str, call_id: str, fleet_db: str, *options: str) -> str:
+    """``qitos sessions approve`` in a process of its own (it only appends the answer to the store); its output."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
-    approve = [sys.executable, "-c", _CLI, "sessions", "approve", session_id, call_id, "--db", fleet_db, "--json"]
+    approve = [sys.executable, "-c", _CLI, "sessions", "approve", session_id, call_id, "--db", fleet_db, *options]
     out = subprocess.run(approve, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def _workflows(pg_dsn: str, fleet_db: str, session_id: str) -> dict[str, str]:
@@ -80,8 +81,9 @@ def test_an_approval_given_with_the_cli_resumes_the_session_on_the_fleet(
     with workers(fleet_db, side_log, 2, concurrency=4):
         sid = fleet.submit("approve-by-cli", target=STEPS)
         until(lambda: fleet.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
-        _cli_approve(sid, "s1-publish", fleet_db)
+        said = _cli_approve(sid, "s1-publish", fleet_db)
         until(lambda: fleet.results([sid])[sid].lifecycle == "completed", timeout=60, what="the resumed session")
+    assert said.strip() == "approved s1-publish; a fleet worker on queue 'qitos' continues the session"
     counts = side_counts(side_log)
     assert counts[("publish", "approve-by-cli", "0")] == 1
     assert all(counts[("begin", "approve-by-cli", str(step))] == 1 for step in range(STEPS))
@@ -98,7 +100,7 @@ def test_an_answer_given_while_no_worker_listened_is_taken_in_by_the_next_worker
         waiting, done = fleet.submit_many(["approve-unheard", "plain"], target=STEPS)
         until(lambda: fleet.results([waiting])[waiting].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
         assert fleet.wait([done], timeout=60)[done].lifecycle == "completed"
-    _cli_approve(waiting, "s1-publish", fleet_db)  # no worker runs: nobody hears it, nothing is enqueued
+    _cli_approve(waiting, "s1-publish", fleet_db, "--json")  # no worker runs: nobody hears it, nothing is enqueued
     assert [head.session_id for head in fleet.store.list_sessions(lifecycles=("awaiting_approval",))] == [waiting]
     assert len(_workflows(pg_dsn, fleet_db, waiting)) == 1  # only its first run
     with workers(fleet_db, side_log, 1, concurrency=2):
@@ -119,10 +121,11 @@ def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
         with workers(fleet_db, side_log, 1, concurrency=2, app="fleet_app:delegating"):
             sid = parents.submit("parent")
             until(lambda: parents.results([sid])[sid].lifecycle == "awaiting_approval", timeout=60, what="awaiting")
-            _cli_approve(sid, "p1", fleet_db)
+            said = _cli_approve(sid, "p1", fleet_db)
             until(lambda: parents.results([sid])[sid].lifecycle == "completed", timeout=60, what="the parent")
     finally:
         parents.close()
+    assert said.strip() == "approved p1; a fleet worker on queue 'qitos' continues the session"  # the child's call
     lines = side_log.read_text(encoding="utf-8").splitlines()
     assert [line for line in lines if line.startswith("begin")] == [
         "begin work w0",

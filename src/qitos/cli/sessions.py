@@ -25,9 +25,10 @@ from qitos.checkpoint.targets import open_store as open_target
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
+from qitos.distributed.naming import fleet_queue
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
-from qitos.sessions.control import answer_approval, pause_session, steer_session
+from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
 from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
@@ -250,6 +251,15 @@ def _receipt(receipt: Any, json_out: bool, message: str) -> None:
         console().print(message, highlight=False)
 
 
+def _what_next(store: CheckpointStore, session_id: str) -> str:
+    """How the answered session goes on: a fleet's workers continue their sessions by themselves."""
+    root = store.get_session_head(delegation_root(store, session_id))
+    queue = fleet_queue(root.metadata if root is not None else None)
+    if queue is not None:
+        return f"a fleet worker on queue {queue!r} continues the session"
+    return f"run: qitos sessions resume {session_id}"
+
+
 @app.command("steer")
 @cli_command
 def steer(
@@ -258,12 +268,14 @@ def steer(
     db: DbOption = DEFAULT_DB,
     json_out: JsonOption = False,
 ) -> None:
-    """Queue a steering instruction; the session takes it in at its next boundary (exactly once)."""
+    """Queue a steering instruction; the session takes it in at its next boundary (exactly once).
+
+    A paused session goes on when resumed, or by itself when a fleet's workers run it.
+    """
     with open_store(db) as store:
         receipt = steer_session(store, session_id, text)
-    _receipt(
-        receipt, json_out, f"steering queued at position {receipt.position}; run: qitos sessions resume {session_id}"
-    )
+        then = _what_next(store, session_id)
+    _receipt(receipt, json_out, f"steering queued at position {receipt.position}; {then}")
 
 
 @app.command("pause")
@@ -287,10 +299,11 @@ def approve(
     db: DbOption = DEFAULT_DB,
     json_out: JsonOption = False,
 ) -> None:
-    """Approve a tool call awaiting approval; the next resume runs it."""
+    """Approve a tool call awaiting approval; the next resume runs it (a fleet's workers resume by themselves)."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=True)
-    _receipt(receipt, json_out, f"approved {call_id}; run: qitos sessions resume {session_id}")
+        then = _what_next(store, session_id)
+    _receipt(receipt, json_out, f"approved {call_id}; {then}")
 
 
 @app.command("reject")
@@ -302,10 +315,11 @@ def reject(
     db: DbOption = DEFAULT_DB,
     json_out: JsonOption = False,
 ) -> None:
-    """Reject a tool call awaiting approval; the next resume reports the rejection to the agent."""
+    """Reject a tool call awaiting approval; the next resume (a fleet's workers: by themselves) tells the agent."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=False, reason=reason)
-    _receipt(receipt, json_out, f"rejected {call_id}; run: qitos sessions resume {session_id}")
+        then = _what_next(store, session_id)
+    _receipt(receipt, json_out, f"rejected {call_id}; {then}")
 
 
 @app.command("fork")

@@ -20,6 +20,7 @@ from qitos.core.task import Task
 from qitos.distributed.naming import (
     APP_NAME,
     DEFAULT_QUEUE,
+    FLEET_METADATA,
     WORKFLOW_NAME,
     bind_store,
     continuation_workflow_id,
@@ -28,6 +29,7 @@ from qitos.distributed.naming import (
 )
 from qitos.distributed.worker import Worker, dbos_url
 from qitos.engine.composition import Composition
+from qitos.engine.session_runtime import Session, new_session
 from qitos.sessions.control import (
     ApprovalReceipt,
     PauseReceipt,
@@ -132,9 +134,14 @@ class Fleet:
         for session_id in session_ids:
             self._enqueued_at[session_id] = 0  # a new session's head is its first snapshot
 
+    def _create(self, task: str | Task, state_kwargs: dict[str, Any]) -> Session:
+        """A new session of the composition, marked as this fleet's (``fleet_queue`` reads the mark)."""
+        mark = {FLEET_METADATA: {"queue": self.queue}}
+        return new_session(self.composition.engine(), task, composition=self.composition, metadata=mark, **state_kwargs)
+
     def submit(self, task: str | Task, **state_kwargs: Any) -> str:
         """Create a session for ``task`` and enqueue its first run; the session id."""
-        session = self.composition.session(task, **state_kwargs)
+        session = self._create(task, state_kwargs)
         self._enqueue(session.session_id.value, 0, sequence=0)  # a new session's head is its first snapshot
         return session.session_id.value
 
@@ -153,7 +160,7 @@ class Fleet:
         with concurrent.futures.ThreadPoolExecutor(_SUBMIT_THREADS, thread_name_prefix="qitos-submit") as pool:
             while len(ids) < len(pending):
                 batch = pending[len(ids) : len(ids) + size]
-                created = pool.map(lambda task: self.composition.session(task, **state_kwargs), batch)
+                created = pool.map(lambda task: self._create(task, state_kwargs), batch)
                 session_ids = [session.session_id.value for session in created]
                 self._enqueue_first_runs(session_ids)
                 ids.extend(session_ids)

@@ -9,6 +9,7 @@ the dead run's id, which every supervisor computes alike.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,10 +20,12 @@ from qitos.engine.composition import Composition
 __all__ = [
     "APP_NAME",
     "DEFAULT_QUEUE",
+    "FLEET_METADATA",
     "WORKFLOW_NAME",
     "bind_store",
     "continuation_workflow_id",
     "dbos_schema",
+    "fleet_queue",
     "load_composition",
     "redispatch_workflow_id",
     "run_workflow_id",
@@ -33,6 +36,15 @@ APP_NAME = "qitos"
 """The DBOS application name every fleet process uses (a client's enqueue names it)."""
 DEFAULT_QUEUE = "qitos"
 WORKFLOW_NAME = "qitos_run_session"
+FLEET_METADATA = "fleet"
+"""The session metadata key a Fleet's sessions carry: ``{"queue": name}`` (see :func:`fleet_queue`)."""
+
+
+def fleet_queue(metadata: Mapping[str, Any] | None) -> str | None:
+    """The queue whose workers run a session with this metadata (a Fleet submitted it), else None."""
+    mark = (metadata or {}).get(FLEET_METADATA)
+    queue = mark.get("queue") if isinstance(mark, Mapping) else None
+    return queue if isinstance(queue, str) else None
 
 
 def run_workflow_id(session_id: str, position: int) -> str:
