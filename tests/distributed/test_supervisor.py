@@ -111,6 +111,17 @@ def test_an_answer_given_while_no_worker_listened_is_taken_in_by_the_next_worker
     assert sorted(_workflows(pg_dsn, fleet_db, waiting).values()) == ["SUCCESS", "SUCCESS"]
 
 
+def _assert_the_child_ran_once(side_log: Path) -> None:
+    """The delegating parent's child did each of its calls once, the approved one after the answer."""
+    lines = side_log.read_text(encoding="utf-8").splitlines()
+    assert [line for line in lines if line.startswith("begin")] == [
+        "begin work w0",
+        "begin work w1",
+        "begin publish p1",
+        "begin work w2",
+    ]
+
+
 def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
     fleet_db: str, pg_dsn: str, tmp_path: Path
 ) -> None:
@@ -126,13 +137,7 @@ def test_an_answer_to_a_delegated_child_resumes_the_parent_on_the_fleet(
     finally:
         parents.close()
     assert said.strip() == "approved p1; a fleet worker on queue 'qitos' continues the session"  # the child's call
-    lines = side_log.read_text(encoding="utf-8").splitlines()
-    assert [line for line in lines if line.startswith("begin")] == [
-        "begin work w0",
-        "begin work w1",
-        "begin publish p1",
-        "begin work w2",
-    ]
+    _assert_the_child_ran_once(side_log)
     runs = _workflows(pg_dsn, fleet_db, sid)
     assert len(runs) == 2 and set(runs.values()) == {"SUCCESS"}, runs
 
@@ -172,13 +177,7 @@ def test_an_answer_to_a_delegated_child_given_as_the_parents_run_ends_is_taken_i
         worker.store.close()
     assert hook.answered
     assert (ended, head is not None and head.lifecycle) == ("final", "completed")
-    lines = side_log.read_text(encoding="utf-8").splitlines()
-    assert [line for line in lines if line.startswith("begin")] == [
-        "begin work w0",
-        "begin work w1",
-        "begin publish p1",
-        "begin work w2",
-    ]
+    _assert_the_child_ran_once(side_log)
 
 
 def test_a_run_whose_store_connections_are_killed_resumes_and_finishes(
