@@ -194,23 +194,27 @@ def continuation(
     sessions in progress (their runs go on in its run), the first of theirs found, children before
     grandchildren: an answer to a waiting child continues its parent's run.
     """
+    head = head if head is not None else store.get_session_head(session_id)
     position = continuation_position(store, session_id, head=head)
     if position is not None:
         return session_id, position
-    return _child_continuation(store, session_id)
+    return _child_continuation(store, session_id, head)
 
 
 async def acontinuation(store: CheckpointStore, session_id: str) -> tuple[str, int] | None:
     """Async twin of :func:`continuation` (the delegated children are looked at in a thread)."""
-    position = await acontinuation_position(store, session_id)
+    head = await store.aget_session_head(session_id)
+    position = await acontinuation_position(store, session_id, head=head)
     if position is not None:
         return session_id, position
-    return await asyncio.to_thread(_child_continuation, store, session_id)
+    return await asyncio.to_thread(_child_continuation, store, session_id, head)
 
 
-def _child_continuation(store: CheckpointStore, session_id: str) -> tuple[str, int] | None:
-    """The continuation of a delegated child in progress below a waiting ``session_id``, or None."""
-    head = store.get_session_head(session_id)
+def _child_continuation(
+    store: CheckpointStore, session_id: str, head: SessionHeadRecord | None
+) -> tuple[str, int] | None:
+    """The continuation of a delegated child in progress below ``session_id`` (whose head is
+    ``head``) while it waits, or None."""
     if head is None or head.lifecycle not in _CONTINUED_BY:
         return None
     seen, waiting = {session_id}, [session_id]
@@ -245,9 +249,11 @@ def delegation_root(store: CheckpointStore, session_id: str) -> str:
         current = parent
 
 
-async def acontinuation_position(store: CheckpointStore, session_id: str) -> int | None:
+async def acontinuation_position(
+    store: CheckpointStore, session_id: str, *, head: SessionHeadRecord | None = None
+) -> int | None:
     """Async twin of :func:`continuation_position`."""
-    head = await store.aget_session_head(session_id)
+    head = head if head is not None else await store.aget_session_head(session_id)
     kinds = _CONTINUED_BY.get(head.lifecycle) if head is not None else None
     if head is None or kinds is None:
         return None
