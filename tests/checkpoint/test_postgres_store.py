@@ -29,6 +29,7 @@ from qitos.checkpoint.store import (
     SessionSnapshotCommit,
     StepWrite,
 )
+from qitos.core._install import install_command
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,
@@ -523,7 +524,7 @@ def test_importing_qitos_never_imports_psycopg_and_a_missing_extra_is_named() ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
     first, second = out.stdout.strip().splitlines()
     assert first == "False False"
-    assert second.startswith("ConfigurationError") and "qitos[postgres]" in second
+    assert second.startswith("ConfigurationError") and install_command("postgres") in second
 
 
 def test_a_live_lease_of_a_runner_known_dead_is_taken_over_with_a_new_token(store: PostgresCheckpointStore) -> None:

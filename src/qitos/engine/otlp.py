@@ -9,7 +9,7 @@ comes from ``OTEL_SERVICE_NAME`` (default ``qitos``) and ``OTEL_RESOURCE_ATTRIBU
 ``http/protobuf`` protocol is built in: any other ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL`` is refused
 rather than ignored.
 
-Needs the ``otel`` extra (``pip install 'qitos[otel]'``); nothing here is imported by ``import qitos``.
+Needs the ``otel`` extra (``pip install 'qitos-kernel[otel]'``); nothing here is imported by ``import qitos``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from qitos.core._install import install_command
 from qitos.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def otlp_tracer_provider(*, service_name: str | None = None) -> TracerProvider:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         raise ConfigurationError(
-            f"exporting OpenTelemetry spans needs the otel extra: pip install 'qitos[otel]' ({exc})"
+            f"exporting OpenTelemetry spans needs the otel extra: {install_command('otel')} ({exc})"
         ) from exc
     name = service_name or os.environ.get("OTEL_SERVICE_NAME") or "qitos"
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
