@@ -8,10 +8,10 @@ import ast
 import importlib
 import importlib.metadata
 import json
-import tomllib
 import pkgutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest

@@ -6,13 +6,13 @@ adapter, the live renderer as an engine hook, a trace directory); the loop is th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from qitos.checkpoint.targets import open_store, sqlite_path
+from qitos.cli.agents import AGENT_FORMS, load_agent
 from qitos.cli.common import (
     DEFAULT_DB,
     DEFAULT_LOGDIR,
@@ -35,7 +35,6 @@ from qitos.engine.events import EngineResult
 from qitos.engine.model_path import ModelContext
 from qitos.engine.otlp import otlp_export
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.viewer.data import load_agent
 
 __all__ = [
     "DEMO_DEFAULT_MODEL",
@@ -111,7 +110,7 @@ def renderer_hooks(json_out: bool, *, max_tokens: int | None = None) -> tuple[li
     return [renderer], renderer
 
 
-def require_model(factory: Callable[[], AgentModule[Any, Any, Any]], adapter: Any, *, what: str) -> None:
+def require_model(agent: AgentModule[Any, Any, Any], adapter: Any, *, what: str) -> None:
     """Stop before anything runs when the agent decides through a model and none was given.
 
     An agent that does not override ``decide`` (and brings no model of its own) asks its model at
@@ -120,7 +119,6 @@ def require_model(factory: Callable[[], AgentModule[Any, Any, Any]], adapter: An
     """
     if adapter is not None:
         return
-    agent = factory()
     if type(agent).decide is AgentModule.decide and agent.llm is None:
         fail(
             f"{type(agent).__name__} decides through a model (it does not override decide), and {what} was "
@@ -261,7 +259,7 @@ def compaction_extensions(compact: bool) -> dict[str, Any]:
 
 @cli_command
 def run(
-    agent: Annotated[str, typer.Argument(help="The agent as module:Class (an AgentModule class or factory).")],
+    agent: Annotated[str, typer.Argument(help=f"The agent: {AGENT_FORMS}.")],
     task: Annotated[str, typer.Argument(help="The task objective.")],
     model: Annotated[str | None, typer.Option(help=f"Model: {MODEL_FORMS}.")] = None,
     base_url: Annotated[str | None, typer.Option(help="API root for --model openai:NAME (ends in /v1).")] = None,
@@ -301,6 +299,7 @@ def run(
 ) -> None:
     """Run an agent on a task (API key from $QITOS_API_KEY or $OPENAI_API_KEY)."""
     factory = load_agent(agent)
+    instance = factory()
     adapter = resolve_model(
         model,
         base_url=base_url,
@@ -312,7 +311,7 @@ def run(
             timeout=request_timeout,
         ),
     )
-    require_model(factory, adapter, what="qitos run")
+    require_model(instance, adapter, what="qitos run")
     the_task = Task(objective=task, budget=TaskBudget(max_steps=max_steps, max_tokens=max_run_tokens))
     hooks, renderer = renderer_hooks(json_out, max_tokens=max_run_tokens)
     with otlp_export(otel) as provider:
@@ -334,7 +333,6 @@ def run(
             finally:
                 store.close()
             finish(result, json_out, renderer, adapter=adapter, session_id=session.session_id.value)
-        instance = factory()
         context = ModelContext(compaction_policy=ClosedExchangeWindowCompactor() if compact else None)
         engine = Engine(instance, model=adapter, hooks=hooks, trace_logdir=trace_dir, context=context, otel=provider)
         finish(engine.run(the_task), json_out, renderer, adapter=adapter)

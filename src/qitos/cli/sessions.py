@@ -2,8 +2,8 @@
 
 Every command takes ``--db``: a SQLite file (default ``./.qitos/sessions.db``) or a ``postgresql://``
 URL. Commands that act on a session restore it through ``compose(...).restore(id)``, which needs its
-agent: the ``"module:qualname"`` recorded in the session's metadata is imported, or ``--agent`` names
-another one.
+agent: the reference recorded in the session's metadata (``module:qualname``, or a script's path
+and the name in it; see :mod:`qitos.cli.agents`) is imported, or ``--agent`` names another one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import describe_target, store_exists
 from qitos.checkpoint.targets import open_store as open_target
+from qitos.cli.agents import AGENT_FORMS, session_agent
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
@@ -29,7 +30,7 @@ from qitos.distributed.naming import fleet_queue
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
 from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
-from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
+from qitos.viewer.data import session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
 
@@ -37,7 +38,7 @@ app = typer.Typer(help="Durable sessions in a SQLite store: list, show, resume, 
 
 DbOption = Annotated[str, typer.Option("--db", help="The session store: a SQLite file or a postgresql:// URL.")]
 AgentOption = Annotated[
-    str | None, typer.Option("--agent", help="module:Class to restore with (default: the one recorded).")
+    str | None, typer.Option("--agent", help=f"The agent to restore with: {AGENT_FORMS} (default: the one recorded).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
@@ -66,13 +67,10 @@ def composition_for(
     head = store.get_session_head(session_id)
     if head is None:
         fail(f"session {session_id!r} not found", EXIT_NOT_FOUND)
-    spec = agent or (head.metadata or {}).get("agent")
-    if not spec:
-        fail(f"session {session_id} does not record its agent; pass --agent module:Class", 2)
-    factory = load_agent(str(spec))
+    instance = session_agent(session_id, head.metadata or {}, agent)
     if needs_model:
-        require_model(factory, kwargs.get("model"), what=f"qitos sessions resume {session_id}")
-    return compose(agent=factory, checkpoint_store=store, **kwargs)
+        require_model(instance, kwargs.get("model"), what=f"qitos sessions resume {session_id}")
+    return compose(agent=instance, checkpoint_store=store, **kwargs)
 
 
 def _lifecycle_style(lifecycle: str) -> str:

@@ -23,16 +23,13 @@ Shapes (every key is always present; missing values are ``null``):
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import CheckpointError, ConfigurationError, QitosError, UsageError
+from qitos.core.errors import CheckpointError, QitosError, UsageError
 from qitos.core.redaction import Redactor
 from qitos.sessions.inspection import inspect_session
 from qitos.trace.reader import RunTrace, TraceError, list_runs
@@ -44,7 +41,6 @@ __all__ = [
     "find_run",
     "inspection_to_dict",
     "lineage",
-    "load_agent",
     "run_detail",
     "run_events",
     "run_request",
@@ -305,36 +301,6 @@ def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
             "fork_snapshot_id": meta.get("fork_snapshot_id"),
         }
     )
-
-
-def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
-    """Import ``"module:qualname"`` (an AgentModule class or zero-argument factory).
-
-    The current directory is put on ``sys.path`` first (as ``python -m`` does), so an agent in a
-    local module can be named. Raises ConfigurationError saying what is wrong.
-    """
-    module_name, sep, qualname = spec.partition(":")
-    if not sep or not module_name or not qualname:
-        raise ConfigurationError(f"an agent is named 'module:Class' (for example qitos.demo:NotesAgent), got {spec!r}")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import agent module {module_name!r}: {exc}") from exc
-    for part in qualname.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigurationError(f"module {module_name!r} has no {qualname!r}") from None
-    if isinstance(target, type):
-        if not issubclass(target, AgentModule):
-            raise ConfigurationError(f"{spec} is a class but not an AgentModule subclass")
-        return target
-    if callable(target):
-        return target  # type: ignore[no-any-return]
-    raise ConfigurationError(f"{spec} is neither an AgentModule class nor a factory")
 
 
 def inspection_to_dict(inspection: Any) -> dict[str, Any]:
