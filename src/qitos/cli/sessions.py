@@ -9,6 +9,7 @@ and the name in it; see :mod:`qitos.cli.agents`) is imported, or ``--agent`` nam
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -23,14 +24,23 @@ from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import describe_target, store_exists
 from qitos.checkpoint.targets import open_store as open_target
 from qitos.cli.agents import AGENT_FORMS, session_agent
-from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
+from qitos.cli.common import (
+    DEFAULT_DB,
+    DEFAULT_LOGDIR,
+    EXIT_NOT_FOUND,
+    cli_command,
+    console,
+    fail,
+    print_json,
+    shown_command,
+)
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
 from qitos.distributed.naming import fleet_queue
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
 from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
-from qitos.viewer.data import session_detail, session_summary, to_jsonable
+from qitos.viewer.data import resume_argv, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
 
@@ -87,12 +97,9 @@ def _lifecycle_style(lifecycle: str) -> str:
 @app.command("list")
 @cli_command
 def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
-    """List the sessions in the store (newest last)."""
-    if not store_exists(db):
-        rows: list[dict[str, Any]] = []
-    else:
-        with open_store(db) as store:
-            rows = [session_summary(h) for h in store.list_sessions()]
+    """List the sessions in the store (newest last); a store that does not exist is an error (exit 3)."""
+    with open_store(db) as store:
+        rows = [session_summary(h) for h in store.list_sessions()]
     if json_out:
         print_json({"db": describe_target(db), "sessions": rows})
         return
@@ -239,7 +246,7 @@ def resume(
         )
         session = composition.restore(session_id)
         result = session.run(steering=steer)
-    finish(result, json_out, renderer, adapter=adapter, session_id=session_id)
+    finish(result, json_out, renderer, adapter=adapter, db=db, trace_dir=trace_dir, session_id=session_id)
 
 
 def _receipt(receipt: Any, json_out: bool, message: str) -> None:
@@ -249,13 +256,19 @@ def _receipt(receipt: Any, json_out: bool, message: str) -> None:
         console().print(message, highlight=False)
 
 
-def _what_next(store: CheckpointStore, session_id: str) -> str:
-    """How the answered session goes on: a fleet's workers continue their sessions by themselves."""
-    root = store.get_session_head(delegation_root(store, session_id))
+def _what_next(store: CheckpointStore, session_id: str, db: str) -> str:
+    """How the answered session goes on: a fleet's workers continue their sessions by themselves;
+    otherwise the command that resumes it, runnable as printed (``resume_argv``)."""
+    root_id = delegation_root(store, session_id)
+    root = store.get_session_head(root_id)
     queue = fleet_queue(root.metadata if root is not None else None)
     if queue is not None:
         return f"a fleet worker on queue {queue!r} continues the session"
-    return f"run: qitos sessions resume {session_id}"
+    argv = resume_argv(store, session_id, db)
+    if argv is None:
+        command = shown_command("qitos", "sessions", "resume", root_id, db=db, agent="FACTORY")
+        return f"resume it with {command}, naming a zero-argument factory of its agent (its record cannot rebuild it)"
+    return f"run: {shlex.join(argv)}"
 
 
 @app.command("steer")
@@ -272,7 +285,7 @@ def steer(
     """
     with open_store(db) as store:
         receipt = steer_session(store, session_id, text)
-        then = _what_next(store, session_id)
+        then = _what_next(store, session_id, db)
     _receipt(receipt, json_out, f"steering queued at position {receipt.position}; {then}")
 
 
@@ -300,7 +313,7 @@ def approve(
     """Approve a tool call awaiting approval; the next resume runs it (a fleet's workers resume by themselves)."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=True)
-        then = _what_next(store, session_id)
+        then = _what_next(store, session_id, db)
     _receipt(receipt, json_out, f"approved {call_id}; {then}")
 
 
@@ -316,7 +329,7 @@ def reject(
     """Reject a tool call awaiting approval; the next resume (a fleet's workers: by themselves) tells the agent."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=False, reason=reason)
-        then = _what_next(store, session_id)
+        then = _what_next(store, session_id, db)
     _receipt(receipt, json_out, f"rejected {call_id}; {then}")
 
 

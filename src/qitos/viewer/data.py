@@ -31,16 +31,19 @@ from typing import Any
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.errors import CheckpointError, QitosError, UsageError
 from qitos.core.redaction import Redactor
+from qitos.sessions.control import delegation_root
 from qitos.sessions.inspection import inspect_session
 from qitos.trace.reader import RunTrace, TraceError, list_runs
 from qitos.trace.writer import displayed_messages
 
 __all__ = [
+    "CLI_OPTIONS",
     "AmbiguousReferenceError",
     "NotFoundError",
     "find_run",
     "inspection_to_dict",
     "lineage",
+    "resume_argv",
     "run_detail",
     "run_events",
     "run_request",
@@ -301,6 +304,37 @@ def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
             "fork_snapshot_id": meta.get("fork_snapshot_id"),
         }
     )
+
+
+CLI_OPTIONS = "cli_options"
+"""Session metadata: the options ``qitos run`` started the session with that a resume needs again
+(``--model``, ``--base-url``, ``--max-input-units``, ``--compact``; never a key)."""
+
+_RESUME_FLAGS = (("model", "--model"), ("base_url", "--base-url"), ("max_input_units", "--max-input-units"))
+
+
+def resume_argv(store: CheckpointStore, session_id: str, db: str) -> list[str] | None:
+    """The ``qitos sessions resume`` command line that continues ``session_id`` as it was started.
+
+    A delegated child is continued by its parent's run, so the command resumes the top of its
+    delegation chain. It names the store (``--db``) and the options ``qitos run`` recorded
+    (:data:`CLI_OPTIONS`). None when the session's agent cannot be rebuilt from its record (it was
+    built with arguments): then ``--agent`` must name a factory, which only the user knows.
+    """
+    root = delegation_root(store, session_id)
+    head = store.get_session_head(root)
+    meta = (head.metadata if head is not None else None) or {}
+    if "agent_ref" in meta and not meta["agent_ref"]:
+        return None
+    argv = ["qitos", "sessions", "resume", root, "--db", db]
+    options = meta.get(CLI_OPTIONS)
+    if isinstance(options, Mapping):
+        for key, flag in _RESUME_FLAGS:
+            if options.get(key) is not None:
+                argv += [flag, str(options[key])]
+        if options.get("compact"):
+            argv.append("--compact")
+    return argv
 
 
 def inspection_to_dict(inspection: Any) -> dict[str, Any]:
