@@ -99,7 +99,7 @@ def _lifecycle_style(lifecycle: str) -> str:
 def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
     """List the sessions in the store (newest last); a store that does not exist is an error (exit 3)."""
     with open_store(db) as store:
-        rows = [session_summary(h) for h in store.list_sessions()]
+        rows = [session_summary(h, store) for h in store.list_sessions()]
     if json_out:
         print_json({"db": describe_target(db), "sessions": rows})
         return

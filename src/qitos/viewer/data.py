@@ -32,7 +32,7 @@ from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.errors import CheckpointError, QitosError, UsageError
 from qitos.core.redaction import Redactor
 from qitos.sessions.control import delegation_root
-from qitos.sessions.inspection import inspect_session
+from qitos.sessions.inspection import inspect_session, observed_lifecycle
 from qitos.trace.reader import RunTrace, TraceError, list_runs
 from qitos.trace.writer import displayed_messages
 
@@ -286,14 +286,16 @@ def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- sessions
 
 
-def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
-    """One row of the sessions board (see the module docstring for the shape)."""
+def session_summary(head: SessionHeadRecord, store: CheckpointStore | None = None) -> dict[str, Any]:
+    """One row of the sessions board (see the module docstring for the shape). With ``store``,
+    ``lifecycle`` is what a reader sees now (``observed_lifecycle``: ``running`` while a runner holds
+    the session, ``interrupted`` when its runner died midway); without, the head's."""
     meta = head.metadata or {}
     task = meta.get("task")
     return _shown(
         {
             "session_id": head.session_id,
-            "lifecycle": head.lifecycle,
+            "lifecycle": observed_lifecycle(store, head) if store is not None else head.lifecycle,
             "sequence": head.sequence,
             "snapshot_id": head.snapshot_id,
             "updated_at": head.updated_at,
@@ -398,11 +400,11 @@ def lineage(
     def node(sid: str) -> dict[str, Any]:
         budget[0] -= 1
         head = records[sid]
-        row = session_summary(head)
+        row = session_summary(head, store)
         kids = sorted(children.get(sid, []), key=lambda c: (records[c].metadata or {}).get("created_at") or "")
         return {
             "session_id": sid,
-            "lifecycle": head.lifecycle,
+            "lifecycle": row["lifecycle"],
             "snapshot_id": head.snapshot_id,
             "fork_snapshot_id": row["fork_snapshot_id"],
             "relation": _relation(head),
@@ -460,7 +462,7 @@ def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:
                 runs.append(run_id)
     return _shown(
         {
-            "session": session_summary(head),
+            "session": session_summary(head, store),
             "inspection": inspection,
             "inspection_error": error,
             "integrity": integrity,

@@ -161,7 +161,7 @@ class ViewerServer:
             return run_request(find_run(self.logdir, parts[1]), int(parts[3]))
         if parts == ["sessions"]:
             store = self.store()
-            sessions = [session_summary(h) for h in store.list_sessions()] if store is not None else []
+            sessions = [session_summary(h, store) for h in store.list_sessions()] if store is not None else []
             return {
                 "db": describe_target(self.db) if self.db else None,
                 "available": store is not None,
