@@ -155,6 +155,13 @@ def test_session_detail_shows_the_last_request_view_and_its_receipts(api: Any, v
     assert body["runs"], "the runs of a session are linked"
 
 
+def test_a_session_lists_which_of_its_runs_have_a_trace_here(api: Any, viewer_data: ViewerData) -> None:
+    _, _, traced = api(f"/api/sessions/{viewer_data.model_session}")
+    assert traced["runs"] and traced["traced_runs"] == traced["runs"]
+    _, _, untraced = api(f"/api/sessions/{viewer_data.parent_session}")  # run without trace_logdir
+    assert untraced["runs"] and untraced["traced_runs"] == []
+
+
 def test_a_session_whose_agent_cannot_be_imported_is_inspected_from_the_store(
     api: Any, viewer_data: ViewerData
 ) -> None:

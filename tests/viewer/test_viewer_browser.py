@@ -215,6 +215,17 @@ def test_session_page_shows_its_last_request_with_receipts(
     _shot(page, "session-last-request")
 
 
+def test_a_session_page_links_only_to_runs_with_a_trace(
+    page: Any, server: ViewerServer, viewer_data: ViewerData, api: Any
+) -> None:
+    _open(page, server, f"#/sessions/{viewer_data.model_session}", "ol.snapshots")
+    assert page.locator('a[href^="#/runs/"]').count() >= 1
+    _open(page, server, f"#/sessions/{viewer_data.parent_session}", "ol.snapshots")
+    (run_id,) = api(f"/api/sessions/{viewer_data.parent_session}")[2]["runs"]
+    assert page.locator('a[href^="#/runs/"]').count() == 0  # its run wrote no trace: no "Not found" link
+    assert page.locator("span.mono", has_text=run_id).count() == 1
+
+
 def test_a_run_in_progress_updates_live_without_a_reload(
     page: Any, server: ViewerServer, viewer_data: ViewerData
 ) -> None:

@@ -13,7 +13,8 @@ Shapes (every key is always present; missing values are ``null``):
 - session summary: ``session_id, lifecycle, sequence, snapshot_id, updated_at, created_at, task,
   agent, parent_session_id, fork_snapshot_id``
 - session detail: ``session, inspection, inspection_error, integrity, snapshots,
-  snapshot_count, lineage, runs``
+  snapshot_count, lineage, runs, traced_runs``; ``traced_runs`` are the ``runs`` whose trace is in
+  the trace directory given (null when none is), the only ones a page may link to
 - step request: ``step_id, status ("ok" | "failed"), request_view, model, messages, attempts``;
   ``messages`` is every message the request sent (null for a trace written before they were
   recorded), ``attempts`` every failed attempt (retries from ``model_retry`` events, and the final
@@ -362,6 +363,16 @@ def inspection_to_dict(inspection: Any) -> dict[str, Any]:
     )
 
 
+def _traced_run_ids(logdir: str) -> set[str]:
+    ids = set()
+    for trace in list_runs(logdir):
+        try:
+            ids.add(trace.run_id)
+        except TraceError:
+            continue
+    return ids
+
+
 def _chain_integrity(store: CheckpointStore, snapshot_id: str) -> str:
     try:
         store.load_chain(snapshot_id)
@@ -433,7 +444,7 @@ def _relation(head: SessionHeadRecord) -> str | None:
     return None
 
 
-def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:
+def session_detail(store: CheckpointStore, session_id: str, *, logdir: str | None = None) -> dict[str, Any]:
     """A session page: summary, its inspection, snapshot ids, the fork lineage and the run ids
     recorded in its snapshots.
 
@@ -470,5 +481,6 @@ def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:
             "snapshot_count": len(snapshot_ids),
             "lineage": lineage(store, session_id, heads=heads),
             "runs": runs,
+            "traced_runs": None if logdir is None else [r for r in runs if r in _traced_run_ids(logdir)],
         }
     )

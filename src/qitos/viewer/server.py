@@ -171,7 +171,7 @@ class ViewerServer:
             store = self.store()
             if store is None:
                 raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
-            return session_detail(store, parts[1])
+            return session_detail(store, parts[1], logdir=self.logdir)
         raise NotFoundError(f"no API endpoint /api/{'/'.join(parts)}")
 
 

@@ -887,6 +887,12 @@
         clear(app);
         const s = d.session;
         const ins = d.inspection;
+        // A run links to its page only when its trace is in this viewer's trace directory.
+        const traced = new Set(d.traced_runs || []);
+        const runRef = (runId, n) =>
+          traced.has(runId)
+            ? el("a", { href: `#/runs/${encodeURIComponent(runId)}`, class: "mono", text: n ? short(runId, n) : runId })
+            : el("span", { class: "mono muted", text: n ? short(runId, n) : runId || "–", title: "no trace of this run in the viewer's trace directory" });
         app.appendChild(el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / session"));
         app.appendChild(el("div", { class: "title-row" }, el("h1", { class: "mono", text: s.session_id }), badge(s.lifecycle), badge(d.integrity === "verified" ? "verified" : "corrupt", d.integrity === "verified" ? "b-completed" : "b-failed")));
         app.appendChild(
@@ -950,7 +956,7 @@
                           null,
                           el("td", { class: "mono", text: w.work_item }),
                           el("td", null, w.mode ? badge(w.mode, "b-mode") : "–"),
-                          el("td", null, (w.attempts || []).map((a) => el("div", { class: "small" }, badge(a.outcome), " ", el("a", { href: `#/runs/${encodeURIComponent(a.run_id || "")}`, class: "mono", text: short(a.run_id, 16) }), " ", el("span", { class: "mono muted", text: short(a.snapshot_id, 14), title: a.snapshot_id })))),
+                          el("td", null, (w.attempts || []).map((a) => el("div", { class: "small" }, badge(a.outcome), " ", runRef(a.run_id, 16), " ", el("span", { class: "mono muted", text: short(a.snapshot_id, 14), title: a.snapshot_id })))),
                           el("td", null, (w.tool_calls || []).map((c) => el("div", { class: "small" }, el("span", { class: "mono", text: c.tool }), " ", badge(c.outcome, c.outcome === "ok" ? "b-completed" : "b-failed"))))
                         )
                       )
@@ -972,7 +978,7 @@
             d.snapshot_count > d.snapshots.length ? el("p", { class: "muted small", text: `… and ${d.snapshot_count - d.snapshots.length} older` }) : null
           )
         );
-        if (d.runs.length) app.appendChild(section("Runs", el("ul", null, d.runs.map((r) => el("li", null, el("a", { href: `#/runs/${encodeURIComponent(r)}`, class: "mono", text: r }))))));
+        if (d.runs.length) app.appendChild(section("Runs", el("ul", null, d.runs.map((r) => el("li", null, runRef(r))))));
         const live = s.lifecycle === "running";
         if (live) schedule(token, load, POLL_LIVE_MS, true);
         else liveBadge.hidden = true;
