@@ -12,22 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from viewer_support import HOSTILE, ViewerData
+from viewer_support import CHROMIUM, HOSTILE, LAUNCH_ARGS, ViewerData
 
 from qitos.trace import TraceWriter
 from qitos.viewer.server import ViewerServer
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "viewer"
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 pytestmark = [

@@ -9,7 +9,6 @@ and the name in it; see :mod:`qitos.cli.agents`) is imported, or ``--agent`` nam
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -32,15 +31,13 @@ from qitos.cli.common import (
     console,
     fail,
     print_json,
-    shown_command,
 )
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
-from qitos.distributed.naming import fleet_queue
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
-from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
-from qitos.viewer.data import resume_argv, session_detail, session_summary, to_jsonable
+from qitos.sessions.control import answer_approval, pause_session, steer_session
+from qitos.viewer.data import how_it_continues, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
 
@@ -256,21 +253,6 @@ def _receipt(receipt: Any, json_out: bool, message: str) -> None:
         console().print(message, highlight=False)
 
 
-def _what_next(store: CheckpointStore, session_id: str, db: str) -> str:
-    """How the answered session goes on: a fleet's workers continue their sessions by themselves;
-    otherwise the command that resumes it, runnable as printed (``resume_argv``)."""
-    root_id = delegation_root(store, session_id)
-    root = store.get_session_head(root_id)
-    queue = fleet_queue(root.metadata if root is not None else None)
-    if queue is not None:
-        return f"a fleet worker on queue {queue!r} continues the session"
-    argv = resume_argv(store, session_id, db)
-    if argv is None:
-        command = shown_command("qitos", "sessions", "resume", root_id, db=db, agent="FACTORY")
-        return f"resume it with {command}, naming a zero-argument factory of its agent (its record cannot rebuild it)"
-    return f"run: {shlex.join(argv)}"
-
-
 @app.command("steer")
 @cli_command
 def steer(
@@ -285,7 +267,7 @@ def steer(
     """
     with open_store(db) as store:
         receipt = steer_session(store, session_id, text)
-        then = _what_next(store, session_id, db)
+        then = how_it_continues(store, session_id, db)
     _receipt(receipt, json_out, f"steering queued at position {receipt.position}; {then}")
 
 
@@ -313,7 +295,7 @@ def approve(
     """Approve a tool call awaiting approval; the next resume runs it (a fleet's workers resume by themselves)."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=True)
-        then = _what_next(store, session_id, db)
+        then = how_it_continues(store, session_id, db)
     _receipt(receipt, json_out, f"approved {call_id}; {then}")
 
 
@@ -329,7 +311,7 @@ def reject(
     """Reject a tool call awaiting approval; the next resume (a fleet's workers: by themselves) tells the agent."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=False, reason=reason)
-        then = _what_next(store, session_id, db)
+        then = how_it_continues(store, session_id, db)
     _receipt(receipt, json_out, f"rejected {call_id}; {then}")
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.errors import CheckpointError, QitosError, UsageError
 from qitos.core.redaction import Redactor
+from qitos.distributed.naming import fleet_queue
 from qitos.sessions.control import delegation_root
 from qitos.sessions.inspection import inspect_session, observed_lifecycle
 from qitos.trace.reader import RunTrace, TraceError, list_runs
@@ -42,6 +44,7 @@ __all__ = [
     "AmbiguousReferenceError",
     "NotFoundError",
     "find_run",
+    "how_it_continues",
     "inspection_to_dict",
     "lineage",
     "resume_argv",
@@ -338,6 +341,22 @@ def resume_argv(store: CheckpointStore, session_id: str, db: str) -> list[str] |
         if options.get("compact"):
             argv.append("--compact")
     return argv
+
+
+def how_it_continues(store: CheckpointStore, session_id: str, db: str) -> str:
+    """What continues ``session_id`` after an answer or steering, for people: a fleet's workers
+    continue their sessions by themselves; otherwise the :func:`resume_argv` command (runnable as
+    printed), or, when the record cannot rebuild the agent, the command with ``--agent`` to fill in."""
+    root_id = delegation_root(store, session_id)
+    root = store.get_session_head(root_id)
+    queue = fleet_queue(root.metadata if root is not None else None)
+    if queue is not None:
+        return f"a fleet worker on queue {queue!r} continues the session"
+    argv = resume_argv(store, session_id, db)
+    if argv is None:
+        command = shlex.join(["qitos", "sessions", "resume", root_id, "--db", db, "--agent", "FACTORY"])
+        return f"resume it with {command}, naming a zero-argument factory of its agent (its record cannot rebuild it)"
+    return f"run: {shlex.join(argv)}"
 
 
 def inspection_to_dict(inspection: Any) -> dict[str, Any]:
