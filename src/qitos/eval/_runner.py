@@ -336,14 +336,17 @@ class EvalRun:
         workers = [asyncio.ensure_future(worker()) for _ in range(min(self.max_samples, len(pending)))]
         self._tasks.update(workers)
         try:
-            await asyncio.gather(*workers)
-        except BaseException:
+            outcomes = await asyncio.gather(*workers, return_exceptions=True)
+        except BaseException:  # this run was cancelled (Ctrl-C): its samples stop at a boundary
             for task in workers:
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             raise
         finally:
             self._tasks.difference_update(workers)
+        for outcome in outcomes:  # a worker cancelled by stop() ends quietly; anything else is a bug to show
+            if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+                raise outcome
 
     def stop(self, reason: str = "interrupted") -> None:
         """Stop taking new samples and cancel those in flight (each at its next boundary)."""
@@ -631,22 +634,30 @@ async def score_result(
     return records
 
 
-def pin_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """What differs between an eval's pins and a new run's, one phrase each."""
+def pin_changes(stored: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """What differs between an eval's pins and a new run's, one phrase each (``model.base_url (a -> b)``)."""
     changed = []
     for key in sorted(set(stored) | set(current)):
         before, after = stored.get(key), current.get(key)
         if canonical_json(before) == canonical_json(after):
             continue
-        if key == "dataset" and isinstance(before, Mapping) and isinstance(after, Mapping):
+        where = f"{prefix}{key}"
+        if key == "dataset" and not prefix and isinstance(before, Mapping) and isinstance(after, Mapping):
             changed.append(
                 f"dataset (digest {str(before.get('digest'))[:12]} with {before.get('samples')} samples -> "
                 f"{str(after.get('digest'))[:12]} with {after.get('samples')} samples)"
             )
-        elif key == "scorers":
-            changed.append(f"scorers ({_scorer_names(before)} -> {_scorer_names(after)})")
+        elif key == "scorers" and not prefix:
+            names_before, names_after = _scorer_names(before), _scorer_names(after)
+            if names_before != names_after:
+                changed.append(f"scorers ({names_before} -> {names_after})")
+            else:  # the same scorers with other parameters: name each
+                for old, new in zip(before, after, strict=True):
+                    changed.extend(pin_changes(old, new, f"scorers[{new.get('id')}]."))
+        elif isinstance(before, Mapping) and isinstance(after, Mapping):
+            changed.extend(pin_changes(before, after, f"{where}."))
         else:
-            changed.append(f"{key} ({_short(before)} -> {_short(after)})")
+            changed.append(f"{where} ({_short(before)} -> {_short(after)})")
     return changed
 
 
