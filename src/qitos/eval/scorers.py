@@ -260,7 +260,7 @@ def numeric(tolerance: float = 0, *, name: str | None = None, reducer: str = "me
 
 _CHOICE_PATTERNS = (
     re.compile(r"(?:answer|choice)\s*(?:is)?\s*[:=]?\s*\(?([A-Z])\)?\b", re.IGNORECASE),
-    re.compile(r"^\s*\(?([A-Z])\)?\s*(?:[.):]|$)"),
+    re.compile(r"^\s*\(?([A-Z])\)?\s*(?:[.):]|$)", re.IGNORECASE),
     re.compile(r"\(([A-Z])\)"),
     re.compile(r"\b([A-Z])\b"),
 )
