@@ -28,8 +28,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 def qitos_eval(cwd: Path, *args: str, check: int | None = 0, **env: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, "-m", "qitos.cli.app", "eval", *args], cwd=cwd, env=_env(**env), capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "qitos.cli.app", "eval", *args],
+        cwd=cwd,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if check is not None:
         assert done.returncode == check, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
@@ -52,8 +56,23 @@ ROWS = [
 def test_run_list_show_score_resume_as_json(tmp_path: Path) -> None:
     _dataset(tmp_path, ROWS)
     runs = tmp_path / "runs.txt"
-    out = qitos_eval(tmp_path, "run", "qa.jsonl", "--agent", "eval_agents:Upper", "--scorer", "exact", "--scorer",
-                     "includes", "--epochs", "2", "--name", "first", "--json", QITOS_TEST_EVAL_RUNS=str(runs))
+    out = qitos_eval(
+        tmp_path,
+        "run",
+        "qa.jsonl",
+        "--agent",
+        "eval_agents:Upper",
+        "--scorer",
+        "exact",
+        "--scorer",
+        "includes",
+        "--epochs",
+        "2",
+        "--name",
+        "first",
+        "--json",
+        QITOS_TEST_EVAL_RUNS=str(runs),
+    )
     report = json.loads(out.stdout)  # only the report on stdout
     assert report["name"] == "first" and report["status"] == "complete" and len(report["samples"]) == 6
     assert report["metrics"]["exact"]["mean"] == 2 / 3 and report["metrics"]["includes"]["n"] == 3
@@ -87,8 +106,10 @@ def test_errors_are_one_line_with_exit_codes(tmp_path: Path) -> None:
     changed = _dataset(tmp_path, ROWS[:2])
     refused = qitos_eval(tmp_path, "run", str(changed), "--agent", "eval_agents:Upper", "--name", "x", check=2)
     assert "eval 'x' was run with a different setup" in refused.stderr and "dataset (digest" in refused.stderr
-    assert "cannot read the dataset" in qitos_eval(tmp_path, "run", "gone.jsonl", "--agent", "eval_agents:Upper",
-                                                   check=2).stderr
+    assert (
+        "cannot read the dataset"
+        in qitos_eval(tmp_path, "run", "gone.jsonl", "--agent", "eval_agents:Upper", check=2).stderr
+    )
     python_eval = tmp_path / "made.py"
     python_eval.write_text(
         "from eval_agents import Upper\nfrom qitos.eval import Dataset, Sample, evaluate, scorers\n"
@@ -117,16 +138,32 @@ def test_a_terminal_sees_live_progress_then_the_score_table(tmp_path: Path) -> N
     _dataset(tmp_path, [{"id": str(i), "input": f"slow {i}", "target": f"SLOW {i}"} for i in range(12)])
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "qitos.cli.app", "eval", "run", "qa.jsonl", "--agent", "eval_agents:Upper",
-         "--max-samples", "2", "--name", "live"],
-        cwd=tmp_path, env=_env(COLUMNS="160", TERM="xterm"), stdin=follower, stdout=follower, stderr=follower,
+        [
+            sys.executable,
+            "-m",
+            "qitos.cli.app",
+            "eval",
+            "run",
+            "qa.jsonl",
+            "--agent",
+            "eval_agents:Upper",
+            "--max-samples",
+            "2",
+            "--name",
+            "live",
+        ],
+        cwd=tmp_path,
+        env=_env(COLUMNS="160", TERM="xterm"),
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
     )
     os.close(follower)
     output = _read_pty(leader, time.monotonic() + 60).decode(errors="replace")
     assert proc.wait(timeout=30) == 0
     os.close(leader)
     assert "running" in output and "ETA" in output and "tokens" in output and "elapsed" in output
-    assert "/12 done" in output and "12/12 done" in output or "12/12 samples" in output
+    assert ("/12 done" in output and "12/12 done" in output) or "12/12 samples" in output
     assert "scorer" in output and "1.000" in output and "complete: 12/12 samples" in output
 
 
@@ -134,9 +171,25 @@ def test_ctrl_c_leaves_the_eval_incomplete_and_resume_finishes_it(tmp_path: Path
     _dataset(tmp_path, [{"id": str(i), "input": f"slow {i}", "target": f"SLOW {i}"} for i in range(30)])
     runs = tmp_path / "runs.txt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "qitos.cli.app", "eval", "run", "qa.jsonl", "--agent", "eval_agents:Upper",
-         "--max-samples", "4", "--name", "stopped", "--json"],
-        cwd=tmp_path, env=_env(QITOS_TEST_EVAL_RUNS=str(runs)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "qitos.cli.app",
+            "eval",
+            "run",
+            "qa.jsonl",
+            "--agent",
+            "eval_agents:Upper",
+            "--max-samples",
+            "4",
+            "--name",
+            "stopped",
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=_env(QITOS_TEST_EVAL_RUNS=str(runs)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     deadline = time.monotonic() + 60

@@ -19,7 +19,12 @@ from typing import Any
 
 class ScriptServer:
     def __init__(
-        self, *, delay: float = 0.0, log_path: str | None = None, throttle: int = 0, retry_after: float = 0.05,
+        self,
+        *,
+        delay: float = 0.0,
+        log_path: str | None = None,
+        throttle: int = 0,
+        retry_after: float = 0.05,
         throttle_while_open: int | None = None,
     ) -> None:
         self.delay = delay
@@ -52,7 +57,9 @@ class ScriptServer:
             message = {"role": "assistant", "content": _answer(task)}
         finish = "tool_calls" if message.get("tool_calls") else "stop"
         return {
-            "id": "cmpl", "object": "chat.completion", "model": body.get("model", "m"),
+            "id": "cmpl",
+            "object": "chat.completion",
+            "model": body.get("model", "m"),
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
         }

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from chat_server import ScriptServer
 from eval_agents import RUNS_FILE, Asker, Upper
+
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.errors import IntegrityError
 from qitos.eval import (
@@ -43,7 +43,9 @@ def test_a_first_eval_scores_every_sample_and_keeps_sessions_in_the_store(tmp_pa
     assert report.status == "complete" and report.name == "first"
     assert report.metrics["exact"]["mean"] == 1.0 and report.metrics["exact"]["n"] == 3
     assert [(s.id, s.epoch, s.answer, s.steps) for s in report.samples] == [
-        ("s0", 1, "ALPHA", 1), ("s1", 1, "BETA", 1), ("s2", 1, "GAMMA", 1)
+        ("s0", 1, "ALPHA", 1),
+        ("s1", 1, "BETA", 1),
+        ("s2", 1, "GAMMA", 1),
     ]
     store = SqliteCheckpointStore(str(db))
     for sample in report.samples:
@@ -51,7 +53,11 @@ def test_a_first_eval_scores_every_sample_and_keeps_sessions_in_the_store(tmp_pa
         head = store.get_session_head(sample.session_id)
         assert head is not None and head.lifecycle == "completed"
         assert head.metadata[EVAL_METADATA] == {
-            "eval_id": report.eval_id, "name": "first", "sample_id": sample.id, "epoch": 1, "attempt": 0
+            "eval_id": report.eval_id,
+            "name": "first",
+            "sample_id": sample.id,
+            "epoch": 1,
+            "attempt": 0,
         }
     data = report.to_dict()
     assert json.loads(json.dumps(data)) == data and data["metrics"]["exact"]["ci95"] == [1.0, 1.0]
@@ -100,12 +106,22 @@ def test_an_agent_that_raises_fails_its_sample_only_and_is_never_scored_zero(tmp
 def test_fail_on_error_as_a_count_and_as_a_share(tmp_path: Path) -> None:
     tasks = ["boom a", "boom b", "boom c", "boom d", "ok e", "ok f"]
     counted = evaluate(
-        Upper, _data(*tasks), scorers=[scorers.exact()], store=str(tmp_path / "a.db"), name="n", max_samples=1,
+        Upper,
+        _data(*tasks),
+        scorers=[scorers.exact()],
+        store=str(tmp_path / "a.db"),
+        name="n",
+        max_samples=1,
         fail_on_error=2,
     )
     assert counted.status == "failed" and counted.failed == 2 and len(counted.samples) == 2
     shared = evaluate(
-        Upper, _data(*tasks), scorers=[scorers.exact()], store=str(tmp_path / "b.db"), name="f", max_samples=1,
+        Upper,
+        _data(*tasks),
+        scorers=[scorers.exact()],
+        store=str(tmp_path / "b.db"),
+        name="f",
+        max_samples=1,
         fail_on_error=0.5,
     )
     assert shared.status == "failed" and shared.failed == 3  # 3 of 6 samples is the half
@@ -120,7 +136,11 @@ def test_fail_on_error_as_a_count_and_as_a_share(tmp_path: Path) -> None:
 
 def test_a_sample_past_its_timeout_fails_and_the_others_finish(tmp_path: Path) -> None:
     report = evaluate(
-        Upper, _data("hang on", "quick"), scorers=[scorers.exact()], store=str(tmp_path / "e.db"), name="slow",
+        Upper,
+        _data("hang on", "quick"),
+        scorers=[scorers.exact()],
+        store=str(tmp_path / "e.db"),
+        name="slow",
         sample_timeout=0.5,
     )
     hung = next(s for s in report.samples if s.id == "s0")
@@ -153,8 +173,9 @@ def test_epochs_reduce_per_scorer_mean_max_min_mode(tmp_path: Path) -> None:
         scorers.code(alternate, name="min", reducer="min"),
         scorers.code(alternate, name="mode", reducer="mode"),
     ]
-    report = evaluate(Upper, _data("a", "b"), scorers=chosen, store=str(tmp_path / "e.db"), name="ep", epochs=3,
-                      max_samples=1)
+    report = evaluate(
+        Upper, _data("a", "b"), scorers=chosen, store=str(tmp_path / "e.db"), name="ep", epochs=3, max_samples=1
+    )
     assert len(report.samples) == 6 and report.epochs == 3
     # each code scorer sees its own calls: per sample True, True, False over the three epochs
     metrics = report.metrics
@@ -168,8 +189,13 @@ def test_a_scorer_that_raises_records_a_scoring_error_not_a_zero(tmp_path: Path)
             raise ValueError("cannot judge this one")
         return True
 
-    report = evaluate(Upper, _data("a", "b", "c"), scorers=[scorers.code(picky, name="picky")],
-                      store=str(tmp_path / "e.db"), name="raise")
+    report = evaluate(
+        Upper,
+        _data("a", "b", "c"),
+        scorers=[scorers.code(picky, name="picky")],
+        store=str(tmp_path / "e.db"),
+        name="raise",
+    )
     entry = next(s for s in report.samples if s.id == "s1").scores["picky"]
     assert entry["value"] is None and entry["error"] == "ValueError: cannot judge this one"
     assert report.metrics["picky"] == {**report.metrics["picky"], "mean": 1.0, "n": 2, "errors": 1}
@@ -204,8 +230,14 @@ def test_a_crash_while_scoring_is_finished_by_scoring_only(tmp_path: Path, monke
     db = str(tmp_path / "e.db")
     _CRASH_AT.clear()
     with pytest.raises(KeyboardInterrupt):
-        evaluate(Upper, _data("a", "b", "c"), scorers=[scorers.code(_crashing, name="c")], store=db, name="crash",
-                 max_samples=1)
+        evaluate(
+            Upper,
+            _data("a", "b", "c"),
+            scorers=[scorers.code(_crashing, name="c")],
+            store=db,
+            name="crash",
+            max_samples=1,
+        )
     ran = len(_runs(runs))
     _, eval_store = open_eval_store(db)
     record = eval_store.find_eval("crash")
@@ -215,8 +247,9 @@ def test_a_crash_while_scoring_is_finished_by_scoring_only(tmp_path: Path, monke
     assert report.status == "complete" and report.metrics["c"]["n"] == 3
     assert len(_runs(runs)) == ran + 1  # only the sample that never ran; the scored-late one was not re-run
     with pytest.raises(EvalChangedError, match=r"scorers\[c\]\.spec\.fn \(.*_crashing.* -> .*<lambda>"):
-        evaluate(Upper, _data("a", "b", "c"), scorers=[scorers.code(lambda s, r: True, name="c")], store=db,
-                 name="crash")
+        evaluate(
+            Upper, _data("a", "b", "c"), scorers=[scorers.code(lambda s, r: True, name="c")], store=db, name="crash"
+        )
 
 
 def test_damaged_result_rows_raise_integrity_errors_naming_the_row(tmp_path: Path) -> None:
@@ -229,12 +262,21 @@ def test_damaged_result_rows_raise_integrity_errors_naming_the_row(tmp_path: Pat
 
 
 def test_model_path_tokens_tool_calls_and_connections(tmp_path: Path) -> None:
-    expected = [{"name": "lookup", "arguments": {"word": ["w0", "w1", "w2", "w3"]}}, {"name": "add", "arguments": {"a": 2, "b": 3}}]
+    expected = [
+        {"name": "lookup", "arguments": {"word": ["w0", "w1", "w2", "w3"]}},
+        {"name": "add", "arguments": {"a": 2, "b": 3}},
+    ]
     data = Dataset([Sample(f"w{i} please", f"W{i} PLEASE", id=f"s{i}") for i in range(4)], name="calls")
     with ScriptServer(delay=0.2) as server:
         model = OpenAICompatibleModel("m", base_url=server.url, api_key="sk-test")
-        report = evaluate(Asker, data, scorers=[scorers.exact(), scorers.tool_calls(expected)], model=model,
-                          store=str(tmp_path / "e.db"), name="model")
+        report = evaluate(
+            Asker,
+            data,
+            scorers=[scorers.exact(), scorers.tool_calls(expected)],
+            model=model,
+            store=str(tmp_path / "e.db"),
+            name="model",
+        )
         assert server.calls == 12 and server.max_open == 4
     assert report.metrics["exact"]["mean"] == 1.0 and report.metrics["tool_calls"]["mean"] == 1.0
     assert report.input_tokens == 4 * 30 and report.output_tokens == 4 * 15 and report.total_tokens == 4 * 45
@@ -243,8 +285,11 @@ def test_model_path_tokens_tool_calls_and_connections(tmp_path: Path) -> None:
 
 def test_group_by_a_metadata_field(tmp_path: Path) -> None:
     data = Dataset(
-        [Sample("a", "A", id="1", metadata={"level": "easy"}), Sample("b", "X", id="2", metadata={"level": "hard"}),
-         Sample("c", "C", id="3", metadata={"level": "hard"})]
+        [
+            Sample("a", "A", id="1", metadata={"level": "easy"}),
+            Sample("b", "X", id="2", metadata={"level": "hard"}),
+            Sample("c", "C", id="3", metadata={"level": "hard"}),
+        ]
     )
     from qitos.eval._runner import EvalRun
 
@@ -263,8 +308,15 @@ def test_a_thousand_samples_with_a_scripted_model(tmp_path: Path) -> None:
     data = Dataset([Sample(f"say {i}", str(i), id=str(i)) for i in range(1000)], name="thousand")
 
     async def main() -> Any:
-        return await aevaluate(Asker, data, scorers=[scorers.exact(), scorers.numeric()], model=FunctionModel(reply),
-                               store=str(tmp_path / "e.db"), name="k", max_samples=200)
+        return await aevaluate(
+            Asker,
+            data,
+            scorers=[scorers.exact(), scorers.numeric()],
+            model=FunctionModel(reply),
+            store=str(tmp_path / "e.db"),
+            name="k",
+            max_samples=200,
+        )
 
     report = asyncio.run(main())
     assert report.status == "complete" and len(report.samples) == 1000
@@ -290,9 +342,13 @@ def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
 
 def test_scores_may_be_numbers_strings_and_scores(tmp_path: Path) -> None:
     report = evaluate(
-        Upper, _data("a", "b"),
-        scorers=[scorers.code(lambda s, r: 0.25, name="num"),
-                 scorers.code(lambda s, r: Score("C", explanation="fine"), name="grade")],
-        store=str(tmp_path / "e.db"), name="kinds",
+        Upper,
+        _data("a", "b"),
+        scorers=[
+            scorers.code(lambda s, r: 0.25, name="num"),
+            scorers.code(lambda s, r: Score("C", explanation="fine"), name="grade"),
+        ],
+        store=str(tmp_path / "e.db"),
+        name="kinds",
     )
     assert report.metrics["num"]["mean"] == 0.25 and report.metrics["grade"]["mean"] == 1.0

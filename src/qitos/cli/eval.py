@@ -54,8 +54,11 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print only the report, as JSON.")]
 ScorerOption = Annotated[
     list[str] | None,
-    typer.Option("--scorer", help="A scorer: exact, includes, numeric[:TOL], choice, pattern:REGEX, tool_calls, "
-                 "model_graded or module:attribute (repeat for more)."),
+    typer.Option(
+        "--scorer",
+        help="A scorer: exact, includes, numeric[:TOL], choice, pattern:REGEX, tool_calls, "
+        "model_graded or module:attribute (repeat for more).",
+    ),
 ]
 GroupOption = Annotated[str | None, typer.Option("--group-by", help="Break the metrics down by this metadata field.")]
 
@@ -161,15 +164,35 @@ def run(
     names = scorer or ["exact"]
     chosen = [scorer_from_name(n, model=adapter) for n in names]
     spec = {
-        "dataset": dataset, "agent": agent, "model": model, "base_url": base_url, "max_input_units": max_input_units,
-        "scorers": names, "epochs": epochs, "limit": limit, "sample_timeout": sample_timeout, "retries": retries,
+        "dataset": dataset,
+        "agent": agent,
+        "model": model,
+        "base_url": base_url,
+        "max_input_units": max_input_units,
+        "scorers": names,
+        "epochs": epochs,
+        "limit": limit,
+        "sample_timeout": sample_timeout,
+        "retries": retries,
     }
     _make_parent(db)
     the_fleet = _fleet(factory, adapter, db) if fleet else None
     evaluation = EvalRun(
-        factory, data, scorers=chosen, model=adapter, store=db, name=name, epochs=epochs, max_samples=max_samples,
-        limit=limit, sample_timeout=sample_timeout, retries=retries, fail_on_error=_fail_on_error(fail_on_error),
-        fleet=the_fleet, spec=spec, group_by=group_by,
+        factory,
+        data,
+        scorers=chosen,
+        model=adapter,
+        store=db,
+        name=name,
+        epochs=epochs,
+        max_samples=max_samples,
+        limit=limit,
+        sample_timeout=sample_timeout,
+        retries=retries,
+        fail_on_error=_fail_on_error(fail_on_error),
+        fleet=the_fleet,
+        spec=spec,
+        group_by=group_by,
     )
     _execute(evaluation, json_out)
 
@@ -199,16 +222,28 @@ def resume(
             EXIT_USAGE,
         )
     factory = load_agent(str(spec["agent"]))
-    adapter = resolve_model(spec.get("model"), base_url=spec.get("base_url"), max_input_units=spec.get("max_input_units"))
+    adapter = resolve_model(
+        spec.get("model"), base_url=spec.get("base_url"), max_input_units=spec.get("max_input_units")
+    )
     chosen = [scorer_from_name(str(n), model=adapter) for n in spec.get("scorers") or ["exact"]]
     samples = eval_store.samples(record.eval_id)
     from qitos.eval import Sample
 
     data = Dataset([Sample.from_dict(s) for s in samples], name=(record.pins.get("dataset") or {}).get("name"))
     evaluation = EvalRun(
-        factory, data, scorers=chosen, model=adapter, store=db, name=record.name, epochs=int(spec.get("epochs") or 1),
-        max_samples=max_samples, limit=spec.get("limit"), sample_timeout=spec.get("sample_timeout"),
-        retries=int(spec.get("retries") or 0), fail_on_error=_fail_on_error(fail_on_error), spec=spec,
+        factory,
+        data,
+        scorers=chosen,
+        model=adapter,
+        store=db,
+        name=record.name,
+        epochs=int(spec.get("epochs") or 1),
+        max_samples=max_samples,
+        limit=spec.get("limit"),
+        sample_timeout=spec.get("sample_timeout"),
+        retries=int(spec.get("retries") or 0),
+        fail_on_error=_fail_on_error(fail_on_error),
+        spec=spec,
         group_by=group_by,
     )
     eval_store.close()
@@ -225,10 +260,14 @@ def list_evals(db: DbOption = DEFAULT_EVAL_DB, json_out: JsonOption = False) -> 
         report = build_report(eval_store, record)
         rows.append(
             {
-                "eval_id": record.eval_id, "name": record.name, "status": record.status,
-                "created_at": record.created_at, "agent": record.pins.get("agent"),
+                "eval_id": record.eval_id,
+                "name": record.name,
+                "status": record.status,
+                "created_at": record.created_at,
+                "agent": record.pins.get("agent"),
                 "dataset": (record.pins.get("dataset") or {}).get("name"),
-                "done": len(report.samples), "total": report.total_samples * report.epochs,
+                "done": len(report.samples),
+                "total": report.total_samples * report.epochs,
                 "metrics": {k: v["mean"] for k, v in report.metrics.items()},
             }
         )
@@ -242,8 +281,16 @@ def list_evals(db: DbOption = DEFAULT_EVAL_DB, json_out: JsonOption = False) -> 
     table = Table("name", "eval id", "status", "agent", "dataset", "done", "scores", "created")
     for row in rows:
         scores = ", ".join(f"{k} {_fmt(v)}" for k, v in row["metrics"].items())
-        table.add_row(row["name"], row["eval_id"], row["status"], str(row["agent"]), str(row["dataset"]),
-                      f"{row['done']}/{row['total']}", scores, row["created_at"][:19])
+        table.add_row(
+            row["name"],
+            row["eval_id"],
+            row["status"],
+            str(row["agent"]),
+            str(row["dataset"]),
+            f"{row['done']}/{row['total']}",
+            scores,
+            row["created_at"][:19],
+        )
     out.print(table)
 
 
@@ -269,8 +316,16 @@ def show(
     samples = Table("sample", "epoch", "answer", *report.metrics, "steps", "tokens", "seconds", "error")
     for sample in report.samples:
         values = [_value(sample.scores.get(k)) for k in report.metrics]
-        samples.add_row(sample.id, str(sample.epoch), _clip(sample.answer), *values, str(sample.steps),
-                        str(sample.total_tokens), f"{sample.wall_seconds:.2f}", _clip(sample.error))
+        samples.add_row(
+            sample.id,
+            str(sample.epoch),
+            _clip(sample.answer),
+            *values,
+            str(sample.steps),
+            str(sample.total_tokens),
+            f"{sample.wall_seconds:.2f}",
+            _clip(sample.error),
+        )
     out.print(samples)
 
 
@@ -301,8 +356,12 @@ def score(
         for sample in samples.values():
             each.check_target(sample)
     eval_store.put_scorers(
-        [ScorerRecord(eval_id=record.eval_id, scorer_id=s.scorer_id, version=s.version, reducer=s.reducer, spec=s.spec)
-         for s in chosen]
+        [
+            ScorerRecord(
+                eval_id=record.eval_id, scorer_id=s.scorer_id, version=s.version, reducer=s.reducer, spec=s.spec
+            )
+            for s in chosen
+        ]
     )
 
     async def rescore() -> None:
@@ -356,8 +415,9 @@ def _execute(evaluation: EvalRun, json_out: bool) -> None:
             report = asyncio.run(evaluation.arun())
         else:
             out = console()
-            with Live(get_renderable=lambda: _live(evaluation, progress), console=out, refresh_per_second=4,
-                      transient=True):
+            with Live(
+                get_renderable=lambda: _live(evaluation, progress), console=out, refresh_per_second=4, transient=True
+            ):
                 report = asyncio.run(evaluation.arun())
     except KeyboardInterrupt:
         fail(
@@ -393,9 +453,11 @@ def _live(evaluation: EvalRun, progress: EvalProgress) -> Any:
     bar = Text("█" * filled + "░" * (width - filled), style="cyan")
     mean = progress.score_mean
     line = Text.assemble(
-        (f"{evaluation.name} ", "bold"), bar,
+        (f"{evaluation.name} ", "bold"),
+        bar,
         f" {progress.done}/{progress.total} done · {progress.running} running · ",
-        (f"{progress.failed} failed", "red" if progress.failed else ""), f" · {progress.retried} retried · ",
+        (f"{progress.failed} failed", "red" if progress.failed else ""),
+        f" · {progress.retried} retried · ",
         f"{progress.scorer_id} {_fmt(mean)} · {progress.tokens:,} tokens · {elapsed:.1f}s elapsed · ETA {eta}",
     )
     return Group(line)
@@ -405,14 +467,26 @@ def _summary(report: EvalReport) -> Any:
     table = Table("scorer", "mean", "stderr", "95% CI", "n", "errors", "reducer", title=f"eval {report.name}")
     for name, metric in report.metrics.items():
         ci = metric.get("ci95")
-        table.add_row(name, _fmt(metric["mean"]), _fmt(metric["stderr"]),
-                      f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "-", str(metric["n"]), str(metric["errors"]),
-                      str(metric["reducer"]))
+        table.add_row(
+            name,
+            _fmt(metric["mean"]),
+            _fmt(metric["stderr"]),
+            f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "-",
+            str(metric["n"]),
+            str(metric["errors"]),
+            str(metric["reducer"]),
+        )
     for group, metrics in report.groups.items():
         for name, metric in metrics.items():
-            table.add_row(f"{name} ({report.group_by}={group})", _fmt(metric["mean"]), _fmt(metric["stderr"]),
-                          "-" if not metric.get("ci95") else f"[{_fmt(metric['ci95'][0])}, {_fmt(metric['ci95'][1])}]",
-                          str(metric["n"]), str(metric["errors"]), str(metric["reducer"]))
+            table.add_row(
+                f"{name} ({report.group_by}={group})",
+                _fmt(metric["mean"]),
+                _fmt(metric["stderr"]),
+                "-" if not metric.get("ci95") else f"[{_fmt(metric['ci95'][0])}, {_fmt(metric['ci95'][1])}]",
+                str(metric["n"]),
+                str(metric["errors"]),
+                str(metric["reducer"]),
+            )
     total = report.total_samples * report.epochs
     line = Text(
         f"{report.status}: {len(report.samples)}/{total} samples x epochs done, {report.failed} failed, "

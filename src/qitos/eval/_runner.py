@@ -62,6 +62,7 @@ __all__ = [
 EVAL_METADATA = "eval"
 """The session metadata key of an eval's sessions: ``{"eval_id", "name", "sample_id", "epoch", "attempt"}``."""
 
+DEFAULT_STORE = "evals.db"
 _BUSY_POLL = 0.2  # seconds between looks at a session another runner holds
 _STILL_RUNNING = frozenset({SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value})
 
@@ -132,7 +133,7 @@ def _model_description(model: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class _Unit:
+class Unit:
     sample: Sample
     epoch: int
 
@@ -151,7 +152,7 @@ class EvalRun:
         *,
         scorers: Scorer | Sequence[Scorer],
         model: Any = None,
-        store: CheckpointStore | str | Any = "evals.db",
+        store: CheckpointStore | str | Any = DEFAULT_STORE,
         name: str | None = None,
         epochs: int = 1,
         max_samples: int = 64,
@@ -235,6 +236,15 @@ class EvalRun:
             canonical_json(self.pins)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"the eval's setup must be JSON to be pinned: {exc}") from exc
+        if fleet is not None:
+            store = _fleet_store(fleet, store)
+            if self.sample_timeout is not None:
+                raise ConfigurationError(
+                    "sample_timeout is not enforced on the fleet (a worker's run cannot be cut short from here); give "
+                    "the fleet's composition a time budget: compose(..., budget=RuntimeBudget(max_runtime_seconds=N))"
+                )
+            if self.engine_kwargs:
+                raise ConfigurationError("engine_kwargs go to the fleet's composition, not to evaluate(fleet=...)")
         self.checkpoint_store, self.eval_store = open_eval_store(store)
         self._composition: Composition | None = None
         self._stop: str | None = None
@@ -269,13 +279,13 @@ class EvalRun:
         scored: dict[tuple[str, int], set[str]] = {}
         for score in await self._call(store.scores, self.eval_id):
             scored.setdefault((score.sample_id, score.epoch), set()).add(score.scorer_id)
-        units = [_Unit(sample, epoch) for sample in self.samples for epoch in range(1, self.epochs + 1)]
+        units = [Unit(sample, epoch) for sample in self.samples for epoch in range(1, self.epochs + 1)]
         progress = self.progress
         progress.total = len(units)
         progress.scorer_id = self.scorers[0].scorer_id
         self._failed = sum(1 for r in results.values() if r.error is not None)
-        pending: deque[_Unit] = deque()
-        unscored: list[tuple[_Unit, ResultRecord]] = []
+        pending: deque[Unit] = deque()
+        unscored: list[tuple[Unit, ResultRecord]] = []
         for unit in units:
             result = results.get(unit.key)
             if result is None:
@@ -325,7 +335,7 @@ class EvalRun:
         )
         return report
 
-    async def _run_local(self, pending: deque[_Unit], attempts: Mapping[tuple[str, int], list[AttemptRecord]]) -> None:
+    async def _run_local(self, pending: deque[Unit], attempts: Mapping[tuple[str, int], list[AttemptRecord]]) -> None:
         self._size_model_connections()
 
         async def worker() -> None:
@@ -380,7 +390,7 @@ class EvalRun:
             )
         return self._composition
 
-    async def run_unit(self, unit: _Unit, prior: list[AttemptRecord]) -> None:
+    async def run_unit(self, unit: Unit, prior: list[AttemptRecord]) -> None:
         """Run one sample x epoch to its result (retrying failed attempts), then score it."""
         progress = self.progress
         progress.running += 1
@@ -388,17 +398,28 @@ class EvalRun:
             attempt_no = len(prior)
             while True:
                 sid = session_id_for(self.eval_id, unit.sample.sample_id, unit.epoch, attempt_no)
-                outcome = await self.attempt(unit, attempt_no, sid)
-                last = outcome.error is None or attempt_no >= self.retries
-                result = _totals([*prior, outcome]) if last else None
-                await self._call(self.eval_store.put_outcome, outcome, result)
-                if last:
+                result = await self.record(prior, await self.attempt(unit, attempt_no, sid))
+                if result is not None:
                     break
-                prior.append(outcome)
                 attempt_no += 1
-            assert result is not None
         finally:
             progress.running -= 1
+        await self.finish(unit, result)
+
+    async def record(self, prior: list[AttemptRecord], outcome: AttemptRecord) -> ResultRecord | None:
+        """Record an attempt; when it is the last (it worked, or no retry is left), the result too.
+
+        ``prior`` (the unit's earlier attempts) gains a failed attempt that will be retried."""
+        last = outcome.error is None or outcome.attempt >= self.retries
+        result = _totals([*prior, outcome]) if last else None
+        await self._call(self.eval_store.put_outcome, outcome, result)
+        if not last:
+            prior.append(outcome)
+        return result
+
+    async def finish(self, unit: Unit, result: ResultRecord) -> None:
+        """Count a recorded result, stop the eval when too many failed, else score it."""
+        progress = self.progress
         progress.done += 1
         progress.tokens += result.total_tokens
         progress.retried += result.attempts > 1
@@ -410,20 +431,21 @@ class EvalRun:
             return
         await self._score(unit, result, self.scorers)
 
-    async def attempt(self, unit: _Unit, attempt_no: int, sid: str) -> AttemptRecord:
+    async def attempt(self, unit: Unit, attempt_no: int, sid: str) -> AttemptRecord:
         """One attempt in session ``sid``: run it, continue it, or read it when it already finished."""
         store = self.checkpoint_store
         while True:
             head = await store.aget_session_head(sid)
-            if head is not None and await self._finished(sid, head):
-                return await self._from_head(unit, attempt_no, sid, head, None)
+            if head is not None and await self.finished(sid, head):
+                return await self.from_head(unit, attempt_no, sid, head, None)
             try:
                 session = await self._session(unit, attempt_no, sid, head)
                 return await self._run(unit, attempt_no, session, fresh=head is None)
             except SessionBusyError:
                 await asyncio.sleep(_BUSY_POLL)  # another runner has it: read it once it is done
 
-    async def _finished(self, sid: str, head: SessionHeadRecord) -> bool:
+    async def finished(self, sid: str, head: SessionHeadRecord) -> bool:
+        """Whether a session is done (a run cancelled midway is not: it goes on from its head)."""
         if head.lifecycle in _STILL_RUNNING:
             return False
         if head.lifecycle != SessionLifecycle.STOPPED.value:
@@ -431,7 +453,7 @@ class EvalRun:
         restored = await arestore(self.checkpoint_store, sid, head.snapshot_id)
         return restored.state_data.get("stop_reason") != "cancelled_immediate"  # cancelled: go on from its head
 
-    async def _session(self, unit: _Unit, attempt_no: int, sid: str, head: SessionHeadRecord | None) -> Session:
+    async def _session(self, unit: Unit, attempt_no: int, sid: str, head: SessionHeadRecord | None) -> Session:
         composition = self.composition()
         if head is not None:
             return await composition.arestore(sid)
@@ -453,7 +475,7 @@ class EvalRun:
                 raise
             return await composition.arestore(sid)  # another runner created it first
 
-    async def _run(self, unit: _Unit, attempt_no: int, session: Session, *, fresh: bool) -> AttemptRecord:
+    async def _run(self, unit: Unit, attempt_no: int, session: Session, *, fresh: bool) -> AttemptRecord:
         started = time.perf_counter()
         sid = session.session_id.value
         try:
@@ -468,7 +490,7 @@ class EvalRun:
             error = f"timed out after {self.sample_timeout:g} s (sample_timeout)"
             if head is None:
                 return self._attempt_record(unit, attempt_no, sid, error=error, wall=time.perf_counter() - started)
-            return await self._from_head(unit, attempt_no, sid, head, error)
+            return await self.from_head(unit, attempt_no, sid, head, error)
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:  # the engine turns agent errors into a failed result; this is anything else
@@ -487,7 +509,7 @@ class EvalRun:
 
     def _from_result(
         self,
-        unit: _Unit,
+        unit: Unit,
         attempt_no: int,
         sid: str,
         result: EngineResult[Any],
@@ -531,9 +553,10 @@ class EvalRun:
             tool_calls=tool_calls,
         )
 
-    async def _from_head(
-        self, unit: _Unit, attempt_no: int, sid: str, head: SessionHeadRecord, error: str | None
+    async def from_head(
+        self, unit: Unit, attempt_no: int, sid: str, head: SessionHeadRecord, error: str | None
     ) -> AttemptRecord:
+        """The attempt a stored session records (its final state, tokens, time and tool calls)."""
         restored = await arestore(self.checkpoint_store, sid, head.snapshot_id)
         data = restored.state_data
         used = restored.budget_used
@@ -564,7 +587,7 @@ class EvalRun:
         return _calls_in((await arestore(self.checkpoint_store, sid, head.snapshot_id)).log)
 
     def _attempt_record(
-        self, unit: _Unit, attempt_no: int, sid: str, *, error: str | None, wall: float, **fields: Any
+        self, unit: Unit, attempt_no: int, sid: str, *, error: str | None, wall: float, **fields: Any
     ) -> AttemptRecord:
         return AttemptRecord(
             eval_id=self.eval_id,
@@ -579,7 +602,7 @@ class EvalRun:
 
     # ------------------------------------------------------------------ scoring
 
-    async def _score(self, unit: _Unit, result: ResultRecord, scorers: Sequence[Scorer]) -> None:
+    async def _score(self, unit: Unit, result: ResultRecord, scorers: Sequence[Scorer]) -> None:
         records = await score_result(self.eval_id, unit.sample, result, scorers)
         await self._call(self.eval_store.put_scores, records)
         progress = self.progress
@@ -652,7 +675,7 @@ def pin_changes(stored: Mapping[str, Any], current: Mapping[str, Any], prefix: s
             if names_before != names_after:
                 changed.append(f"scorers ({names_before} -> {names_after})")
             else:  # the same scorers with other parameters: name each
-                for old, new in zip(before, after, strict=True):
+                for old, new in zip(list(before or ()), list(after or ()), strict=True):
                     changed.extend(pin_changes(old, new, f"scorers[{new.get('id')}]."))
         elif isinstance(before, Mapping) and isinstance(after, Mapping):
             changed.extend(pin_changes(before, after, f"{where}."))
@@ -705,6 +728,18 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return str(getattr(value, "value", value))
+
+
+def _fleet_store(fleet: Any, store: Any) -> Any:
+    """The store of an eval on the fleet: the fleet's database (``store`` may name it, or be left out)."""
+    db = getattr(fleet, "db", None)
+    if not isinstance(db, str):
+        raise ConfigurationError(f"fleet= takes a qitos.distributed.Fleet, got {type(fleet).__name__}")
+    if store not in (DEFAULT_STORE, db):
+        raise ConfigurationError(
+            "an eval on the fleet keeps its results in the fleet's database: leave store= out or pass fleet.db"
+        )
+    return fleet.store
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
