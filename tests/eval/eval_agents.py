@@ -88,3 +88,13 @@ class Asker(AgentModule[StateSchema, Any, Any]):
 
     def reduce(self, state: StateSchema, observation: Any, decision: Decision[Any]) -> StateSchema:
         return state
+
+
+def _fleet_composition() -> Any:
+    from qitos.engine.composition import compose
+
+    return compose(agent=Upper)
+
+
+fleet_composition = _fleet_composition()
+"""``Upper`` for fleet workers (``qitos worker --app eval_agents:fleet_composition``)."""

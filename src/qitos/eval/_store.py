@@ -35,6 +35,7 @@ one result per sample x epoch (the session lease already makes one of them run i
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import os
 import threading
@@ -507,11 +508,15 @@ class PostgresEvalStore(_SqlEvalStore):
 
     def _create_tables(self, ddl: Sequence[str]) -> None:
         with self._lock:
+            import psycopg
+
             conn = self._connection()
+            # the sessions' store may be creating the schema at this very moment
+            with contextlib.suppress(psycopg.errors.UniqueViolation):
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
             with conn.transaction(), conn.cursor() as cur:
                 # one creator at a time: concurrent CREATE TABLE IF NOT EXISTS can collide in the catalog
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"qitos_eval_schema:{self.schema}"])
-                cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 for statement in ddl:
                     cur.execute(statement)
         _check_version(self, self._t("qitos_eval_meta"))
