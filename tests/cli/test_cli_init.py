@@ -16,10 +16,10 @@ def test_the_printed_commands_run_and_the_projects_tests_pass(tmp_path: Path) ->
     out = sh("qitos init 'my agent'", tmp_path).stdout
     assert out.startswith("created my agent/: " + ", ".join(FILES))
     commands = [line.strip() for line in out.split("next:", 1)[1].splitlines() if line.strip()]
-    assert commands[0] == "cd 'my agent'" and len(commands) == 4
+    assert commands[0] == "cd 'my agent'" and len(commands) == 5
     done = sh(" && ".join(commands), tmp_path, timeout=300)
-    assert "84" in done.stdout
-    assert re.search(r"\b9 passed\b", done.stdout), done.stdout  # the tool, the agent, six samples, a session
+    assert "84" in done.stdout and "exact" in done.stdout  # the answer, then the eval's score table
+    assert re.search(r"\b10 passed\b", done.stdout), done.stdout  # tool, agent, six samples, the eval, a session
 
 
 def test_the_projects_readme_commands_run_as_written(tmp_path: Path) -> None:

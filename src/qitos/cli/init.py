@@ -2,7 +2,8 @@
 
 The project (the files of ``qitos/cli/project_template``, ``.tmpl`` dropped): an agent
 (``agent.py``), its tool (``tools.py``), tests (``test_agent.py``) and a dataset to evaluate the
-agent on (``dataset.jsonl``), with a README. The command prints the commands to try next; each
+agent on (``dataset.jsonl``, run by ``qitos eval run`` and by a test through ``qitos.eval``), with
+a README. The command prints the commands to try next; each
 runs as printed.
 """
 
@@ -49,6 +50,7 @@ def init(
         f"cd {shlex.quote(name)}",
         'python agent.py "12 * 7"',
         'qitos run agent:CalculatorAgent "12 * 7"',
+        "qitos eval run dataset.jsonl --agent agent:CalculatorAgent --name baseline",
         "python -m pytest -q",
     ]
     if json_out:
