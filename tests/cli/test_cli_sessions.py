@@ -30,6 +30,7 @@ DETAIL_KEYS = {
     "snapshot_count",
     "lineage",
     "runs",
+    "traced_runs",
 }
 INSPECTION_KEYS = {
     "head",

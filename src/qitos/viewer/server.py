@@ -72,7 +72,7 @@ _STATIC = {
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/app.css": ("app.css", "text/css; charset=utf-8"),
 }
-_ERRORS_SHOWN = Redactor()
+_SHOWN = Redactor()
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -224,7 +224,8 @@ class ViewerServer:
         store = self.store()
         if store is None or self.controls is None:
             raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
-        return self.controls.act(store, parts[1], parts[2], body)
+        # Shown in the page, so redacted like every view (a URL password in a resume command).
+        return _SHOWN.redact_value(self.controls.act(store, parts[1], parts[2], body))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -333,7 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, status: HTTPStatus, payload: Any) -> None:
         if status != HTTPStatus.OK:  # an error message may quote what it failed on (views redact themselves)
-            payload = _ERRORS_SHOWN.redact_value(payload)
+            payload = _SHOWN.redact_value(payload)
         body = json.dumps(payload, ensure_ascii=False, default=repr).encode("utf-8")
         self._send(status, body, "application/json; charset=utf-8")
 
