@@ -15,9 +15,11 @@ defined inside another) it is None, and the CLI asks for ``--agent``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["SCRIPT_ATTRIBUTE", "agent_reference", "split_reference"]
@@ -80,6 +82,16 @@ def _lookup(module: object, qualname: str) -> Any:
 def _callable_without_arguments(candidate: object) -> bool:
     if not callable(candidate):
         return False
+    try:
+        return _takes_no_arguments(candidate)
+    except TypeError:  # unhashable: not cached
+        return _takes_no_arguments.__wrapped__(candidate)
+
+
+# inspect.signature costs tens of microseconds, and every new session asks about the same few
+# module-level classes and factories.
+@functools.lru_cache(maxsize=256)
+def _takes_no_arguments(candidate: Callable[..., Any]) -> bool:
     try:
         signature = inspect.signature(candidate)
     except (TypeError, ValueError):
