@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import (
     CheckpointStore,
@@ -56,7 +57,6 @@ from qitos.checkpoint.store import (
     SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
-    utc_now,
 )
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import (

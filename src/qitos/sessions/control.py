@@ -14,7 +14,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionHeadRecord, SessionSnapshot, utc_now
+from qitos.checkpoint._records import utc_now
+from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionHeadRecord, SessionSnapshot
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import ConfigurationError
 from qitos.core.redaction import Redactor
