@@ -19,6 +19,7 @@ NAMES = {
     "EvalProgress": "qitos.eval._runner",
     "EvalReport": "qitos.eval._report",
     "EvalStore": "qitos.eval._store",
+    "ReplaySourceError": "qitos.eval._replay",
     "Sample": "qitos.eval._dataset",
     "SampleReport": "qitos.eval._report",
     "SampleResult": "qitos.eval._result",

@@ -8,6 +8,8 @@
     qitos eval show EVAL [--group-by FIELD] [--db STORE] [--json]
     qitos eval score EVAL --scorer NAME [...] [--db STORE] [--json]
     qitos eval resume EVAL [--db STORE] [--json]
+    qitos eval run ... --replay EVAL [--on-divergence stop|live|mark] [--cache]
+    qitos eval cache clear [--db STORE]
 
 ``DATASET`` is a ``.jsonl`` or ``.csv`` file or ``module:attribute`` naming a ``Dataset``; ``EVAL``
 an eval id or name; ``--db`` the store of sessions and results (a SQLite file, default
@@ -15,6 +17,11 @@ an eval id or name; ``--db`` the store of sessions and results (a SQLite file, d
 (``numeric:TOLERANCE``), ``choice``, ``pattern:REGEX``, ``tool_calls`` (against each sample's
 target), ``model_graded`` (judged by ``--model``) or ``module:attribute`` naming a scorer. An eval
 run from this command records how it was started, so ``qitos eval resume`` can continue it.
+
+``--replay EVAL`` answers every model request from the replies recorded in that earlier eval (the
+same sample and epoch) with no model call, and reports where a sample's requests diverged from the
+recorded ones; ``--cache`` answers repeated requests from the store's response cache (``qitos eval
+cache clear`` empties it). ``qitos eval score`` takes both for a model-graded scorer's judge.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from qitos.cli.common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, cli_comman
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import require_model
 from qitos.eval import Dataset, EvalProgress, EvalReport, open_eval_store, scorers
+from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan
 from qitos.eval._report import build_report
 from qitos.eval._runner import EvalRun, score_result
 from qitos.eval._store import ScorerRecord
@@ -61,6 +69,23 @@ ScorerOption = Annotated[
     ),
 ]
 GroupOption = Annotated[str | None, typer.Option("--group-by", help="Break the metrics down by this metadata field.")]
+ReplayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--replay", metavar="EVAL", help="Answer model requests from this earlier eval's recorded replies (no calls)."
+    ),
+]
+DivergenceOption = Annotated[
+    str,
+    typer.Option(
+        "--on-divergence",
+        help="When a request differs from the recorded one: stop (the sample fails as diverged), live (go on "
+        "against --model) or mark (go on with the recorded replies, flagged).",
+    ),
+]
+CacheOption = Annotated[
+    bool, typer.Option("--cache", help="Answer repeated model requests from the store's response cache.")
+]
 
 
 def load_dataset(spec: str) -> Dataset:
@@ -153,14 +178,19 @@ def run(
     fleet: Annotated[
         bool, typer.Option("--fleet", help="Run the samples on the fleet's workers (needs a postgresql:// --db).")
     ] = False,
+    replay: ReplayOption = None,
+    on_divergence: DivergenceOption = "stop",
+    cache: CacheOption = False,
     db: DbOption = DEFAULT_EVAL_DB,
     json_out: JsonOption = False,
 ) -> None:
     """Run an agent over a dataset and score it (live progress, then the score table)."""
+    _check_divergence(on_divergence)
     data = load_dataset(dataset)
     factory = load_agent(agent)
     adapter = resolve_model(model, base_url=base_url, max_input_units=max_input_units)
-    require_model(factory, adapter, what="qitos eval run")
+    if replay is None or on_divergence == "live":  # a replay answers from its recording, without a model
+        require_model(factory, adapter, what="qitos eval run")
     names = scorer or ["exact"]
     chosen = [scorer_from_name(n, model=adapter) for n in names]
     spec = {
@@ -174,6 +204,9 @@ def run(
         "limit": limit,
         "sample_timeout": sample_timeout,
         "retries": retries,
+        "replay": replay,
+        "on_divergence": on_divergence,
+        "cache": cache,
     }
     _make_parent(db)
     the_fleet = _fleet(factory, adapter, db) if fleet else None
@@ -193,6 +226,9 @@ def run(
         fleet=the_fleet,
         spec=spec,
         group_by=group_by,
+        replay=replay,
+        on_divergence=on_divergence,
+        cache=cache,
     )
     _execute(evaluation, json_out)
 
@@ -245,6 +281,9 @@ def resume(
         fail_on_error=_fail_on_error(fail_on_error),
         spec=spec,
         group_by=group_by,
+        replay=spec.get("replay"),
+        on_divergence=str(spec.get("on_divergence") or "stop"),
+        cache=bool(spec.get("cache")),
     )
     eval_store.close()
     _execute(evaluation, json_out)
@@ -313,10 +352,12 @@ def show(
         return
     out = console()
     out.print(_summary(report))
-    samples = Table("sample", "epoch", "answer", *report.metrics, "steps", "tokens", "seconds", "error")
+    replayed = any(s.divergence is not None for s in report.samples)
+    columns = ["sample", "epoch", "answer", *report.metrics, "steps", "tokens", "seconds", "error"]
+    samples = Table(*columns, *(["replay"] if replayed else []))
     for sample in report.samples:
         values = [_value(sample.scores.get(k)) for k in report.metrics]
-        samples.add_row(
+        row = [
             sample.id,
             str(sample.epoch),
             _clip(sample.answer),
@@ -325,7 +366,10 @@ def show(
             str(sample.total_tokens),
             f"{sample.wall_seconds:.2f}",
             _clip(sample.error),
-        )
+        ]
+        if replayed:
+            row.append(_divergence(sample.divergence))
+        samples.add_row(*row)
     out.print(samples)
 
 
@@ -336,13 +380,24 @@ def score(
     scorer: ScorerOption = None,
     model: Annotated[str | None, typer.Option(help="The judge of model_graded: " + MODEL_FORMS)] = None,
     base_url: Annotated[str | None, typer.Option(help="API root for --model openai:NAME.")] = None,
+    replay: Annotated[
+        str | None,
+        typer.Option(
+            "--replay",
+            metavar="EVAL",
+            help="Answer the judge from the replies it gave in this eval (e.g. EVAL itself).",
+        ),
+    ] = None,
+    on_divergence: DivergenceOption = "stop",
+    cache: CacheOption = False,
     db: DbOption = DEFAULT_EVAL_DB,
     json_out: JsonOption = False,
 ) -> None:
     """Score an eval's stored results with more scorers (or again): no agent and no model call
-    (a model_graded scorer calls only its judge)."""
+    (a model_graded scorer calls only its judge, and not even it with --replay or a --cache hit)."""
     if not scorer:
         fail("name at least one --scorer", EXIT_USAGE)
+    _check_divergence(on_divergence)
     _, eval_store = _open(db)
     record = eval_store.find_eval(eval_ref)
     if record is None:
@@ -352,6 +407,18 @@ def score(
     from qitos.eval import Sample
 
     samples = {str(s["id"]): Sample.from_dict(s) for s in eval_store.samples(record.eval_id)}
+    plan = None
+    if replay is not None or cache:
+        checkpoint_store, _ = _open(db)
+        plan = ReplayPlan.load(
+            checkpoint_store,
+            eval_store,
+            replay=replay,
+            samples=list(samples.values()),
+            epochs=int(record.pins.get("epochs", 1)),
+            on_divergence=on_divergence,
+            cache=cache,
+        )
     for each in chosen:
         for sample in samples.values():
             each.check_target(sample)
@@ -367,7 +434,12 @@ def score(
     async def rescore() -> None:
         for result in eval_store.results(record.eval_id):
             if result.error is None:
-                records = await score_result(record.eval_id, samples[result.sample_id], result, chosen)
+                if plan is None:
+                    records = await score_result(record.eval_id, samples[result.sample_id], result, chosen)
+                else:
+                    judged, judges = plan.judges(chosen, result.sample_id, result.epoch)
+                    scored = await score_result(record.eval_id, samples[result.sample_id], result, judged)
+                    records = plan.mark_judged(scored, judges)
                 eval_store.put_scores(records, replace=True)
 
     asyncio.run(rescore())
@@ -378,7 +450,30 @@ def score(
     console().print(_summary(report))
 
 
+cache_app = typer.Typer(help="The response cache of model replies (--cache) in a store.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("clear")
+@cli_command
+def cache_clear(db: DbOption = DEFAULT_EVAL_DB, json_out: JsonOption = False) -> None:
+    """Drop every cached model reply of the store (the next --cache run asks the model again)."""
+    _, eval_store = _open(db)
+    dropped = eval_store.clear_cache()
+    if json_out:
+        print_json({"cleared": dropped})
+        return
+    console().print(
+        f"cleared {dropped} cached model {'reply' if dropped == 1 else 'replies'} from {describe_target(db)}"
+    )
+
+
 # --------------------------------------------------------------------------- helpers
+
+
+def _check_divergence(value: str) -> None:
+    if value not in ON_DIVERGENCE:
+        fail(f"--on-divergence takes {', '.join(ON_DIVERGENCE)}, got {value!r}", EXIT_USAGE)
 
 
 def _open(db: str) -> Any:
@@ -494,6 +589,13 @@ def _summary(report: EvalReport) -> Any:
         f"(eval id {report.eval_id})"
     )
     return Group(table, line)
+
+
+def _divergence(divergence: Any) -> str:
+    if not divergence:
+        return ""
+    changed = ", ".join(sorted(divergence.get("diff") or {})) or "the request"
+    return f"diverged at step {divergence.get('step')} ({changed})"
 
 
 def _fmt(value: Any) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from qitos.checkpoint.store import CheckpointStore
 from qitos.eval import scorers
 from qitos.eval._dataset import Dataset, DatasetError, Sample
+from qitos.eval._replay import ReplaySourceError
 from qitos.eval._report import EvalReport, SampleReport
 from qitos.eval._result import SampleResult
 from qitos.eval._runner import EvalChangedError, EvalProgress, EvalRun
@@ -36,6 +37,7 @@ __all__ = [
     "EvalProgress",
     "EvalReport",
     "EvalStore",
+    "ReplaySourceError",
     "Sample",
     "SampleReport",
     "SampleResult",
@@ -66,6 +68,9 @@ async def aevaluate(
     fail_on_error: int | float | None = None,
     fleet: Any = None,
     engine_kwargs: Mapping[str, Any] | None = None,
+    replay: str | None = None,
+    on_divergence: str = "stop",
+    cache: bool = False,
 ) -> EvalReport:
     """Run ``agent`` over ``dataset`` and score it; the :class:`EvalReport`.
 
@@ -78,6 +83,14 @@ async def aevaluate(
     attempts for a failed sample; ``fail_on_error``: stop once this many samples (an int) or this
     share of them (a float in (0, 1)) failed; ``fleet``: a ``qitos.distributed.Fleet`` whose
     workers run the samples; ``engine_kwargs``: for each sample's Engine (``budget=``...).
+
+    ``replay``: an earlier eval (id or name, in the same store) whose recorded model replies answer
+    this one's requests, sample by sample and epoch by epoch, with no model call; a request that
+    differs from the recorded one is a divergence (``SampleReport.divergence``: the step, what
+    changed), and ``on_divergence`` says what then: ``"stop"`` the sample (it fails as diverged),
+    ``"live"`` go on against the live model, ``"mark"`` go on with the recorded replies and flag it.
+    ``cache``: answer requests from the store's response cache when it holds the same request (the
+    model, parameters, messages and tools), and cache every live reply.
     """
     run = EvalRun(
         agent,
@@ -94,6 +107,9 @@ async def aevaluate(
         fail_on_error=fail_on_error,
         fleet=fleet,
         engine_kwargs=engine_kwargs,
+        replay=replay,
+        on_divergence=on_divergence,
+        cache=cache,
     )
     return await run.arun()
 
@@ -114,6 +130,9 @@ def evaluate(
     fail_on_error: int | float | None = None,
     fleet: Any = None,
     engine_kwargs: Mapping[str, Any] | None = None,
+    replay: str | None = None,
+    on_divergence: str = "stop",
+    cache: bool = False,
 ) -> EvalReport:
     """:func:`aevaluate` on a new event loop (Ctrl-C leaves the eval ``incomplete`` and resumable)."""
     return asyncio.run(
@@ -132,5 +151,8 @@ def evaluate(
             fail_on_error=fail_on_error,
             fleet=fleet,
             engine_kwargs=engine_kwargs,
+            replay=replay,
+            on_divergence=on_divergence,
+            cache=cache,
         )
     )
