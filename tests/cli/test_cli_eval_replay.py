@@ -100,3 +100,29 @@ def test_cache_then_cache_clear(tmp_path: Path) -> None:
         qitos_eval(tmp_path, *args, "--name", "three")
         assert server.calls == 12
         assert json.loads(qitos_eval(tmp_path, "cache", "clear", "--json").stdout) == {"cleared": 6}
+
+
+def test_compare_two_evals_as_a_table_and_as_json(tmp_path: Path) -> None:
+    rows = [{"id": w, "input": w, "target": w.upper()} for w in ("alpha", "beta", "bravo", "gamma")]
+    (tmp_path / "words.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = json.loads(
+        qitos_eval(tmp_path, "run", "words.jsonl", "--agent", "eval_agents:Upper", "--name", "upper", "--json").stdout
+    )
+    qitos_eval(tmp_path, "run", "words.jsonl", "--agent", "replay_agents:Lowering", "--name", "lower", "--json")
+    table = qitos_eval(tmp_path, "compare", "upper", "lower").stdout
+    assert "eval lower (B) against upper (A)" in table and "-0.500" in table
+    assert "exact: beta pass -> fail" in table
+    data = json.loads(qitos_eval(tmp_path, "compare", "upper", "lower", "--json").stdout)
+    exact = data["scorers"]["exact"]
+    assert exact["difference"] == -0.5 and exact["mcnemar"] == {"a_only": 2, "b_only": 0, "p_value": 0.5}
+    assert exact["flips"]["pass_to_fail"][0]["a_sessions"] == [first["samples"][1]["session_id"]]
+    (tmp_path / "other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    qitos_eval(tmp_path, "run", "other.jsonl", "--agent", "eval_agents:Upper", "--name", "short", "--json")
+    refused = qitos_eval(tmp_path, "compare", "upper", "short", check=2)
+    assert "different datasets" in refused.stderr and "--allow-different-datasets" in refused.stderr
+    allowed = json.loads(
+        qitos_eval(tmp_path, "compare", "upper", "short", "--allow-different-datasets", "--json").stdout
+    )
+    assert allowed["only_a"] == ["bravo", "gamma"] and allowed["paired"] == ["alpha", "beta"]
+    missing = qitos_eval(tmp_path, "compare", "upper", "nope", check=3)
+    assert "no eval 'nope'" in missing.stderr

@@ -2,14 +2,15 @@
 
 ``Prompted`` asks its model at every step (tools ``lookup`` and ``add`` from ``eval_agents``) with
 the system prompt ``PROMPT``; ``Reworded`` is the same agent with one line of that prompt changed,
-``ToolsChanged`` the same with a third tool.
+``ToolsChanged`` the same with a third tool. ``Lowering`` (for comparisons) answers like
+``eval_agents.Upper`` but in lower case when the task starts with ``b``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from eval_agents import add, lookup
+from eval_agents import Upper, UpperState, add, lookup
 
 from qitos import AgentModule, Decision, StateSchema, tool
 
@@ -47,3 +48,10 @@ class Reworded(Prompted):
 
 class ToolsChanged(Prompted):
     tools = (lookup, add, count)
+
+
+class Lowering(Upper):
+    def decide(self, state: UpperState, observation: Any) -> Decision[Any]:
+        if state.task.startswith("b"):
+            return Decision.final(state.task.lower())
+        return super().decide(state, observation)

@@ -13,6 +13,9 @@ import qitos
 import qitos.eval
 
 NAMES = {
+    "CompareError": "qitos.eval._compare",
+    "Comparison": "qitos.eval._compare",
+    "compare": "qitos.eval._compare",
     "Dataset": "qitos.eval._dataset",
     "DatasetError": "qitos.eval._dataset",
     "EvalChangedError": "qitos.eval._runner",

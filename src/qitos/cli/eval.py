@@ -43,7 +43,7 @@ from qitos.checkpoint.targets import describe_target, is_postgres_target, store_
 from qitos.cli.common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, cli_command, console, fail, print_json
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import require_model
-from qitos.eval import Dataset, EvalProgress, EvalReport, open_eval_store, scorers
+from qitos.eval import CompareError, Comparison, Dataset, EvalProgress, EvalReport, compare, open_eval_store, scorers
 from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan
 from qitos.eval._report import build_report
 from qitos.eval._runner import EvalRun, score_result
@@ -450,6 +450,36 @@ def score(
     console().print(_summary(report))
 
 
+@app.command("compare")
+@cli_command
+def compare_evals(
+    first: Annotated[str, typer.Argument(metavar="A", help="The first eval's id or name (the baseline).")],
+    second: Annotated[str, typer.Argument(metavar="B", help="The second eval's id or name.")],
+    allow_different_datasets: Annotated[
+        bool,
+        typer.Option(
+            "--allow-different-datasets", help="Compare evals of different datasets (only shared samples are paired)."
+        ),
+    ] = False,
+    db: DbOption = DEFAULT_EVAL_DB,
+    json_out: JsonOption = False,
+) -> None:
+    """Compare eval B with eval A: paired differences with 95% intervals, McNemar's exact test,
+    flipped samples with both sessions, samples only one has, unstable samples, tokens and time."""
+    checkpoint_store, eval_store = _open(db)
+    for ref in (first, second):
+        if eval_store.find_eval(ref) is None:
+            fail(f"no eval {ref!r} in {describe_target(db)}", EXIT_NOT_FOUND)
+    try:
+        result = compare(first, second, store=checkpoint_store, allow_different_datasets=allow_different_datasets)
+    except CompareError as exc:
+        fail(str(exc), EXIT_USAGE)
+    if json_out:
+        print_json(result.to_dict())
+        return
+    console().print(_comparison(result))
+
+
 cache_app = typer.Typer(help="The response cache of model replies (--cache) in a store.")
 app.add_typer(cache_app, name="cache")
 
@@ -589,6 +619,63 @@ def _summary(report: EvalReport) -> Any:
         f"(eval id {report.eval_id})"
     )
     return Group(table, line)
+
+
+def _comparison(result: Comparison) -> Any:
+    a, b = result.a, result.b
+    title = f"eval {b['name']} (B) against {a['name']} (A)"
+    table = Table("scorer", "n", "A", "B", "B - A", "95% CI", "McNemar p", "pass->fail", "fail->pass", title=title)
+    for name, entry in result.scorers.items():
+        ci = entry.get("ci95")
+        mcnemar = entry.get("mcnemar")
+        flips = entry["flips"]
+        table.add_row(
+            name,
+            str(entry["n"]),
+            _fmt(entry["mean_a"]),
+            _fmt(entry["mean_b"]),
+            _signed(entry["difference"]),
+            f"[{_signed(ci[0])}, {_signed(ci[1])}]" if ci else "-",
+            f"{mcnemar['p_value']:.4g}" if mcnemar else "-",
+            str(len(flips["pass_to_fail"])) if mcnemar else "-",
+            str(len(flips["fail_to_pass"])) if mcnemar else "-",
+        )
+    lines: list[Any] = [table]
+    for name, entry in result.scorers.items():
+        for kind, label in (("pass_to_fail", "pass -> fail"), ("fail_to_pass", "fail -> pass")):
+            for flip in entry["flips"][kind]:
+                lines.append(
+                    Text(
+                        f"{name}: {flip['id']} {label}  A {', '.join(flip['a_sessions'])}  "
+                        f"B {', '.join(flip['b_sessions'])}"
+                    )
+                )
+        for side in ("a", "b"):
+            if entry["unstable"][side]:
+                lines.append(
+                    Text(f"{name}: unstable across epochs in {side.upper()}: {', '.join(entry['unstable'][side])}")
+                )
+        if entry["unscored"]:
+            lines.append(Text(f"{name}: not scored on both sides: {', '.join(entry['unscored'])}"))
+    if result.only_a:
+        lines.append(Text(f"only in A ({len(result.only_a)}): {', '.join(result.only_a)}"))
+    if result.only_b:
+        lines.append(Text(f"only in B ({len(result.only_b)}): {', '.join(result.only_b)}"))
+    if not result.same_dataset:
+        lines.append(Text(f"different datasets: {len(result.paired)} shared samples paired"))
+    tokens, wall = result.tokens, result.wall_seconds
+    lines.append(
+        Text(
+            f"tokens: A {tokens['a']:,} · B {tokens['b']:,} · B - A {tokens['difference']:+,} "
+            f"({_signed(tokens['per_sample'])} per sample); sample time: A {wall['a']:.1f}s · B {wall['b']:.1f}s · "
+            f"B - A {wall['difference']:+.1f}s"
+        )
+    )
+    return Group(*lines)
+
+
+def _signed(value: Any) -> str:
+    return "-" if value is None else f"{value:+.3f}"
 
 
 def _divergence(divergence: Any) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
 from qitos.eval import scorers
+from qitos.eval._compare import CompareError, Comparison, compare
 from qitos.eval._dataset import Dataset, DatasetError, Sample
 from qitos.eval._replay import ReplaySourceError
 from qitos.eval._report import EvalReport, SampleReport
@@ -31,6 +32,8 @@ from qitos.eval._store import EvalStore, open_eval_store
 from qitos.eval.scorers import Score, Scorer, ScorerError, ScoringError
 
 __all__ = [
+    "CompareError",
+    "Comparison",
     "Dataset",
     "DatasetError",
     "EvalChangedError",
@@ -46,6 +49,7 @@ __all__ = [
     "ScorerError",
     "ScoringError",
     "aevaluate",
+    "compare",
     "evaluate",
     "open_eval_store",
     "scorers",
