@@ -48,6 +48,7 @@ from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan
 from qitos.eval._report import build_report
 from qitos.eval._runner import EvalRun, score_result
 from qitos.eval._store import ScorerRecord
+from qitos.eval.benchmarks import Benchmark
 from qitos.eval.scorers import Scorer
 from qitos.viewer.data import load_agent
 
@@ -89,12 +90,18 @@ CacheOption = Annotated[
 
 
 def load_dataset(spec: str) -> Dataset:
-    """A ``.jsonl``/``.csv`` path, or ``module:attribute`` naming a Dataset (or a function returning one)."""
+    """A ``.jsonl``/``.csv`` path, or ``module:attribute`` naming a Dataset or a benchmark (or a
+    function returning one)."""
+    return load_benchmark(spec)[0]
+
+
+def load_benchmark(spec: str) -> tuple[Dataset, Benchmark | None]:
+    """What ``DATASET`` names: its Dataset, and the Benchmark it came from (its agent and scorers)."""
     lowered = spec.lower()
     if lowered.endswith(".jsonl"):
-        return Dataset.from_jsonl(spec)
+        return Dataset.from_jsonl(spec), None
     if lowered.endswith(".csv"):
-        return Dataset.from_csv(spec)
+        return Dataset.from_csv(spec), None
     module_name, sep, attribute = spec.partition(":")
     if not sep:
         fail(f"a dataset is a .jsonl or .csv file or module:attribute, got {spec!r}", EXIT_USAGE)
@@ -106,11 +113,13 @@ def load_dataset(spec: str) -> Dataset:
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
         fail(f"cannot load the dataset {spec!r}: {exc}", EXIT_USAGE)
-    if callable(target) and not isinstance(target, Dataset):
+    if callable(target) and not isinstance(target, Dataset | Benchmark):
         target = target()
+    if isinstance(target, Benchmark):
+        return target.dataset, target
     if not isinstance(target, Dataset):
         fail(f"{spec} is a {type(target).__name__}, not a qitos.eval.Dataset", EXIT_USAGE)
-    return target
+    return target, None
 
 
 def scorer_from_name(name: str, *, model: Any = None) -> Scorer:
@@ -160,7 +169,12 @@ def scorer_from_name(name: str, *, model: Any = None) -> Scorer:
 @cli_command
 def run(
     dataset: Annotated[str, typer.Argument(help="A .jsonl/.csv file or module:attribute naming a Dataset.")],
-    agent: Annotated[str, typer.Option("--agent", help="The agent: module:Class (an AgentModule class or factory).")],
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            "--agent", help="The agent: module:Class (an AgentModule class or factory); a benchmark brings its own."
+        ),
+    ] = None,
     model: Annotated[str | None, typer.Option(help=f"Model: {MODEL_FORMS}.")] = None,
     base_url: Annotated[str | None, typer.Option(help="API root for --model openai:NAME (ends in /v1).")] = None,
     max_input_units: Annotated[int | None, typer.Option(min=1, help="Declared context window of the model.")] = None,
@@ -186,13 +200,13 @@ def run(
 ) -> None:
     """Run an agent over a dataset and score it (live progress, then the score table)."""
     _check_divergence(on_divergence)
-    data = load_dataset(dataset)
-    factory = load_agent(agent)
+    data, bench = load_benchmark(dataset)
+    factory = _agent(agent, bench)
     adapter = resolve_model(model, base_url=base_url, max_input_units=max_input_units)
     if replay is None or on_divergence == "live":  # a replay answers from its recording, without a model
         require_model(factory, adapter, what="qitos eval run")
-    names = scorer or ["exact"]
-    chosen = [scorer_from_name(n, model=adapter) for n in names]
+    names = scorer or ([] if bench is not None else ["exact"])
+    chosen = [scorer_from_name(n, model=adapter) for n in names] or list(bench.scorers if bench else ())
     spec = {
         "dataset": dataset,
         "agent": agent,
@@ -257,11 +271,13 @@ def resume(
             f"evaluate(..., name={record.name!r}) again with the same arguments",
             EXIT_USAGE,
         )
-    factory = load_agent(str(spec["agent"]))
+    bench = load_benchmark(str(spec["dataset"]))[1] if not spec.get("agent") or not spec.get("scorers") else None
+    factory = _agent(spec.get("agent"), bench)
     adapter = resolve_model(
         spec.get("model"), base_url=spec.get("base_url"), max_input_units=spec.get("max_input_units")
     )
-    chosen = [scorer_from_name(str(n), model=adapter) for n in spec.get("scorers") or ["exact"]]
+    names = spec.get("scorers") or ([] if bench is not None else ["exact"])
+    chosen = [scorer_from_name(str(n), model=adapter) for n in names] or list(bench.scorers if bench else ())
     samples = eval_store.samples(record.eval_id)
     from qitos.eval import Sample
 
@@ -499,6 +515,14 @@ def cache_clear(db: DbOption = DEFAULT_EVAL_DB, json_out: JsonOption = False) ->
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _agent(spec: str | None, bench: Benchmark | None) -> Any:
+    if spec is not None:
+        return load_agent(spec)
+    if bench is None:
+        fail("name the agent with --agent module:Class (only a benchmark brings its own)", EXIT_USAGE)
+    return bench.agent
 
 
 def _check_divergence(value: str) -> None:
