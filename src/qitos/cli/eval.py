@@ -10,6 +10,8 @@
     qitos eval resume EVAL [--db STORE] [--json]
     qitos eval run ... --replay EVAL [--on-divergence stop|live|mark] [--cache]
     qitos eval cache clear [--db STORE]
+    qitos eval compare A B [--allow-different-datasets] [--db STORE] [--json]
+    qitos eval export EVAL OUT.eval --format inspect [--db STORE]
 
 ``DATASET`` is a ``.jsonl`` or ``.csv`` file or ``module:attribute`` naming a ``Dataset``; ``EVAL``
 an eval id or name; ``--db`` the store of sessions and results (a SQLite file, default
@@ -494,6 +496,32 @@ def compare_evals(
         print_json(result.to_dict())
         return
     console().print(_comparison(result))
+
+
+@app.command("export")
+@cli_command
+def export(
+    eval_ref: Annotated[str, typer.Argument(metavar="EVAL", help="The eval's id or name.")],
+    out: Annotated[str, typer.Argument(metavar="OUT", help="The file to write (OUT.eval for inspect).")],
+    format: Annotated[
+        str, typer.Option("--format", help="The log format: inspect (inspect_ai's .eval log).")
+    ] = "inspect",
+    db: DbOption = DEFAULT_EVAL_DB,
+    json_out: JsonOption = False,
+) -> None:
+    """Write an eval in another tool's log format: inspect_ai's (open it with inspect view)."""
+    if format != "inspect":
+        fail(f"--format takes inspect, got {format!r}", EXIT_USAGE)
+    checkpoint_store, eval_store = _open(db)
+    if eval_store.find_eval(eval_ref) is None:
+        fail(f"no eval {eval_ref!r} in {describe_target(db)}", EXIT_NOT_FOUND)
+    from qitos.eval._inspect import export_inspect
+
+    written = export_inspect(eval_ref, out, store=checkpoint_store)
+    if json_out:
+        print_json({"eval": eval_ref, "format": format, "path": str(written)})
+        return
+    console().print(f"wrote eval {eval_ref} as an inspect_ai log: {written}")
 
 
 cache_app = typer.Typer(help="The response cache of model replies (--cache) in a store.")

@@ -27,7 +27,14 @@ from qitos.models.base import ModelResponse
 from qitos.sessions.step_journal import restore
 from qitos.sessions.stored_view import view_from_record
 
-__all__ = ["RecordedCall", "recorded_calls", "recorded_request", "request_diff", "request_parameters"]
+__all__ = [
+    "RecordedCall",
+    "recorded_calls",
+    "recorded_request",
+    "request_diff",
+    "request_parameters",
+    "session_messages",
+]
 
 _EXCERPT = 160
 
@@ -39,6 +46,7 @@ class RecordedCall:
     step: int
     request_digest: str
     response: ModelResponse
+    request_id: str | None = None
 
 
 def recorded_calls(store: CheckpointStore, session_id: str) -> list[RecordedCall]:
@@ -61,7 +69,15 @@ def recorded_calls(store: CheckpointStore, session_id: str) -> list[RecordedCall
                 raise IntegrityError(
                     "writes", where, f"unreadable model response ({exc})", session_id=session_id
                 ) from exc
-            calls.append(RecordedCall(step=write.step_id, request_digest=digest, response=response))
+            request_id = entry.get("request_id")
+            calls.append(
+                RecordedCall(
+                    step=write.step_id,
+                    request_digest=digest,
+                    response=response,
+                    request_id=request_id if isinstance(request_id, str) else None,
+                )
+            )
     return calls
 
 
@@ -89,6 +105,24 @@ def recorded_request(store: CheckpointStore, session_id: str, step: int) -> Requ
         return view_from_record(json.loads(unpack(raw)), log)
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def session_messages(store: CheckpointStore, session_id: str) -> list[dict[str, Any]]:
+    """The conversation a session had with its model: the instructions of its last request (the
+    system prompt), then every item of its exchange log (inputs, replies, tool results), in order."""
+    head = store.get_session_head(session_id)
+    if head is None:
+        return []
+    restored = restore(store, session_id, head.snapshot_id)
+    messages: list[dict[str, Any]] = []
+    if restored.request_view:
+        raw = store.get_blobs([restored.request_view]).get(restored.request_view)
+        if raw is not None:
+            record = json.loads(unpack(raw))
+            messages.extend(dict(m) for m in record.get("instructions") or () if isinstance(m, Mapping))
+    for exchange in restored.log.exchanges:
+        messages.extend(item.to_dict() for item in exchange.items)
+    return messages
 
 
 def request_parameters(view: RequestView) -> dict[str, Any]:

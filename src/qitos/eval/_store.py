@@ -183,6 +183,10 @@ class EvalStore(abc.ABC):
     """The eval tables of one database. Sync methods (the runner calls them from a worker thread)."""
 
     @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether the database holds eval tables (a read: it creates nothing, unlike the other methods)."""
+
+    @abc.abstractmethod
     def create_eval(self, record: EvalRecord, samples: Sequence[Mapping[str, Any]]) -> EvalRecord:
         """Insert the eval and its samples unless an eval of that name exists; the stored record."""
 
@@ -552,6 +556,11 @@ class SqliteEvalStore(_SqlEvalStore):
         self._write([(statement, []) for statement in ddl])
         _check_version(self, self._t("qitos_eval_meta"))
 
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        return bool(self._read("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'qitos_evals'", []))
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
@@ -614,6 +623,12 @@ class PostgresEvalStore(_SqlEvalStore):
                 for statement in ddl:
                     cur.execute(statement)
         _check_version(self, self._t("qitos_eval_meta"))
+
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        rows = self._read("SELECT to_regclass(%s) IS NOT NULL", [f'"{self.schema}".qitos_evals'])
+        return bool(rows and rows[0][0])
 
     def close(self) -> None:
         with self._lock:
