@@ -24,7 +24,8 @@ EXPECTED = {
     ),
     *(("trace", c) for c in ("list", "show", "export", "serve")),
     *(("memory", c) for c in ("list", "add", "delete")),
-    *(("eval", c) for c in ("run", "list", "show", "score", "resume")),
+    *(("eval", c) for c in ("run", "list", "show", "score", "resume", "cache", "compare", "export")),
+    ("eval", "cache", "clear"),
 }
 
 

@@ -27,14 +27,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord, utc_now
+from qitos.checkpoint._records import utc_now
+from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.agent_module import AgentModule
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import CheckpointError, ConfigurationError, SessionBusyError, UsageError
 from qitos.engine.composition import Composition, compose
+from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEventType, EngineResult
-from qitos.engine.session_runtime import Session, anew_session
+from qitos.engine.session_runtime import Session, anew_session, arestore_session
 from qitos.eval._dataset import Dataset, Sample
+from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan, UnitKey
 from qitos.eval._report import EvalReport, build_report
 from qitos.eval._result import SampleResult
 from qitos.eval._store import (
@@ -97,6 +100,7 @@ class EvalProgress:
     score_sum: float = 0.0
     scored: int = 0
     scorer_id: str | None = None  # the scorer whose running mean is shown
+    diverged: int = 0  # replayed samples that left their recording
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -165,6 +169,9 @@ class EvalRun:
         progress: EvalProgress | None = None,
         spec: Mapping[str, Any] | None = None,
         group_by: str | None = None,
+        replay: str | None = None,
+        on_divergence: str = "stop",
+        cache: bool = False,
     ) -> None:
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         self.scorers = _check_scorers(scorers)
@@ -210,6 +217,18 @@ class EvalRun:
         self.progress = progress or EvalProgress()
         self.spec = dict(spec) if spec is not None else None
         self.group_by = group_by
+        if replay is not None and (not isinstance(replay, str) or not replay):
+            raise ConfigurationError(f"replay= names an earlier eval (its id or name), got {replay!r}")
+        if on_divergence not in ON_DIVERGENCE:
+            raise ConfigurationError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}, got {on_divergence!r}")
+        if fleet is not None and (replay is not None or cache):
+            raise ConfigurationError(
+                "replay= and cache= answer model requests in this process; the fleet's workers use their own model"
+            )
+        self.replay = replay
+        self.on_divergence = on_divergence
+        self.cache = bool(cache)
+        self._plan: ReplayPlan | None = None
         dataset_name = self.dataset.name or "dataset"
         self.name = name or (
             f"{self.agent_ref.rpartition(':')[2]}-{dataset_name}-"
@@ -257,6 +276,20 @@ class EvalRun:
     async def arun(self) -> EvalReport:
         """Run (or continue) the eval; its report. Cancelled: the eval stays ``incomplete``."""
         store = self.eval_store
+        if self.replay is not None or self.cache:
+            self._plan = await self._call(
+                ReplayPlan.load,
+                self.checkpoint_store,
+                store,
+                replay=self.replay,
+                samples=self.samples,
+                epochs=self.epochs,
+                on_divergence=self.on_divergence,
+                cache=self.cache,
+            )
+            source = self._plan.source
+            if source is not None:  # replaying another eval's replies is part of the experiment
+                self.pins["replay"] = {"eval_id": source.eval_id, "on_divergence": self.on_divergence}
         record = EvalRecord(eval_id=self.eval_id, name=self.name, created_at=utc_now(), pins=self.pins, spec=self.spec)
         stored = await self._call(store.create_eval, record, [s.to_dict() for s in self.samples])
         changed = pin_changes(stored.pins, self.pins)
@@ -410,7 +443,15 @@ class EvalRun:
         """Record an attempt; when it is the last (it worked, or no retry is left), the result too.
 
         ``prior`` (the unit's earlier attempts) gains a failed attempt that will be retried."""
-        last = outcome.error is None or outcome.attempt >= self.retries
+        if self._plan is not None and self._plan.source is not None:
+            found = await self._call(
+                self.eval_store.divergence, outcome.eval_id, outcome.sample_id, outcome.epoch, outcome.attempt
+            )
+            if found is not None:
+                outcome = replace(outcome, divergence=found.divergence)
+        # a replay that stopped at its divergence would diverge the same way again: no retry
+        stopped = outcome.divergence is not None and self.on_divergence == "stop"
+        last = outcome.error is None or outcome.attempt >= self.retries or stopped
         result = _totals([*prior, outcome]) if last else None
         await self._call(self.eval_store.put_outcome, outcome, result)
         if not last:
@@ -423,6 +464,7 @@ class EvalRun:
         progress.done += 1
         progress.tokens += result.total_tokens
         progress.retried += result.attempts > 1
+        progress.diverged += result.divergence is not None
         if result.error is not None:
             progress.failed += 1
             self._failed += 1
@@ -453,10 +495,18 @@ class EvalRun:
         restored = await arestore(self.checkpoint_store, sid, head.snapshot_id)
         return restored.state_data.get("stop_reason") != "cancelled_immediate"  # cancelled: go on from its head
 
+    def _engine(self, unit: Unit, attempt_no: int, sid: str) -> Engine[Any, Any, Any]:
+        """A fresh engine for one session; under replay or the cache its model answers through the plan."""
+        engine = self.composition().engine()
+        if self._plan is not None:
+            key = UnitKey(self.eval_id, unit.sample.sample_id, unit.epoch, attempt_no)
+            engine.model = self._plan.sample_model(engine.model, key, sid)
+        return engine
+
     async def _session(self, unit: Unit, attempt_no: int, sid: str, head: SessionHeadRecord | None) -> Session:
         composition = self.composition()
         if head is not None:
-            return await composition.arestore(sid)
+            return await arestore_session(self._engine(unit, attempt_no, sid), sid, composition=composition)
         meta = {
             EVAL_METADATA: {
                 "eval_id": self.eval_id,
@@ -468,12 +518,17 @@ class EvalRun:
         }
         try:
             return await anew_session(
-                composition.engine(), unit.sample.task, composition=composition, session_id=sid, metadata=meta
+                self._engine(unit, attempt_no, sid),
+                unit.sample.task,
+                composition=composition,
+                session_id=sid,
+                metadata=meta,
             )
         except CheckpointError:
             if await self.checkpoint_store.aget_session_head(sid) is None:
                 raise
-            return await composition.arestore(sid)  # another runner created it first
+            # another runner created it first
+            return await arestore_session(self._engine(unit, attempt_no, sid), sid, composition=composition)
 
     async def _run(self, unit: Unit, attempt_no: int, session: Session, *, fresh: bool) -> AttemptRecord:
         started = time.perf_counter()
@@ -603,7 +658,11 @@ class EvalRun:
     # ------------------------------------------------------------------ scoring
 
     async def _score(self, unit: Unit, result: ResultRecord, scorers: Sequence[Scorer]) -> None:
-        records = await score_result(self.eval_id, unit.sample, result, scorers)
+        if self._plan is not None:  # judges answer through the plan too
+            judged, judges = self._plan.judges(scorers, unit.sample.sample_id, unit.epoch)
+            records = self._plan.mark_judged(await score_result(self.eval_id, unit.sample, result, judged), judges)
+        else:
+            records = await score_result(self.eval_id, unit.sample, result, scorers)
         await self._call(self.eval_store.put_scores, records)
         progress = self.progress
         for record in records:
@@ -712,6 +771,7 @@ def _totals(attempts: Sequence[AttemptRecord]) -> ResultRecord:
         wall_seconds=round(sum(a.wall_seconds for a in attempts), 6),
         attempts=len(attempts),
         tool_calls=list(last.tool_calls),
+        divergence=last.divergence,
     )
 
 
