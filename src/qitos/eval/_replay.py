@@ -33,7 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from qitos.checkpoint.store import CheckpointStore, utc_now
+from qitos.checkpoint._records import utc_now
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import ConfigurationError, IntegrityError, UsageError
 from qitos.core.redaction import model_credentials
