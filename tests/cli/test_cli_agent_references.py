@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from user_shell import sh
-
 from qitos.checkpoint import SqliteCheckpointStore
+from user_shell import sh
 
 APPROVAL_SCRIPT = '''
 from dataclasses import dataclass, field

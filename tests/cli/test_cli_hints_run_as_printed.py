@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from user_shell import sh
 
 DB = "my data/notes.db"
