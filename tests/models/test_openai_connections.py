@@ -16,7 +16,7 @@ from qitos.core.request_view import RequestView
 from qitos.models import OpenAICompatibleModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
-from chat_server import ScriptServer  # noqa: E402
+from chat_server import ScriptServer
 
 
 def _view(model: OpenAICompatibleModel, i: int) -> RequestView:
@@ -70,7 +70,7 @@ def test_a_server_that_always_throttles_still_fails_once_at_one_request() -> Non
 
     with ScriptServer(throttle=10_000, retry_after=0.01) as server:
         model = OpenAICompatibleModel("m", base_url=server.url, api_key="sk-test", max_connections=8, max_retries=2)
-        with pytest.raises(ModelError, match="HTTP 429.*gave up after 3 attempts"):
+        with pytest.raises(ModelError, match=r"HTTP 429.*gave up after 3 attempts"):
             asyncio.run(_many(model, 4))
 
 

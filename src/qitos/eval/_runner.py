@@ -30,7 +30,7 @@ from typing import Any
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord, utc_now
 from qitos.core.agent_module import AgentModule
 from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import CheckpointError, ConfigurationError, SessionBusyError, UsageError
+from qitos.core.errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
 from qitos.engine.composition import Composition, compose
 from qitos.engine.events import EngineEventType, EngineResult
 from qitos.engine.session_runtime import Session, anew_session
@@ -63,6 +63,7 @@ EVAL_METADATA = "eval"
 """The session metadata key of an eval's sessions: ``{"eval_id", "name", "sample_id", "epoch", "attempt"}``."""
 
 DEFAULT_STORE = "evals.db"
+_LEASE_LOSSES = 3  # times a sample's run may lose its lease and go on before it counts as failed
 _BUSY_POLL = 0.2  # seconds between looks at a session another runner holds
 _STILL_RUNNING = frozenset({SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value})
 
@@ -434,6 +435,7 @@ class EvalRun:
     async def attempt(self, unit: Unit, attempt_no: int, sid: str) -> AttemptRecord:
         """One attempt in session ``sid``: run it, continue it, or read it when it already finished."""
         store = self.checkpoint_store
+        lost = 0
         while True:
             head = await store.aget_session_head(sid)
             if head is not None and await self.finished(sid, head):
@@ -443,6 +445,12 @@ class EvalRun:
                 return await self._run(unit, attempt_no, session, fresh=head is None)
             except SessionBusyError:
                 await asyncio.sleep(_BUSY_POLL)  # another runner has it: read it once it is done
+            except LeaseLostError as exc:
+                # This process stalled past the lease (an overloaded machine): its committed steps
+                # stand and nothing uncommitted was written, so the session goes on from its head.
+                lost += 1
+                if lost > _LEASE_LOSSES:
+                    return self._attempt_record(unit, attempt_no, sid, error=f"{type(exc).__name__}: {exc}", wall=0.0)
 
     async def finished(self, sid: str, head: SessionHeadRecord) -> bool:
         """Whether a session is done (a run cancelled midway is not: it goes on from its head)."""
@@ -483,7 +491,7 @@ class EvalRun:
                 result = await session.arun()
             else:
                 result = await asyncio.wait_for(session.arun(), self.sample_timeout)
-        except SessionBusyError:
+        except (SessionBusyError, LeaseLostError):
             raise
         except TimeoutError:
             head = await self.checkpoint_store.aget_session_head(sid)

@@ -194,7 +194,7 @@ class OpenAICompatibleModel(ModelAdapter):
         self._client: httpx.Client | None = None
         self._fixed_connections = max_connections is not None
         self.max_connections = max_connections if max_connections is not None else DEFAULT_MAX_CONNECTIONS
-        self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient, _Gate]] = {}
+        self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, _Shards, _Gate]] = {}
         self._client_lock = threading.Lock()
         self._tokens: UnitCounter | None = None
 
@@ -286,10 +286,10 @@ class OpenAICompatibleModel(ModelAdapter):
         if client is not None:
             client.close()
         # Async clients are sized when made: the next request of each event loop makes a new one.
-        stale = [entry[1] for entry in self._aclients.values()]
+        stale = [client for entry in self._aclients.values() for client in entry[1].clients]
         self._aclients.clear()
         for old in stale:
-            with contextlib.suppress(RuntimeError):  # its loop is closed: nothing left to close
+            with contextlib.suppress(RuntimeError):  # no loop running here: nothing left to close
                 asyncio.get_running_loop().create_task(old.aclose())
 
     def close(self) -> None:
@@ -304,7 +304,8 @@ class OpenAICompatibleModel(ModelAdapter):
         loop = asyncio.get_running_loop()
         entry = self._aclients.pop(id(loop), None)
         if entry is not None:
-            await entry[1].aclose()
+            for client in entry[1].clients:
+                await client.aclose()
         self.close()
 
     def __enter__(self) -> OpenAICompatibleModel:
@@ -391,20 +392,31 @@ class OpenAICompatibleModel(ModelAdapter):
         return client
 
     def _async_client(self) -> tuple[httpx.AsyncClient, _Gate]:
-        # An AsyncClient belongs to the loop it was first used on; keep one per live loop, with the
-        # gate that holds its requests in flight to the (adaptive) concurrency limit.
+        # An AsyncClient belongs to the loop it was first used on; keep them per live loop, with
+        # the gate that holds the loop's requests in flight to the (adaptive) concurrency limit.
+        # Many connections are split over several clients of at most _SHARD each, taken in turn:
+        # httpcore's pool scans all its connections for every request it places, so one pool of
+        # a thousand connections costs far more CPU per request than many small ones.
         loop = asyncio.get_running_loop()
         entry = self._aclients.get(id(loop))
         if entry is None or entry[0] is not loop:
             for key, (old_loop, _, _) in list(self._aclients.items()):
                 if old_loop.is_closed():
                     del self._aclients[key]
-            client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout), transport=self._async_transport, limits=self._limits()
+            shards = -(-self.max_connections // _SHARD)
+            per_shard = -(-self.max_connections // shards)
+            limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+            clients = _Shards(
+                [
+                    httpx.AsyncClient(
+                        timeout=httpx.Timeout(self.timeout), transport=self._async_transport, limits=limits
+                    )
+                    for _ in range(shards)
+                ]
             )
-            entry = (loop, client, _Gate(self.max_connections))
+            entry = (loop, clients, _Gate(self.max_connections))
             self._aclients[id(loop)] = entry
-        return entry[1], entry[2]
+        return entry[1].next(), entry[2]
 
     def _limits(self) -> httpx.Limits:
         return httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
@@ -867,12 +879,27 @@ def _looks_secret(header_name: str) -> bool:
     return any(hint in lowered for hint in _SECRET_HEADER_HINTS)
 
 
+_SHARD = 32  # connections per async client (see _async_client)
+
+
+class _Shards:
+    """An event loop's async clients, handed out in turn."""
+
+    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
+        self.clients = clients
+        self._turn = 0
+
+    def next(self) -> httpx.AsyncClient:
+        self._turn = (self._turn + 1) % len(self.clients)
+        return self.clients[self._turn]
+
+
 class _Gate:
     """Holds an event loop's requests in flight to ``limit``, which 429 answers lower for a while.
 
-    A 429 halves the limit (down to 1; the other 429s of the same pause do not) and starts a pause of the server's ``Retry-After`` (or
-    the base backoff); after the pause each success raises it by one, back up to ``ceiling``
-    (additive increase, multiplicative decrease).
+    A 429 halves the limit (down to 1; the other 429s of the same pause do not) and starts a
+    pause of the server's ``Retry-After`` (or the base backoff); after the pause each success
+    raises it by one, back up to ``ceiling`` (additive increase, multiplicative decrease).
     """
 
     def __init__(self, ceiling: int) -> None:
