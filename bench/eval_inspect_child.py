@@ -76,7 +76,7 @@ def main() -> None:
                 "cpu": cpu,
                 "status": log.status,
                 "samples": len(log.samples or []),
-                "accuracy": metrics.get("accuracy"),
+                "accuracy": metrics.get("accuracy", metrics.get("mean")),
                 "start_wall": START_WALL,
             }
         )
