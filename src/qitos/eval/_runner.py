@@ -246,6 +246,7 @@ class EvalRun:
                 )
             if self.engine_kwargs:
                 raise ConfigurationError("engine_kwargs go to the fleet's composition, not to evaluate(fleet=...)")
+        self._owns_store = not isinstance(store, CheckpointStore)  # opened here from its name: closed here
         self.checkpoint_store, self.eval_store = open_eval_store(store)
         self._composition: Composition | None = None
         self._stop: str | None = None
@@ -256,7 +257,18 @@ class EvalRun:
     # ------------------------------------------------------------------ the run
 
     async def arun(self) -> EvalReport:
-        """Run (or continue) the eval; its report. Cancelled: the eval stays ``incomplete``."""
+        """Run (or continue) the eval; its report. Cancelled: the eval stays ``incomplete``.
+
+        The eval store is closed at the end, and the checkpoint store too when it was opened here
+        from its name (a store object passed in stays open for its owner)."""
+        try:
+            return await self._arun()
+        finally:
+            self.eval_store.close()
+            if self._owns_store:
+                self.checkpoint_store.close()
+
+    async def _arun(self) -> EvalReport:
         store = self.eval_store
         record = EvalRecord(eval_id=self.eval_id, name=self.name, created_at=utc_now(), pins=self.pins, spec=self.spec)
         stored = await self._call(store.create_eval, record, [s.to_dict() for s in self.samples])
