@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,8 @@ def qitos_child(n: int, base_url: str, db: str, name: str) -> None:
                 "samples": len(report.samples),
                 "accuracy": report.metrics["exact"]["mean"],
                 "start_wall": start_wall,
-                "answers": {f"{s.id}": [s.answer, s.scores["exact"]["value"]] for s in report.samples},
+                "answers": {f"{s.id}": [s.answer, (s.scores.get("exact") or {}).get("value")] for s in report.samples},
+                "errors": dict(Counter((s.error or "")[:120] for s in report.samples if s.error)),
             }
         )
     )
@@ -161,6 +163,7 @@ class Run:
     accuracy: float | None
     calls: int
     max_open: int
+    errors: dict[str, int] | None = None
 
 
 def _spawn(args: list[str]) -> tuple[dict[str, Any], float, float, float]:

@@ -63,6 +63,13 @@ EVAL_METADATA = "eval"
 """The session metadata key of an eval's sessions: ``{"eval_id", "name", "sample_id", "epoch", "attempt"}``."""
 
 DEFAULT_STORE = "evals.db"
+EVAL_LEASE_TTL = 600.0
+"""Seconds a sample's session lease lasts unrenewed (``engine_kwargs={"lease_ttl": ...}`` overrides).
+
+Longer than a composition's default: with hundreds of samples in flight, renewals every 10 s are
+hundreds of store writes a second, and an overloaded process could miss one and lose its lease. A
+runner that died is still replaced at once on its own host (the lease names a dead process);
+only a runner on another host waits for the lease to run out."""
 _LEASE_LOSSES = 3  # times a sample's run may lose its lease and go on before it counts as failed
 _BUSY_POLL = 0.2  # seconds between looks at a session another runner holds
 _STILL_RUNNING = frozenset({SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value})
@@ -398,9 +405,8 @@ class EvalRun:
     def composition(self) -> Composition:
         """The composition every sample's session is made from (built once)."""
         if self._composition is None:
-            self._composition = compose(
-                agent=self.agent, store=self.checkpoint_store, model=self.model, **self.engine_kwargs
-            )
+            options = {"lease_ttl": EVAL_LEASE_TTL, **self.engine_kwargs}
+            self._composition = compose(agent=self.agent, store=self.checkpoint_store, model=self.model, **options)
         return self._composition
 
     async def run_unit(self, unit: Unit, prior: list[AttemptRecord]) -> None:
