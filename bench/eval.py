@@ -21,7 +21,9 @@ Run: .venv/bin/python bench/eval.py [--sizes 200,1000] [--rounds 1] [--kills 20]
 
 2. Resume (qitos only). A 200-sample eval is killed with SIGKILL 20 times at random moments (a
    random delay after each start, seeded), each kill followed by a resume, then one last resume
-   runs to the end. The server counts every request. Target: no request beyond the 600 of an
+   runs to the end (the delays are drawn between 0.5 s and the time an uninterrupted run takes,
+   start-up included, so kills land in start-up, mid-run and scoring alike). The server counts
+   every request. Target: no request beyond the 600 of an
    uninterrupted run except the ones in flight at a kill (the server's open requests just before
    each kill), and the same answers and scores as an uninterrupted run.
 """
@@ -265,10 +267,12 @@ def resume(n: int, kills: int, seed: int, work: Path) -> dict[str, Any]:
     server = Server(DELAY)
     try:
         baseline_db = work / "resume-baseline.db"
+        begun = time.monotonic()
         baseline, _, _, _ = _spawn(
             [sys.executable, str(Path(__file__).resolve()), "--child", str(n), server.url, str(baseline_db), "resume"]
         )
         base_calls = server.stats(reset=True)["calls"]
+        span = time.monotonic() - begun  # kills land anywhere from start-up to the end of a whole run
         db = work / "resume.db"
         in_flight = 0
         killed = 0
@@ -279,7 +283,7 @@ def resume(n: int, kills: int, seed: int, work: Path) -> dict[str, Any]:
                 stderr=subprocess.DEVNULL,
                 cwd=ROOT,
             )
-            time.sleep(rng.uniform(0.5, 4.0))
+            time.sleep(rng.uniform(0.5, span))
             if proc.poll() is not None:
                 continue  # it finished before this kill: the next start is a resume of a finished eval
             in_flight += server.stats()["open"]
@@ -312,6 +316,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--no-inspect", action="store_true")
     parser.add_argument("--no-resume", action="store_true")
+    parser.add_argument("--no-throughput", action="store_true")
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--child", nargs=4, metavar=("N", "URL", "DB", "NAME"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -325,11 +330,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="qitos-eval-bench-work-"))
     result: dict[str, Any] = {}
     try:
-        print(f"throughput: {TURNS} turns x {DELAY * 1000:.0f} ms per sample, all samples in flight")
-        runs = throughput(sizes, args.rounds, not args.no_inspect, work)
+        runs = []
+        if not args.no_throughput:
+            print(f"throughput: {TURNS} turns x {DELAY * 1000:.0f} ms per sample, all samples in flight")
+            runs = throughput(sizes, args.rounds, not args.no_inspect, work)
         result["throughput"] = [run.__dict__ for run in runs]
         print("\nmedians (qitos / inspect_ai):")
-        for n in sizes:
+        for n in sizes if runs else []:
             q = [r for r in runs if r.side == "qitos" and r.n == n]
             i = [r for r in runs if r.side == "inspect" and r.n == n]
             qw, qc = statistics.median(r.wall for r in q), statistics.median(r.cpu for r in q)

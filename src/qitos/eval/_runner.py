@@ -71,6 +71,7 @@ hundreds of store writes a second, and an overloaded process could miss one and 
 runner that died is still replaced at once on its own host (the lease names a dead process);
 only a runner on another host waits for the lease to run out."""
 _LEASE_LOSSES = 3  # times a sample's run may lose its lease and go on before it counts as failed
+_OPENING = 16
 _BUSY_POLL = 0.2  # seconds between looks at a session another runner holds
 _STILL_RUNNING = frozenset({SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value})
 
@@ -260,6 +261,10 @@ class EvalRun:
         self._failed = 0
         self._total_units = len(self.samples) * epochs
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Samples opening their session at once: with all of them opening together, every store
+        # write of every opening queues before the first model request; a few at a time, the first
+        # samples reach their model while the others open.
+        self._opening = asyncio.Semaphore(_OPENING)
 
     # ------------------------------------------------------------------ the run
 
@@ -455,11 +460,12 @@ class EvalRun:
         store = self.checkpoint_store
         lost = 0
         while True:
-            head = await store.aget_session_head(sid)
-            if head is not None and await self.finished(sid, head):
-                return await self.from_head(unit, attempt_no, sid, head, None)
             try:
-                session = await self._session(unit, attempt_no, sid, head)
+                async with self._opening:
+                    head = await store.aget_session_head(sid)
+                    if head is not None and await self.finished(sid, head):
+                        return await self.from_head(unit, attempt_no, sid, head, None)
+                    session = await self._session(unit, attempt_no, sid, head)
                 return await self._run(unit, attempt_no, session, fresh=head is None)
             except SessionBusyError:
                 await asyncio.sleep(_BUSY_POLL)  # another runner has it: read it once it is done
