@@ -907,6 +907,7 @@ class _Gate:
         self.limit = ceiling
         self.in_flight = 0
         self.calm_after = 0.0
+        self.lower_again_after = 0.0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     async def acquire(self) -> None:
@@ -929,8 +930,11 @@ class _Gate:
 
     def throttled(self, pause: float) -> float:
         now = time.monotonic()
-        if now >= self.calm_after:  # the 429s of one burst lower the limit once
+        # The 429s of one pause lower the limit once (they answer requests sent before it fell);
+        # 429s that keep coming after it lower it again, so a steady stream cannot pin it high.
+        if now >= self.lower_again_after:
             self.limit = max(1, min(self.limit, self.in_flight + 1) // 2)
+            self.lower_again_after = now + pause
         self.calm_after = max(self.calm_after, now + pause)
         return pause
 
