@@ -148,7 +148,7 @@ class TokenCounter:
                 "install it with: pip install 'qitos[tokens]'"
             ) from exc
         try:
-            self._encoding = quicktok.get_encoding(encoding)
+            self._encoding = _encoding(quicktok, encoding)
         except (RuntimeError, KeyError, ValueError) as exc:
             raise ValueError(f"TokenCounter: unknown encoding {encoding!r} ({exc})") from exc
         self.encoding = encoding
@@ -164,6 +164,18 @@ class TokenCounter:
 
     def __repr__(self) -> str:
         return f"TokenCounter(encoding={self.encoding!r})"
+
+
+_ENCODINGS: dict[str, Any] = {}
+
+
+def _encoding(quicktok: Any, name: str) -> Any:
+    """The tokenizer of ``name``, loaded once per process (loading one takes ~10 ms; an engine is
+    made per session, so many sessions would each pay it)."""
+    loaded = _ENCODINGS.get(name)
+    if loaded is None:
+        loaded = _ENCODINGS[name] = quicktok.get_encoding(name)
+    return loaded
 
 
 class EstimatedTokenCounter:

@@ -31,7 +31,7 @@ from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.agent_module import AgentModule
 from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import CheckpointError, ConfigurationError, SessionBusyError, UsageError
+from qitos.core.errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
 from qitos.engine.composition import Composition, compose
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEventType, EngineResult
@@ -66,6 +66,15 @@ EVAL_METADATA = "eval"
 """The session metadata key of an eval's sessions: ``{"eval_id", "name", "sample_id", "epoch", "attempt"}``."""
 
 DEFAULT_STORE = "evals.db"
+EVAL_LEASE_TTL = 600.0
+"""Seconds a sample's session lease lasts unrenewed (``engine_kwargs={"lease_ttl": ...}`` overrides).
+
+Longer than a composition's default: with hundreds of samples in flight, renewals every 10 s are
+hundreds of store writes a second, and an overloaded process could miss one and lose its lease. A
+runner that died is still replaced at once on its own host (the lease names a dead process);
+only a runner on another host waits for the lease to run out."""
+_LEASE_LOSSES = 3  # times a sample's run may lose its lease and go on before it counts as failed
+_OPENING = 16
 _BUSY_POLL = 0.2  # seconds between looks at a session another runner holds
 _STILL_RUNNING = frozenset({SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value})
 
@@ -264,17 +273,33 @@ class EvalRun:
                 )
             if self.engine_kwargs:
                 raise ConfigurationError("engine_kwargs go to the fleet's composition, not to evaluate(fleet=...)")
+        self._owns_store = not isinstance(store, CheckpointStore)  # opened here from its name: closed here
         self.checkpoint_store, self.eval_store = open_eval_store(store)
         self._composition: Composition | None = None
         self._stop: str | None = None
         self._failed = 0
         self._total_units = len(self.samples) * epochs
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Samples opening their session at once: with all of them opening together, every store
+        # write of every opening queues before the first model request; a few at a time, the first
+        # samples reach their model while the others open.
+        self._opening = asyncio.Semaphore(_OPENING)
 
     # ------------------------------------------------------------------ the run
 
     async def arun(self) -> EvalReport:
-        """Run (or continue) the eval; its report. Cancelled: the eval stays ``incomplete``."""
+        """Run (or continue) the eval; its report. Cancelled: the eval stays ``incomplete``.
+
+        The eval store is closed at the end, and the checkpoint store too when it was opened here
+        from its name (a store object passed in stays open for its owner)."""
+        try:
+            return await self._arun()
+        finally:
+            self.eval_store.close()
+            if self._owns_store:
+                self.checkpoint_store.close()
+
+    async def _arun(self) -> EvalReport:
         store = self.eval_store
         if self.replay is not None or self.cache:
             self._plan = await self._call(
@@ -418,9 +443,8 @@ class EvalRun:
     def composition(self) -> Composition:
         """The composition every sample's session is made from (built once)."""
         if self._composition is None:
-            self._composition = compose(
-                agent=self.agent, store=self.checkpoint_store, model=self.model, **self.engine_kwargs
-            )
+            options = {"lease_ttl": EVAL_LEASE_TTL, **self.engine_kwargs}
+            self._composition = compose(agent=self.agent, store=self.checkpoint_store, model=self.model, **options)
         return self._composition
 
     async def run_unit(self, unit: Unit, prior: list[AttemptRecord]) -> None:
@@ -476,15 +500,23 @@ class EvalRun:
     async def attempt(self, unit: Unit, attempt_no: int, sid: str) -> AttemptRecord:
         """One attempt in session ``sid``: run it, continue it, or read it when it already finished."""
         store = self.checkpoint_store
+        lost = 0
         while True:
-            head = await store.aget_session_head(sid)
-            if head is not None and await self.finished(sid, head):
-                return await self.from_head(unit, attempt_no, sid, head, None)
             try:
-                session = await self._session(unit, attempt_no, sid, head)
+                async with self._opening:
+                    head = await store.aget_session_head(sid)
+                    if head is not None and await self.finished(sid, head):
+                        return await self.from_head(unit, attempt_no, sid, head, None)
+                    session = await self._session(unit, attempt_no, sid, head)
                 return await self._run(unit, attempt_no, session, fresh=head is None)
             except SessionBusyError:
                 await asyncio.sleep(_BUSY_POLL)  # another runner has it: read it once it is done
+            except LeaseLostError as exc:
+                # This process stalled past the lease (an overloaded machine): its committed steps
+                # stand and nothing uncommitted was written, so the session goes on from its head.
+                lost += 1
+                if lost > _LEASE_LOSSES:
+                    return self._attempt_record(unit, attempt_no, sid, error=f"{type(exc).__name__}: {exc}", wall=0.0)
 
     async def finished(self, sid: str, head: SessionHeadRecord) -> bool:
         """Whether a session is done (a run cancelled midway is not: it goes on from its head)."""
@@ -538,7 +570,7 @@ class EvalRun:
                 result = await session.arun()
             else:
                 result = await asyncio.wait_for(session.arun(), self.sample_timeout)
-        except SessionBusyError:
+        except (SessionBusyError, LeaseLostError):
             raise
         except TimeoutError:
             head = await self.checkpoint_store.aget_session_head(sid)
