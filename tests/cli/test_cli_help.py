@@ -11,6 +11,7 @@ from qitos.cli.app import app
 
 EXPECTED = {
     ("demo",),
+    ("init",),
     ("run",),
     ("worker",),
     ("sessions",),

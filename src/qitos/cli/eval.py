@@ -42,7 +42,17 @@ from rich.table import Table
 from rich.text import Text
 
 from qitos.checkpoint.targets import describe_target, is_postgres_target, store_exists
-from qitos.cli.common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, cli_command, console, fail, print_json
+from qitos.cli.agents import load_agent
+from qitos.cli.common import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    cli_command,
+    console,
+    fail,
+    print_json,
+    shown_command,
+)
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import require_model
 from qitos.eval import CompareError, Comparison, Dataset, EvalProgress, EvalReport, compare, open_eval_store, scorers
@@ -52,7 +62,6 @@ from qitos.eval._runner import EvalRun, score_result
 from qitos.eval._store import ScorerRecord
 from qitos.eval.benchmarks import Benchmark
 from qitos.eval.scorers import Scorer
-from qitos.viewer.data import load_agent
 
 __all__ = ["app", "load_dataset", "scorer_from_name"]
 
@@ -206,7 +215,7 @@ def run(
     factory = _agent(agent, bench)
     adapter = resolve_model(model, base_url=base_url, max_input_units=max_input_units)
     if replay is None or on_divergence == "live":  # a replay answers from its recording, without a model
-        require_model(factory, adapter, what="qitos eval run")
+        require_model(factory(), adapter, what="qitos eval run")
     names = scorer or ([] if bench is not None else ["exact"])
     chosen = [scorer_from_name(n, model=adapter) for n in names] or list(bench.scorers if bench else ())
     spec = {
@@ -600,7 +609,8 @@ def _execute(evaluation: EvalRun, json_out: bool) -> None:
         fail(
             f"interrupted: eval {evaluation.name!r} is incomplete; its samples stopped at a step boundary",
             130,
-            hint=f"continue it with: qitos eval resume {evaluation.name} --db {evaluation_db(evaluation)}",
+            hint="continue it with: "
+            + shown_command("qitos", "eval", "resume", evaluation.name, db=evaluation_db(evaluation)),
         )
     finally:
         if evaluation.fleet is not None:

@@ -3,7 +3,7 @@
 ``qitos eval export EVAL --format inspect OUT.eval`` (and :func:`export_inspect`) builds an
 ``inspect_ai.log.EvalLog`` from the eval's rows and sessions and writes it with
 ``inspect_ai.log.write_eval_log``, so ``inspect view`` and inspect's analysis tools open it. Needs
-the ``inspect`` extra (``pip install 'qitos[inspect]'``); ``import qitos.eval`` never imports it.
+the ``inspect`` extra (``pip install 'qitos-kernel[inspect]'``); ``import qitos.eval`` never imports it.
 
 What goes where: the eval's name is the task, its id the eval and run id, its pins the log's
 metadata (``metadata["qitos"]``); each sample x epoch is an ``EvalSample`` with its input, target,
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qitos.checkpoint.store import CheckpointStore
+from qitos.core._install import install_command
 from qitos.core.errors import ConfigurationError, UsageError
 from qitos.eval._recording import session_messages
 from qitos.eval._report import EvalReport, SampleReport, build_report
@@ -29,7 +30,6 @@ from qitos.eval._store import open_eval_store
 
 __all__ = ["export_inspect"]
 
-INSTALL = "pip install 'qitos[inspect]'"
 _Status = Literal["started", "success", "cancelled", "error"]
 _STATUS: dict[str, _Status] = {
     "complete": "success",
@@ -44,7 +44,8 @@ def export_inspect(ref: str, path: str | os.PathLike[str], *, store: CheckpointS
     try:
         from inspect_ai.log import write_eval_log
     except ImportError as exc:
-        raise ConfigurationError(f"exporting to inspect_ai's log format needs inspect_ai: {INSTALL} ({exc})") from exc
+        hint = install_command("inspect")
+        raise ConfigurationError(f"exporting to inspect_ai's log format needs inspect_ai: {hint} ({exc})") from exc
     checkpoints, evals = open_eval_store(store)
     try:
         record = evals.find_eval(ref) if evals.exists() else None

@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import open_store
+from qitos.core._install import install_command
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import ConfigurationError, IntegrityError
 
@@ -570,7 +571,7 @@ class SqliteEvalStore(_SqlEvalStore):
 
 
 class PostgresEvalStore(_SqlEvalStore):
-    """The eval tables in a PostgreSQL schema (the sessions' schema; extra ``qitos[postgres]``)."""
+    """The eval tables in a PostgreSQL schema (the sessions' schema; extra ``qitos-kernel[postgres]``)."""
 
     placeholder = "%s"
 
@@ -589,7 +590,7 @@ class PostgresEvalStore(_SqlEvalStore):
                 import psycopg
             except ImportError as exc:
                 raise ConfigurationError(
-                    f"a PostgreSQL eval store needs: pip install 'qitos[postgres]' ({exc})"
+                    f"a PostgreSQL eval store needs the postgres extra: {install_command('postgres')} ({exc})"
                 ) from exc
             self._conn = psycopg.connect(self.dsn, autocommit=True)
             self._pid = os.getpid()

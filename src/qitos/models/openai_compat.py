@@ -30,7 +30,7 @@ by index, usage is taken from the final chunk (``stream_options.include_usage``)
 Usage: when a response (streamed or not) carries no ``usage``, the adapter counts the tokens
 itself, prompt (the canonical JSON of the messages and tool schemas sent) and completion (text,
 tool names and arguments), with :func:`~qitos.core.context.unit_counter_for` ``("tokens")``
-(exact ``cl100k_base`` counts with the ``qitos[tokens]`` extra, else its documented estimate),
+(exact ``cl100k_base`` counts with the ``qitos-kernel[tokens]`` extra, else its documented estimate),
 and marks the usage ``estimated``. A token budget is therefore enforced on every server.
 
 Failures: 408/409/429/5xx responses and connection errors or timeouts are retried up to

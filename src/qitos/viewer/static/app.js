@@ -10,6 +10,21 @@
   const POLL_LIVE_MS = 1200;
   const OUTPUT_PREVIEW = 1500;
 
+  // The controls' token: given once in the address qitos trace serve prints (?token=...), kept for
+  // this tab only, and taken out of the address bar so that it is not copied along with a link.
+  const TOKEN_KEY = "qitos-control-token";
+  (function takeToken() {
+    const params = new URLSearchParams(location.search);
+    const given = params.get("token");
+    if (given) {
+      sessionStorage.setItem(TOKEN_KEY, given);
+      params.delete("token");
+      const rest = params.toString();
+      history.replaceState(null, "", location.pathname + (rest ? `?${rest}` : "") + location.hash);
+    }
+  })();
+  const controlToken = () => sessionStorage.getItem(TOKEN_KEY);
+
   // ------------------------------------------------------------------ helpers
 
   function el(tag, attrs, ...children) {
@@ -126,6 +141,23 @@
       throw err;
     }
     return data;
+  }
+
+  // One control action: POST JSON with the token; the answer (or the refusal) as an object.
+  async function act(sessionId, action, body) {
+    const response = await fetch(`/api/sessions/${encodeURIComponent(sessionId)}/${action}`, {
+      method: "POST",
+      cache: "no-store",
+      headers: { "Content-Type": "application/json", Accept: "application/json", "X-Qitos-Token": controlToken() || "" },
+      body: JSON.stringify(body || {}),
+    });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (e) {
+      data = { error: `${response.status} ${response.statusText}` };
+    }
+    return { ok: response.ok, status: response.status, data };
   }
 
   function showError(error) {
@@ -268,7 +300,7 @@
         .filter((r) => matches(r, ["run_id", "task", "agent", "stop_reason", "status"]))
         .sort((a, b) => compare(a, b, board.sortKey, board.sortDir));
       if (!data.runs.runs.length) {
-        runsBox.appendChild(el("p", { class: "muted", text: `No runs in ${data.runs.logdir} yet. Run "qitos demo" to make one.` }));
+        runsBox.appendChild(el("p", { class: "muted", text: `No runs in ${data.runs.logdir} yet. Make one with: ${data.runs.demo_command}` }));
         return;
       }
       runsBox.appendChild(
@@ -304,7 +336,7 @@
       clear(sessionsBox);
       if (!data.sessions) return;
       if (!data.sessions.available) {
-        sessionsBox.appendChild(el("p", { class: "muted", text: data.sessions.db ? `No session store at ${data.sessions.db}.` : "No session store configured (qitos trace serve --db PATH)." }));
+        sessionsBox.appendChild(el("p", { class: "muted", text: data.sessions.db ? `No session store at ${data.sessions.db}.` : "No session store configured: start the viewer with --db naming one." }));
         return;
       }
       const rows = data.sessions.sessions
@@ -882,16 +914,103 @@
     );
   }
 
+  const ENDED = new Set(["completed", "stopped", "failed"]);
+  const lastAnswer = new Map(); // session id -> the last control answer shown on its page
+
+  // Approve / reject the calls awaiting approval (also a delegated child's, answered through this
+  // session), steer, pause and resume. Each answer is shown under the buttons and the page reloads.
+  function controlsCard(s, ins, reload) {
+    const card = el("section", { class: "card controls", id: "controls" }, el("h2", { text: "Controls" }));
+    if (ENDED.has(s.lifecycle)) {
+      card.appendChild(el("p", { class: "muted small", text: `This session has ended (${s.lifecycle}); fork it to go on.` }));
+      return card;
+    }
+    if (!controlToken()) {
+      card.appendChild(el("p", { class: "notice", text: "The controls need the address qitos trace serve printed (it carries this start's token): open the viewer there." }));
+      return card;
+    }
+    const answer = el("p", { class: "small", id: "control-answer", role: "status" });
+    const shown = lastAnswer.get(s.session_id);
+    if (shown) {
+      answer.textContent = shown.text;
+      answer.className = shown.ok ? "small ok" : "small error";
+    }
+    const run = async (action, body, button) => {
+      if (button) button.disabled = true;
+      const result = await act(s.session_id, action, body);
+      const data = result.data || {};
+      let text;
+      if (!result.ok) text = `${action} refused: ${data.error || result.status}` + (data.command ? ` · ${data.command}` : "");
+      else if (action === "resume") text = `resumed in a new process (pid ${data.pid}): ${data.command} · output: ${data.log}`;
+      else text = `${action}: done` + (data.receipt && data.receipt.position !== undefined ? ` at position ${data.receipt.position}` : "") + (data.next ? ` · then ${data.next}` : "");
+      lastAnswer.set(s.session_id, { ok: result.ok, text });
+      reload(true);
+    };
+    const waiting = ((ins && ins.tool_batch && ins.tool_batch.calls) || []).filter((c) => c.status === "awaiting_approval");
+    if (waiting.length) {
+      card.appendChild(
+        el(
+          "table",
+          { class: "grid approvals" },
+          el("thead", null, el("tr", null, ["call", "tool", "args", "answer"].map((h) => el("th", { text: h })))),
+          el(
+            "tbody",
+            null,
+            waiting.map((c) => {
+              const reason = el("input", { type: "text", class: "reason", placeholder: "reason (the agent reads it)", "aria-label": `reason to reject ${c.call_id}` });
+              const approve = el("button", { type: "button", class: "approve", text: "Approve" });
+              const reject = el("button", { type: "button", class: "reject", text: "Reject" });
+              approve.addEventListener("click", () => run("approve", { call_id: c.call_id }, approve));
+              reject.addEventListener("click", () => run("reject", { call_id: c.call_id, reason: reason.value || null }, reject));
+              return el(
+                "tr",
+                { dataset: { call: c.call_id } },
+                el("td", { class: "mono small", text: c.call_id }, c.session_id ? el("div", { class: "muted small", text: `in delegated ${short(c.session_id, 18)}` }) : null),
+                el("td", { class: "mono", text: c.tool }),
+                el("td", null, longText(c.args, "code small")),
+                el("td", null, approve, " ", reject, " ", reason)
+              );
+            })
+          )
+        )
+      );
+    }
+    const steerText = el("input", { type: "text", id: "steer-text", placeholder: "an instruction the agent takes in at its next boundary", "aria-label": "steering text" });
+    const steer = el("button", { type: "button", id: "steer", text: "Steer" });
+    steer.addEventListener("click", () => {
+      if (steerText.value.trim()) run("steer", { text: steerText.value }, steer);
+    });
+    const pause = el("button", { type: "button", id: "pause", text: "Pause" });
+    pause.addEventListener("click", () => run("pause", {}, pause));
+    const resume = el("button", { type: "button", id: "resume", text: "Resume", disabled: s.lifecycle === "running" });
+    resume.addEventListener("click", () => run("resume", {}, resume));
+    card.appendChild(el("div", { class: "control-row" }, steerText, steer));
+    card.appendChild(el("div", { class: "control-row" }, pause, " ", resume, el("span", { class: "muted small", text: " Resume runs qitos sessions resume in a new process (the viewer itself never imports the agent)." })));
+    card.appendChild(answer);
+    return card;
+  }
+
   function sessionPage(token, sessionId) {
     clear(app);
     app.appendChild(el("p", { class: "muted", text: "Loading session…" }));
-    const load = async () => {
+    let watchUntil = 0; // after a control action, follow the session for a while (a resumed run starts)
+    const load = async (afterAction) => {
+      if (afterAction === true) {
+        watchUntil = Date.now() + 30000;
+        stopPolling();
+      }
       try {
         const d = await api(`/sessions/${encodeURIComponent(sessionId)}`);
         if (token !== routeToken) return;
         clear(app);
         const s = d.session;
         const ins = d.inspection;
+        // A run links to its page only when its trace is in this viewer's trace directory.
+        const traced = new Set(d.traced_runs || []);
+        const runRef = (runId, n) =>
+          traced.has(runId)
+            ? el("a", { href: `#/runs/${encodeURIComponent(runId)}`, class: "mono", text: n ? short(runId, n) : runId })
+            : el("span", { class: "mono muted", text: n ? short(runId, n) : runId || "–", title: "no trace of this run in the viewer's trace directory" });
         app.appendChild(el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / session"));
         app.appendChild(el("div", { class: "title-row" }, el("h1", { class: "mono", text: s.session_id }), badge(s.lifecycle), badge(d.integrity === "verified" ? "verified" : "corrupt", d.integrity === "verified" ? "b-completed" : "b-failed")));
         app.appendChild(
@@ -910,6 +1029,7 @@
             d.inspection_error ? el("p", { class: "notice", text: `Inspection unavailable: ${d.inspection_error}` }) : null
           )
         );
+        app.appendChild(controlsCard(s, ins, load));
         app.appendChild(section("Lineage", el("ul", { class: "tree" }, lineageNode(d.lineage))));
         if (ins) {
           const budget = ins.budget || {};
@@ -933,7 +1053,7 @@
                   el("thead", null, el("tr", null, ["call", "tool", "args", "status", "error"].map((h) => el("th", { text: h })))),
                   el("tbody", null, ins.tool_batch.calls.map((c) => el("tr", null, el("td", { class: "mono small", text: c.call_id }), el("td", { class: "mono", text: c.tool }), el("td", null, longText(c.args, "code small")), el("td", null, badge(c.status)), el("td", { class: "error small", text: c.error || "" }))))
                 ),
-                ins.tool_batch.calls.some((c) => c.status === "awaiting_approval") ? el("p", { class: "small muted", text: `Approve or reject with: qitos sessions approve ${s.session_id} CALL_ID` }) : null
+                ins.tool_batch.calls.some((c) => c.status === "awaiting_approval") ? el("p", { class: "small muted", text: "Answer the calls awaiting approval under Controls above." }) : null
               )
             );
           }
@@ -955,7 +1075,7 @@
                           null,
                           el("td", { class: "mono", text: w.work_item }),
                           el("td", null, w.mode ? badge(w.mode, "b-mode") : "–"),
-                          el("td", null, (w.attempts || []).map((a) => el("div", { class: "small" }, badge(a.outcome), " ", el("a", { href: `#/runs/${encodeURIComponent(a.run_id || "")}`, class: "mono", text: short(a.run_id, 16) }), " ", el("span", { class: "mono muted", text: short(a.snapshot_id, 14), title: a.snapshot_id })))),
+                          el("td", null, (w.attempts || []).map((a) => el("div", { class: "small" }, badge(a.outcome), " ", runRef(a.run_id, 16), " ", el("span", { class: "mono muted", text: short(a.snapshot_id, 14), title: a.snapshot_id })))),
                           el("td", null, (w.tool_calls || []).map((c) => el("div", { class: "small" }, el("span", { class: "mono", text: c.tool }), " ", badge(c.outcome, c.outcome === "ok" ? "b-completed" : "b-failed"))))
                         )
                       )
@@ -977,8 +1097,8 @@
             d.snapshot_count > d.snapshots.length ? el("p", { class: "muted small", text: `… and ${d.snapshot_count - d.snapshots.length} older` }) : null
           )
         );
-        if (d.runs.length) app.appendChild(section("Runs", el("ul", null, d.runs.map((r) => el("li", null, el("a", { href: `#/runs/${encodeURIComponent(r)}`, class: "mono", text: r }))))));
-        const live = s.lifecycle === "running";
+        if (d.runs.length) app.appendChild(section("Runs", el("ul", null, d.runs.map((r) => el("li", null, runRef(r))))));
+        const live = s.lifecycle === "running" || Date.now() < watchUntil;
         if (live) schedule(token, load, POLL_LIVE_MS, true);
         else liveBadge.hidden = true;
       } catch (error) {
