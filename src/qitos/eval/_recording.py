@@ -24,6 +24,7 @@ from qitos.checkpoint.store import CheckpointStore
 from qitos.core.errors import IntegrityError
 from qitos.core.request_view import RequestView
 from qitos.models.base import ModelResponse
+from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.step_journal import restore
 from qitos.sessions.stored_view import view_from_record
 
@@ -89,10 +90,10 @@ def recorded_request(store: CheckpointStore, session_id: str, step: int) -> Requ
     view_id: str | None = None
     found = False
     for snapshot_id in reversed(store.list_session_snapshots(session_id)):
-        payload = store.get_snapshot(snapshot_id).payload
-        if payload.get("request_view"):
-            view_id = str(payload["request_view"])
-        if any(isinstance(s, Mapping) and s.get("step_id") == step for s in payload.get("step") or ()):
+        payload = SnapshotPayload.of(store.get_snapshot(snapshot_id))
+        if payload.request_view:
+            view_id = payload.request_view
+        if any(s.step_id == step for s in payload.steps):
             found = True
             break
     if not found or view_id is None:
