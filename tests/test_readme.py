@@ -5,7 +5,7 @@ Each document's blocks are extracted in order and run in one empty directory, th
 pastes them: python blocks as files run with ``python`` (``file=NAME`` in a
 ``<!-- readme-test: ... -->`` comment right above a block, ``<!-- docs-test: ... -->`` on a docs
 page, names its file, so later blocks can import it), bash blocks line by line (each a ``qitos``
-command). ``expect="TEXT"`` must appear in the block's output. ``server=openai`` starts a real
+command, or ``pytest`` for a page about testing). ``expect="TEXT"`` must appear in the block's output. ``server=openai`` starts a real
 OpenAI-compatible chat server on 127.0.0.1 for the block and points ``OPENAI_BASE_URL`` /
 ``OPENAI_API_KEY`` at it; ``server=otlp`` starts an OTLP/HTTP receiver on 127.0.0.1, sets
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` and checks that spans arrived; ``server=postgres`` sets
@@ -128,7 +128,7 @@ def run_blocks(name: str, blocks: list[Block], cwd: Path, *, postgres: str | Non
         else:
             lines = block.body.splitlines()
             for line in lines:
-                assert line.startswith("qitos "), f"{name} bash block {block.index}: not a qitos command: {line!r}"
+                assert line.startswith(("qitos ", "pytest ")), f"{name} bash block {block.index}: not a command: {line!r}"
             if server == "otlp":
                 with otlp_receiver() as receiver:
                     env = _env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
