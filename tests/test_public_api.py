@@ -9,6 +9,7 @@ import importlib
 import importlib.metadata
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 import tomllib
@@ -176,9 +177,16 @@ def test_star_import_gives_exactly_all() -> None:
     assert set(namespace) - {"__builtins__"} == set(qitos.__all__)
 
 
-def test_version_matches_pyproject_and_the_installed_distribution() -> None:
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
-    assert qitos.__version__ == project["project"]["version"]
+def test_the_version_is_written_once_and_the_installed_distribution_agrees() -> None:
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    source = root / project["tool"]["hatch"]["version"]["path"]
+    assert source.resolve() == (root / "src" / "qitos" / "__init__.py").resolve()
+    assert re.findall(r'^__version__ = "([^"]+)"$', source.read_text(encoding="utf-8"), re.M) == [qitos.__version__]
+    hatchling = pytest.importorskip("hatchling.metadata.core", reason="the dev extra installs hatchling")
+    plugins = pytest.importorskip("hatchling.plugin.manager")
+    assert hatchling.ProjectMetadata(str(root), plugins.PluginManager()).version == qitos.__version__  # what a build writes
     try:
         installed = importlib.metadata.version(project["project"]["name"])
     except importlib.metadata.PackageNotFoundError:
