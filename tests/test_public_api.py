@@ -167,7 +167,7 @@ def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
     assert qitos.compose(Minimal, store=store).runtime.checkpoint_store is store  # SPEC's short alias
     with pytest.raises(ConfigurationError, match="store once"):
         qitos.compose(Minimal, store=store, checkpoint_store=InMemoryCheckpointStore())
-    assert LoggedToolCall is not ToolCall  # the log's record of a call vs the model's returned call
+    assert LoggedToolCall is not ToolCall  # type: ignore[comparison-overlap]  # the log's record of a call vs the model's returned call
     assert not hasattr(importlib.import_module("qitos.core.exchange"), "ToolCall")
 
 
@@ -186,7 +186,9 @@ def test_the_version_is_written_once_and_the_installed_distribution_agrees() -> 
     assert re.findall(r'^__version__ = "([^"]+)"$', source.read_text(encoding="utf-8"), re.M) == [qitos.__version__]
     hatchling = pytest.importorskip("hatchling.metadata.core", reason="the dev extra installs hatchling")
     plugins = pytest.importorskip("hatchling.plugin.manager")
-    assert hatchling.ProjectMetadata(str(root), plugins.PluginManager()).version == qitos.__version__  # what a build writes
+    assert (
+        hatchling.ProjectMetadata(str(root), plugins.PluginManager()).version == qitos.__version__
+    )  # what a build writes
     try:
         installed = importlib.metadata.version(project["project"]["name"])
     except importlib.metadata.PackageNotFoundError:
@@ -220,7 +222,7 @@ def test_kernel_modules_declare_all_with_existing_names_and_a_docstring(module_n
 
 
 def _qitos_imports(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

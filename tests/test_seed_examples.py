@@ -115,7 +115,7 @@ def test_the_seed_task_runs_with_agent_run(tmp_path: Path) -> None:
     result = agent.run(task, return_state=True, trace=False, workspace=str(tmp_path))
     assert isinstance(result, EngineResult)
     assert result.state.final_result == "Done." and result.state.max_steps == 25
-    assert result.task_result.task_id == "research-001"
+    assert result.task_result is not None and result.task_result.task_id == "research-001"
     assert result.task_result.success_criteria == ("Summary covers abstract, methods, and conclusions",)
 
 
@@ -135,16 +135,16 @@ def test_task_budget_and_resource_examples() -> None:
 
 
 def test_the_four_decision_factories() -> None:
-    act = Decision.act(
+    act: Decision[Action] = Decision.act(
         actions=[Action(name="read_file", args={"path": "paper.pdf"})],
         rationale="Need to read the file before summarizing.",
     )
-    final = Decision.final(
+    final: Decision[Action] = Decision.final(
         answer="The paper proposes a novel attention mechanism that reduces memory usage by 40%.",
         rationale="Finished reading all sections.",
     )
-    wait = Decision.wait(rationale="Waiting for environment to reset.")
-    branch = Decision.branch(
+    wait: Decision[Action] = Decision.wait(rationale="Waiting for environment to reset.")
+    branch: Decision[Action] = Decision.branch(
         candidates=[
             Decision.act([Action(name="search", args={"query": "attention mechanism"})]),
             Decision.act([Action(name="read_file", args={"path": "intro.txt"})]),

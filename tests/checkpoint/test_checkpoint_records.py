@@ -140,7 +140,7 @@ def test_a_commit_request_defaults_to_no_blobs_and_no_operation() -> None:
     request = SessionSnapshotCommit(session_id="s", expected_head=None, snapshot=snapshot, lifecycle="created")
     assert (dict(request.blobs), request.operation_id, request.session_metadata) == ({}, None, None)
     with pytest.raises(TypeError):
-        SessionSnapshotCommit("s", None, snapshot, "created")  # type: ignore[misc]
+        SessionSnapshotCommit("s", None, snapshot, "created")  # type: ignore[call-arg]
 
 
 def test_store_errors_pickle_with_their_fields() -> None:

@@ -301,7 +301,7 @@ def test_a_value_of_the_wrong_type_fails_when_encoded_not_when_restored(name: st
 
 
 def test_an_int_in_a_float_field_round_trips_as_an_equal_number() -> None:
-    back = TypedState.from_dict(TypedState(ratio=3).to_dict())  # type: ignore[arg-type]
+    back = TypedState.from_dict(TypedState(ratio=3).to_dict())
     assert back.ratio == 3.0 and type(back.ratio) is float
 
 

@@ -134,7 +134,7 @@ def test_stop_reason_is_a_str_enum_with_every_spec_value() -> None:
         "unrecoverable_error",
     }
     assert expected <= {r.value for r in StopReason}
-    assert StopReason.FINAL == "final" and isinstance(StopReason.FINAL, str)
+    assert StopReason.FINAL == "final" and isinstance(StopReason.FINAL, str)  # type: ignore[comparison-overlap]
 
 
 # --------------------------------------------------------------------------- change tracking
@@ -207,7 +207,7 @@ def test_changes_to_optional_containers_are_encoded_with_their_item_types() -> N
 def test_a_wrong_typed_item_fails_when_drained_naming_its_path() -> None:
     state = OptionalContainers(numbers=[1])
     state.drain_changes()
-    state.numbers.append("2")  # type: ignore[union-attr]
+    state.numbers.append("2")  # type: ignore[union-attr,arg-type]
     with pytest.raises(CodecError) as info:
         state.drain_changes()
     assert info.value.path == "state.numbers[1]"

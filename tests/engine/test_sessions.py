@@ -19,7 +19,9 @@ import pytest
 import driven
 import session_agents as sa
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.packing import unpack, zstd
+
+# the zstd module packing compresses with (the standard library's or its backport, whichever is present)
+from qitos.checkpoint.packing import unpack, zstd  # type: ignore[attr-defined]
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
 from qitos.core.agent_module import AgentModule

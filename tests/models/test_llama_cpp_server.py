@@ -226,7 +226,7 @@ def test_the_server_rejects_null_assistant_content_which_is_why_qitos_sends_an_e
     llama_server: LlamaCppServer,
 ) -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
-    body = {
+    body: dict[str, Any] = {
         "model": "smollm2-135m",
         "max_tokens": 8,
         "messages": [
@@ -354,5 +354,7 @@ def test_a_token_budget_stops_a_streamed_run_although_the_server_reports_no_usag
 
     assert result.state.stop_reason == StopReason.BUDGET_TOKENS.value
     assert result.step_count == 1
-    usage = result.records[0].model["response"]["usage"]
+    model = result.records[0].model
+    assert model is not None
+    usage = model["response"]["usage"]
     assert usage["estimated"] is True and usage["input_tokens"] > 5

@@ -487,7 +487,7 @@ def test_developer_messages_go_out_in_the_configured_role_and_the_target_is_decl
 
 
 def test_an_assistant_tool_call_message_is_sent_with_empty_content_not_null() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "add"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 1}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "1"},
