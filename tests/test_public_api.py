@@ -1,4 +1,4 @@
-"""The public surface: the root namespace (SPEC section 0's seed names plus a few curated ones),
+"""The public surface: the root namespace (the kernel's core names plus a few curated ones),
 ``qitos.models``, ``qitos.checkpoint`` and ``qitos.tools``; each name is the canonical object, and
 the imports stay light."""
 
@@ -34,7 +34,7 @@ ROOT_NAMES = {
     "tool",
     "ToolRegistry",
     "compose",
-    # curated beyond SPEC section 0: what a user needs next to the seed names
+    # curated beyond the core names: what a user needs next to them
     "Observation",
     "RuntimeBudget",
     "RunFailedError",
@@ -159,12 +159,12 @@ def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
             return state
 
     model = ScriptedModel(["hi"])
-    assert Minimal(model=model).llm is model and Minimal(llm=model).llm is model  # llm= is seed 004's alias
+    assert Minimal(model=model).llm is model and Minimal(llm=model).llm is model  # llm= is model='s alias
     with pytest.raises(ConfigurationError, match="model once"):
         Minimal(model=model, llm=ScriptedModel(["x"]))
     store = InMemoryCheckpointStore()
     assert qitos.compose(Minimal, checkpoint_store=store).runtime.checkpoint_store is store
-    assert qitos.compose(Minimal, store=store).runtime.checkpoint_store is store  # SPEC's short alias
+    assert qitos.compose(Minimal, store=store).runtime.checkpoint_store is store  # the short alias
     with pytest.raises(ConfigurationError, match="store once"):
         qitos.compose(Minimal, store=store, checkpoint_store=InMemoryCheckpointStore())
     assert LoggedToolCall is not ToolCall  # type: ignore[comparison-overlap]  # the log's record of a call vs the model's returned call

@@ -1,5 +1,5 @@
-"""The code examples and signatures of seeds 002 (State and Task) and 004 (AgentModule, Engine, AsyncEngine),
-run as written."""
+"""The documented code examples and signatures of the core API (State and Task; AgentModule, Engine,
+AsyncEngine), run as written."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from qitos import (
 from qitos.engine.events import EngineEvent, EngineEventType, EventStream
 from qitos.models.scripted import ScriptedModel
 
-# --------------------------------------------------------------------------- seed 002
+# --------------------------------------------------------------------------- state and task
 
 
 @dataclass
@@ -154,7 +154,7 @@ def test_the_four_decision_factories() -> None:
     assert [d.mode for d in (act, final, wait, branch)] == ["act", "final", "wait", "branch"]
 
 
-# --------------------------------------------------------------------------- seed 004
+# --------------------------------------------------------------------------- agent and engine
 
 
 def test_agent_module_constructor_matches_the_seed() -> None:
@@ -208,7 +208,7 @@ SEED_RUN_PARAMETERS = [
 ]
 
 
-# Parameters qitos adds after the seed's, in order (each from an issue): otel (issue 18).
+# Parameters qitos adds after the documented ones, in order: otel.
 ADDED_RUN_PARAMETERS = [("otel", None)]
 
 

@@ -1,4 +1,4 @@
-"""AgentModule (seed 004): its constructor parameters act or are refused; run() reports failures."""
+"""AgentModule: its constructor parameters act or are refused; run() reports failures."""
 
 from __future__ import annotations
 

@@ -373,7 +373,7 @@ def test_a_long_list_of_scalars_decodes_to_a_copy_and_still_rejects_a_wrong_item
     assert decode_value(["x", 1], list[Any]) == ["x", 1]
 
 
-# --------------------------------------------------------------------------- bad input (issue 16)
+# --------------------------------------------------------------------------- bad input
 
 
 def test_canonical_json_escapes_lone_surrogates_so_the_text_encodes_and_reads_back_the_same() -> None:

@@ -1,4 +1,4 @@
-"""Decision and Action (seed 002): the four validating factories and their JSON form."""
+"""Decision and Action: the four validating factories and their JSON form."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""StateSchema (seed 002): built-in fields, validation, set_stop, and incremental change tracking."""
+"""StateSchema: built-in fields, validation, set_stop, and incremental change tracking."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``ToolRegistry.acall`` makes exactly the checks ``call`` makes (issue 13): arguments, output cap,
+"""``ToolRegistry.acall`` makes exactly the checks ``call`` makes: arguments, output cap,
 output text form; an ``async def`` tool gets its schema like a sync one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The async driver (issue 13): many runs on one event loop, awaited models and tools, a bounded
+"""The async driver: many runs on one event loop, awaited models and tools, a bounded
 executor for sync tools, cancellation of one run among many, backpressure on a slow stream consumer.
 """
 

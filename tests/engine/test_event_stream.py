@@ -1,4 +1,4 @@
-"""EventStream (seed 004): thread-safe emit, fan-out subscribe, a slow consumer never blocks anyone."""
+"""EventStream: thread-safe emit, fan-out subscribe, a slow consumer never blocks anyone."""
 
 from __future__ import annotations
 

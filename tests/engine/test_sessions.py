@@ -1,4 +1,4 @@
-"""Durable sessions in one process, on real SQLite files (SPEC section 3, seed 001).
+"""Durable sessions in one process, on real SQLite files.
 
 Fork, retention, durability modes, integrity checks and storage growth. The cross-process and
 crash tests are in ``test_session_processes.py`` and ``test_session_crash.py``.

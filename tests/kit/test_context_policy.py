@@ -1,4 +1,4 @@
-"""Declarative ContextPolicy (seed 003): validate, reduce and audit, with receipts and paths."""
+"""Declarative ContextPolicy: validate, reduce and audit, with receipts and paths."""
 
 from __future__ import annotations
 

@@ -202,7 +202,7 @@ def test_a_plain_answer_has_text_a_finish_reason_and_the_servers_usage(llama_ser
 
 def test_native_tool_calls_over_several_turns(llama_server: LlamaCppServer) -> None:
     # Every turn after the first sends the assistant's tool-call message back: with content null,
-    # this server answers 500 (the bug of issue 15); with "" it answers.
+    # this server answers 500; with "" it answers.
     model = model_for(llama_server)
     log, exchange_id = fresh_log()
 

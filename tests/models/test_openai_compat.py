@@ -483,7 +483,7 @@ def test_developer_messages_go_out_in_the_configured_role_and_the_target_is_decl
     assert model.url == "http://127.0.0.1:9/v1/chat/completions"
 
 
-# --------------------------------------------------------------------------- issue 15: real-server compatibility
+# --------------------------------------------------------------------------- real-server compatibility
 
 
 def test_an_assistant_tool_call_message_is_sent_with_empty_content_not_null() -> None:

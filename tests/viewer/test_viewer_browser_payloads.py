@@ -1,5 +1,5 @@
 """Script payloads stored in sessions render as text on the viewer's pages, in a real headless
-browser (regression for issue 16's 9 pages x 8 payloads), over the store of ``hostile_support``."""
+browser (every page x every payload), over the store of ``hostile_support``."""
 
 from __future__ import annotations
 
