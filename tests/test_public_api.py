@@ -119,6 +119,7 @@ SURFACES = {
         "tool": "qitos.core.tool",
         "workspace_tools": "qitos.kit.tools.files",
     },
+    "qitos.testing": {"CheckpointStoreConformance": "qitos.testing.conformance"},
 }
 
 

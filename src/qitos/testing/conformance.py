@@ -1,4 +1,4 @@
-"""The conformance suite every ``CheckpointStore`` must pass: 52 tests of the store contract.
+"""The conformance suite every ``CheckpointStore`` must pass: the store contract, test by test.
 
 A store written outside qitos proves itself with one import. Subclass
 :class:`CheckpointStoreConformance` in a test module under a ``Test`` name and give it a ``store``
