@@ -15,9 +15,11 @@ The effects:
 ``ModelCall``      one model request (``complete`` / awaited ``acomplete``), with the stream
                    callback and the adapter-event listener the model path wants.
 ``ToolCall``       one tool call through the registry (``call`` / ``acall``).
+``StartedToolCall`` a durable step's call that is not idempotent: its start is recorded when it
+                   begins (``qitos.engine._call_start``).
 ``ToolBatch``      several concurrency-safe calls of one decision run together (threads / the event
-                   loop), at most ``limit`` at a time; results in the decision's order, each handed
-                   to the journal as it arrives.
+                   loop), at most ``limit`` at a time; results in the decision's order, each kept
+                   as it arrives; starts recorded as for ``StartedToolCall``.
 ``JournalCall``    one journal operation that may touch the store (``op`` / awaited ``a<op>``).
 ``BlockingCall``   any other blocking function (an Env's ``reset``/``step``): called directly, or
                    run in the bounded executor.
@@ -39,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 
 from qitos.core.decision import Action
 from qitos.core.tool import ToolRegistry, ToolResult
+from qitos.engine._call_start import RecordedStart, StepResults
 
 __all__ = [
     "BOUNDARY",
@@ -48,6 +51,7 @@ __all__ = [
     "JournalCall",
     "Loop",
     "ModelCall",
+    "StartedToolCall",
     "ToolBatch",
     "ToolCall",
 ]
@@ -172,16 +176,23 @@ class ToolCall(Effect):
         return await self.registry.acall(self.name, self.args, call_id=self.call_id, executor=services.executor)
 
 
-class ResultRecorder(Protocol):
-    """Where a batch's results go as they arrive (a durable journal's pending writes)."""
+class StartedToolCall(ToolCall):
+    """A durable step's call that is not idempotent: ``start`` records it when it begins."""
 
-    def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        """Persist one result (sync driver)."""
-        ...
+    __slots__ = ("results", "start")
 
-    async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
-        """Persist one result (async driver)."""
-        ...
+    def __init__(self, registry: ToolRegistry, action: Action, start: RecordedStart, results: StepResults) -> None:
+        super().__init__(registry, action.name, action.args, action.id)
+        self.start = start
+        self.results = results
+
+    def perform(self) -> Any:
+        return self.registry.call(self.name, self.args, call_id=self.call_id, start=self.start)
+
+    async def aperform(self, services: AsyncServices) -> Any:
+        return await self.registry.acall(
+            self.name, self.args, call_id=self.call_id, executor=services.executor, start=self.start
+        )
 
 
 class ToolBatch(Effect):
@@ -189,11 +200,13 @@ class ToolBatch(Effect):
 
     The sync driver runs them on threads (a process-wide pool kept for batches), the async driver
     awaits them on the event loop (sync tools in its bounded executor); either way at most
-    ``limit`` calls are in flight. Each result is handed to ``recorder`` (with ``step_id``) in the
-    driving thread as soon as it arrives, so a crash loses only the calls still running.
+    ``limit`` calls are in flight. Each result is kept in ``results`` in the driving thread as soon
+    as it arrives, so a crash loses only the calls still running. ``starts`` records, per call id,
+    the start of a call that is not idempotent when it begins (not while it waits for a slot or a
+    thread).
     """
 
-    __slots__ = ("actions", "limit", "recorder", "registry", "step_id")
+    __slots__ = ("actions", "limit", "registry", "results", "starts")
 
     def __init__(
         self,
@@ -201,17 +214,17 @@ class ToolBatch(Effect):
         actions: Sequence[Action],
         *,
         limit: int,
-        recorder: ResultRecorder | None = None,
-        step_id: int = 0,
+        results: StepResults | None = None,
+        starts: Mapping[str, RecordedStart] | None = None,
     ) -> None:
         self.registry = registry
         self.actions = tuple(actions)
         self.limit = max(1, limit)
-        self.recorder = recorder
-        self.step_id = step_id
+        self.results = results
+        self.starts = starts or {}
 
     def perform(self) -> list[ToolResult]:
-        registry, actions, recorder = self.registry, self.actions, self.recorder
+        registry, actions, keep, starts = self.registry, self.actions, self.results, self.starts
         results: list[ToolResult | None] = [None] * len(actions)
         pool = _batch_pool()
         waiting = list(range(len(actions)))
@@ -221,24 +234,28 @@ class ToolBatch(Effect):
             while waiting and len(running) < self.limit:
                 index = waiting.pop()
                 action = actions[index]
-                running[pool.submit(registry.call, action.name, action.args, call_id=action.id)] = index
+                start = starts.get(action.id)
+                running[pool.submit(registry.call, action.name, action.args, call_id=action.id, start=start)] = index
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
                 index = running.pop(future)
                 result = results[index] = future.result()
-                if recorder is not None:
-                    recorder.record_tool_result(self.step_id, result)
+                if keep is not None:
+                    keep.keep(result)
         return [r for r in results if r is not None]
 
     async def aperform(self, services: AsyncServices) -> list[ToolResult]:
-        registry, actions, recorder = self.registry, self.actions, self.recorder
+        registry, actions, keep, starts = self.registry, self.actions, self.results, self.starts
         gate = asyncio.Semaphore(self.limit)
         executor = services.executor
 
         async def one(index: int) -> tuple[int, ToolResult]:
             action = actions[index]
             async with gate:
-                return index, await registry.acall(action.name, action.args, call_id=action.id, executor=executor)
+                start = starts.get(action.id)
+                return index, await registry.acall(
+                    action.name, action.args, call_id=action.id, executor=executor, start=start
+                )
 
         tasks = [asyncio.ensure_future(one(i)) for i in range(len(actions))]
         results: list[ToolResult | None] = [None] * len(actions)
@@ -246,8 +263,8 @@ class ToolBatch(Effect):
             for next_done in asyncio.as_completed(tasks):
                 index, result = await next_done
                 results[index] = result
-                if recorder is not None:
-                    await recorder.arecord_tool_result(self.step_id, result)
+                if keep is not None:
+                    keep.keep(result)
         finally:
             for task in tasks:
                 task.cancel()

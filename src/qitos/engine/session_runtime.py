@@ -15,8 +15,9 @@ Crash safety, at the fewest write transactions that keep it (store "pending writ
 head the step started from):
 
 - a model's decision is written as soon as it is made (its output is never requested twice);
-- a non-idempotent call's intent is written before it runs, together with a decision made without
-  a model (free to make again) and any results still waiting;
+- a non-idempotent call's intent is written when the call begins (in the thread that runs a sync
+  tool, not while the call waits for one; see ``qitos.engine._call_start``), together with a
+  decision made without a model (free to make again) and any results still waiting;
 - an idempotent call needs no intent: a restore runs it again;
 - a non-idempotent call's result is written before the step's next call starts; the result of the
   step's last call rides with the step's boundary, which holds the whole outcome.
