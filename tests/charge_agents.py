@@ -163,9 +163,14 @@ def _summary(result: Any) -> dict[str, Any]:
     return {"stop_reason": state.stop_reason, "observed": list(state.observed)}
 
 
-async def _run_all(composition: Composition, ids: list[str]) -> dict[str, Any]:
+async def _run_all(composition: Composition, ids: list[str], first_holds: str | None = None) -> dict[str, Any]:
     sessions = [await composition.arestore(sid) for sid in ids]
-    results = await asyncio.gather(*(session.arun() for session in sessions))
+    runs = [asyncio.ensure_future(sessions[0].arun())]
+    if first_holds:  # the others start once the first session's held call has begun
+        while not os.path.exists(first_holds):
+            await asyncio.sleep(0.005)
+    runs.extend(asyncio.ensure_future(session.arun()) for session in sessions[1:])
+    results = await asyncio.gather(*runs)
     return {sid: _summary(result) for sid, result in zip(ids, results, strict=True)}
 
 
@@ -173,7 +178,8 @@ def main(argv: list[str]) -> int:
     """``create --db DB --ledger L --task A [--calls N]`` prints ``{"session_id": ...}``;
     ``run --db DB --ledger L --ids ID,ID [--workers N] [--parallel N] [--hold CALL] [--sleep S]
     [--async-tool] [--sync]`` runs those sessions at once with ``Session.arun`` (one after another
-    with ``Session.run`` given ``--sync``) and prints their summaries."""
+    with ``Session.run`` given ``--sync``) and prints their summaries. With ``--hold``, the sessions
+    after the first start once the first held call has begun."""
     parser = argparse.ArgumentParser(prog="charge_agents")
     parser.add_argument("command", choices=("create", "run"))
     parser.add_argument("--db", required=True)
@@ -204,7 +210,8 @@ def main(argv: list[str]) -> int:
         ids = args.ids.split(",")
         print(json.dumps({sid: _summary(composition.restore(sid).run()) for sid in ids}))
     else:
-        print(json.dumps(asyncio.run(_run_all(composition, args.ids.split(",")))))
+        first_holds = f"{args.ledger}.held-{args.hold.split(',')[0]}" if args.hold else None
+        print(json.dumps(asyncio.run(_run_all(composition, args.ids.split(","), first_holds))))
     composition.runtime.checkpoint_store.close()
     return 0
 

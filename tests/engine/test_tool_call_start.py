@@ -2,12 +2,14 @@
 
 Sync tools of async runs wait for a thread of a bounded executor, and the calls of one decision
 beyond ``max_parallel_tools`` wait for a slot. A call that waits has not begun: a crash (kill -9)
-while it waits must leave it to run on resume, never report it ``interrupted``.
-Each case runs on SQLite and on PostgreSQL, the crashes in real processes.
+or a cancellation while it waits must leave it to run on resume, never report it ``interrupted``.
+A call that has begun and finishes while its run is being cancelled keeps its result. Each case
+runs on SQLite and on PostgreSQL, the crashes in real processes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections import Counter
@@ -139,3 +141,87 @@ def test_a_crash_while_calls_of_a_decision_wait_for_a_slot_leaves_them_to_run_on
     seen = _resume(db, ledger, [c], "--parallel", "2", *mode)
     assert seen[c] == {"C-0": "interrupted", "C-1": "interrupted", "C-2": "ok", "C-3": "ok"}
     assert _begun(ledger) == Counter({"C-0": 1, "C-1": 1, "C-2": 1, "C-3": 1})
+
+
+def _cancel_when(tasks: list[asyncio.Task[Any]], ready: Any) -> Any:
+    async def cancel() -> list[Any]:
+        while not ready():
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        for task in tasks:
+            task.cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    return cancel()
+
+
+def test_cancelling_arun_keeps_a_call_that_finishes_meanwhile_and_leaves_a_queued_call_to_run(
+    db: str, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    a, b = _create(db, ledger, "A", "B")
+    composition = ca.charge_composition(db, str(ledger), workers=1, sleep=0.5)
+
+    async def main() -> list[Any]:
+        first, second = [await composition.arestore(sid) for sid in (a, b)]
+        tasks = [asyncio.create_task(first.arun())]
+        while "begin A-0" not in ca.ledger(ledger):  # A's call holds the only thread
+            await asyncio.sleep(0.005)
+        tasks.append(asyncio.create_task(second.arun()))
+        return await _cancel_when(tasks, lambda: "decide B" in ca.ledger(ledger))
+
+    outcomes = asyncio.run(main())
+    composition.runtime.checkpoint_store.close()
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert ca.ledger(ledger).count("end A-0") == 1  # the running call finished; B's never began
+    assert _begun(ledger) == Counter({"A-0": 1})
+
+    seen = _resume(db, ledger, [a, b], "--workers", "1")
+    assert seen[a] == {"A-0": "ok"}  # its result was kept: it is not interrupted, nor run again
+    assert seen[b] == {"B-0": "ok"}
+    assert _begun(ledger) == Counter({"A-0": 1, "B-0": 1})
+
+
+def test_cancelling_arun_mid_batch_keeps_the_finished_calls_and_runs_the_waiting_ones_on_resume(
+    db: str, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    (c,) = _create(db, ledger, "C", calls=4)
+    composition = ca.charge_composition(db, str(ledger), parallel=2, sleep=0.5)
+
+    async def main() -> list[Any]:
+        session = await composition.arestore(c)
+        tasks = [asyncio.create_task(session.arun())]
+        return await _cancel_when(tasks, lambda: _begun(ledger) == Counter({"C-0": 1, "C-1": 1}))
+
+    outcomes = asyncio.run(main())
+    composition.runtime.checkpoint_store.close()
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert _begun(ledger) == Counter({"C-0": 1, "C-1": 1})
+    assert "end C-0" in ca.ledger(ledger) and "end C-1" in ca.ledger(ledger)
+
+    seen = _resume(db, ledger, [c], "--parallel", "2")
+    assert seen[c] == {"C-0": "ok", "C-1": "ok", "C-2": "ok", "C-3": "ok"}
+    assert _begun(ledger) == Counter({"C-0": 1, "C-1": 1, "C-2": 1, "C-3": 1})
+
+
+def test_cancelling_arun_during_an_async_tool_reports_it_interrupted_and_runs_nothing_twice(
+    db: str, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    (a,) = _create(db, ledger, "A")
+    composition = ca.charge_composition(db, str(ledger), sleep=5.0, async_tool=True)
+
+    async def main() -> list[Any]:
+        session = await composition.arestore(a)
+        tasks = [asyncio.create_task(session.arun())]
+        return await _cancel_when(tasks, lambda: "begin A-0" in ca.ledger(ledger))
+
+    outcomes = asyncio.run(main())
+    composition.runtime.checkpoint_store.close()
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert "end A-0" not in ca.ledger(ledger)  # an awaited tool is cancelled with its run
+
+    seen = _resume(db, ledger, [a], "--async-tool")
+    assert seen[a] == {"A-0": "interrupted"}  # it began: not run again
+    assert _begun(ledger) == Counter({"A-0": 1})

@@ -16,7 +16,9 @@ The effects:
                    callback and the adapter-event listener the model path wants.
 ``ToolCall``       one tool call through the registry (``call`` / ``acall``).
 ``StartedToolCall`` a durable step's call that is not idempotent: its start is recorded when it
-                   begins (``qitos.engine._call_start``).
+                   begins (``qitos.engine._call_start``); the async driver's cancellation leaves it
+                   to run on resume if it has not begun, and waits for its result if it runs in a
+                   thread.
 ``ToolBatch``      several concurrency-safe calls of one decision run together (threads / the event
                    loop), at most ``limit`` at a time; results in the decision's order, each kept
                    as it arrives; starts recorded as for ``StartedToolCall``.
@@ -41,7 +43,7 @@ from typing import Any, Protocol, TypeVar
 
 from qitos.core.decision import Action
 from qitos.core.tool import ToolRegistry, ToolResult
-from qitos.engine._call_start import RecordedStart, StepResults
+from qitos.engine._call_start import RecordedStart, StepResults, outlast_cancel
 
 __all__ = [
     "BOUNDARY",
@@ -177,7 +179,13 @@ class ToolCall(Effect):
 
 
 class StartedToolCall(ToolCall):
-    """A durable step's call that is not idempotent: ``start`` records it when it begins."""
+    """A durable step's call that is not idempotent: ``start`` records it when it begins.
+
+    Cancelled on the async driver before the call began, the call is given up (it runs on resume);
+    begun in an executor thread, where it cannot be interrupted, it is waited for and its result
+    kept in ``results`` (the stop's boundary makes it durable); an ``async def`` tool is cancelled.
+    Either way the ``CancelledError`` then reaches the driver.
+    """
 
     __slots__ = ("results", "start")
 
@@ -190,9 +198,18 @@ class StartedToolCall(ToolCall):
         return self.registry.call(self.name, self.args, call_id=self.call_id, start=self.start)
 
     async def aperform(self, services: AsyncServices) -> Any:
-        return await self.registry.acall(
-            self.name, self.args, call_id=self.call_id, executor=services.executor, start=self.start
+        start = self.start
+        call = asyncio.ensure_future(
+            self.registry.acall(self.name, self.args, call_id=self.call_id, executor=services.executor, start=start)
         )
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            if start.abandon() or not start.runs_in_thread:
+                call.cancel()
+                raise
+            self.results.keep(await outlast_cancel(call))
+            raise
 
 
 class ToolBatch(Effect):
@@ -203,7 +220,7 @@ class ToolBatch(Effect):
     ``limit`` calls are in flight. Each result is kept in ``results`` in the driving thread as soon
     as it arrives, so a crash loses only the calls still running. ``starts`` records, per call id,
     the start of a call that is not idempotent when it begins (not while it waits for a slot or a
-    thread).
+    thread); cancelled, the batch treats each call as ``StartedToolCall`` does.
     """
 
     __slots__ = ("actions", "limit", "registry", "results", "starts")
@@ -265,10 +282,33 @@ class ToolBatch(Effect):
                 results[index] = result
                 if keep is not None:
                     keep.keep(result)
+        except asyncio.CancelledError:
+            await self._settle(tasks, results)
+            raise
         finally:
             for task in tasks:
                 task.cancel()
         return [r for r in results if r is not None]
+
+    async def _settle(
+        self, tasks: list[asyncio.Task[tuple[int, ToolResult]]], results: list[ToolResult | None]
+    ) -> None:
+        """The batch is cancelled: give up the calls not begun, wait for those running in threads."""
+        keep = self.results
+        running: list[asyncio.Task[tuple[int, ToolResult]]] = []
+        for index, task in enumerate(tasks):
+            start = self.starts.get(self.actions[index].id)
+            if task.done():
+                if results[index] is None and not task.cancelled() and task.exception() is None and keep is not None:
+                    keep.keep(task.result()[1])  # finished before it was taken in
+            elif start is not None and not start.abandon() and start.runs_in_thread:
+                running.append(task)
+            else:
+                task.cancel()
+        for task in running:
+            _, result = await outlast_cancel(task)
+            if keep is not None:
+                keep.keep(result)
 
 
 _BATCH_POOL: concurrent.futures.ThreadPoolExecutor | None = None
