@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import open_store
 from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Action, Decision, Observation
@@ -138,7 +139,7 @@ def observed(summary: dict[str, Any]) -> dict[str, str]:
 
 
 def charge_composition(
-    db: str,
+    db: str | CheckpointStore,
     ledger_path: str,
     *,
     workers: int | None = None,
@@ -148,10 +149,10 @@ def charge_composition(
     async_tool: bool = False,
     lease_ttl: float = 30.0,
 ) -> Composition:
-    """A composition of ``ChargeAgent`` over the store ``db`` names (a SQLite file or a DSN)."""
+    """A composition of ``ChargeAgent`` over the store ``db`` (or the one it names: a SQLite file or a DSN)."""
     return compose(
         agent=lambda: ChargeAgent(ledger_path, hold=hold, sleep=sleep, async_tool=async_tool),
-        store=open_store(db),
+        store=open_store(db) if isinstance(db, str) else db,
         tool_workers=workers,
         max_parallel_tools=parallel,
         lease_ttl=lease_ttl,

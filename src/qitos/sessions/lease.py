@@ -5,7 +5,9 @@ A session has one owner at a time (SPEC section 3). ``Session.run`` takes the st
 runner gets :class:`~qitos.core.errors.SessionBusyError` and runs nothing. While the run goes on the
 keeper renews the lease: whenever the journal touches the store and a third of the lease has passed,
 and from a heartbeat (a daemon thread for the sync driver, a task for the async one) so a long model
-or tool call does not let it lapse. Every commit and pending write carries the lease's fencing token
+or tool call does not let it lapse. A renewal that fails on the store (a dropped connection, a
+server restart) is retried with backoff until one succeeds or the store says the lease is gone;
+only then does the heartbeat stop. Every commit and pending write carries the lease's fencing token
 and the store refuses a stale one; a runner that lost the lease (it stalled past the expiry, or
 another runner took over) can therefore never record a step or start a tool, and the keeper raises
 :class:`~qitos.core.errors.LeaseLostError` at its next store operation. At the end the lease is
@@ -29,6 +31,8 @@ __all__ = ["DEFAULT_LEASE_TTL", "LeaseKeeper", "holder_is_dead", "runner_id"]
 
 DEFAULT_LEASE_TTL = 30.0
 """Seconds a lease lasts without renewal: how long a dead runner's session waits before another may take it."""
+
+_RETRY_FIRST = 0.05  # seconds before a failed renewal is tried again, doubling up to a sixth of the lease
 
 
 def runner_id() -> str:
@@ -161,11 +165,16 @@ class LeaseKeeper:
                 self.store.release_lease(lease)
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.ttl_seconds / 3):
+        wait = self.ttl_seconds / 3
+        while not self._stop.wait(wait):
             try:
                 self.renew()
+            except LeaseLostError:
+                return  # remembered by renew: every later check raises it
             except CheckpointError:
-                return  # remembered by renew (lost) or retried by the next check (a store hiccup)
+                wait = self._retry_after(wait)  # a store hiccup: the lease may well still be ours
+            else:
+                wait = self.ttl_seconds / 3
 
     # ---- async
 
@@ -220,12 +229,26 @@ class LeaseKeeper:
                 await self.store.arelease_lease(lease)
 
     async def _abeat(self) -> None:
+        wait = self.ttl_seconds / 3
         while True:
-            await asyncio.sleep(self.ttl_seconds / 3)
+            await asyncio.sleep(wait)
             try:
                 await self.arenew()
-            except CheckpointError:
+            except LeaseLostError:
                 return
+            except CheckpointError:
+                wait = self._retry_after(wait)
+            else:
+                wait = self.ttl_seconds / 3
+
+    def _retry_after(self, last_wait: float) -> float:
+        """How long to wait before retrying a renewal that failed on the store: the first retry soon,
+        then twice as long each time, at most a sixth of the lease (so several tries fit before it
+        would expire). The retries go on until a renewal succeeds or the store answers that the
+        lease is gone (expired or taken over): only the store knows when it actually expired."""
+        if last_wait >= self.ttl_seconds / 3:  # the first failure since the last renewal
+            return min(_RETRY_FIRST, self.ttl_seconds / 6)
+        return min(2 * last_wait, self.ttl_seconds / 6)
 
     # ---- internals
 
