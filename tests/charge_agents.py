@@ -13,7 +13,8 @@ Every call writes ``begin <call> <pid>`` before its work and ``end <call> <pid>`
 ledger file, so a call that ran twice, or never, is visible afterwards. ``hold=<call id>`` makes that
 call hang after its ``begin`` line (the first time it runs), having written ``<ledger>.held-<call>``
 (``hold`` may name several calls, comma-separated): a test waits for it, then kills the process.
-``decide`` writes ``decide <task>`` to the ledger.
+``decide`` writes ``decide <task>`` to the ledger; ``after_begin(call)``, if given, runs after a call's
+``begin`` line.
 
 ``python -m charge_agents create|run ...`` (see :func:`main`) creates sessions or runs them all at
 once with ``Session.arun`` in one process; each prints one JSON object.
@@ -27,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,13 +68,23 @@ def ledger(path: str | Path) -> list[str]:
 class ChargeTools:
     """The charging tools (see the module docstring)."""
 
-    def __init__(self, ledger_path: str, *, hold: str | None = None, sleep: float = 0.0) -> None:
+    def __init__(
+        self,
+        ledger_path: str,
+        *,
+        hold: str | None = None,
+        sleep: float = 0.0,
+        after_begin: Callable[[str], None] | None = None,
+    ) -> None:
         self.ledger = ledger_path
         self.hold = set(hold.split(",")) if hold else set()
         self.sleep = sleep
+        self.after_begin = after_begin
 
     def _work(self, call: str) -> None:
         _write(self.ledger, f"begin {call} {os.getpid()}")
+        if self.after_begin is not None:
+            self.after_begin(call)
         marker = f"{self.ledger}.held-{call}"
         if call in self.hold and not os.path.exists(marker):
             Path(marker).write_text(str(os.getpid()), encoding="utf-8")
@@ -110,9 +122,17 @@ class ChargeTools:
 class ChargeAgent(AgentModule[ChargeState, Observation, Action]):
     """Charge the task's name ``calls`` times in one decision, then answer."""
 
-    def __init__(self, ledger_path: str, *, hold: str | None = None, sleep: float = 0.0, async_tool: bool = False):
+    def __init__(
+        self,
+        ledger_path: str,
+        *,
+        hold: str | None = None,
+        sleep: float = 0.0,
+        async_tool: bool = False,
+        after_begin: Callable[[str], None] | None = None,
+    ):
         registry = ToolRegistry()
-        registry.include(ChargeTools(ledger_path, hold=hold, sleep=sleep))
+        registry.include(ChargeTools(ledger_path, hold=hold, sleep=sleep, after_begin=after_begin))
         super().__init__(tool_registry=registry)
         self.ledger = ledger_path
         self.tool_name = "acharge" if async_tool else "charge"
@@ -148,10 +168,11 @@ def charge_composition(
     sleep: float = 0.0,
     async_tool: bool = False,
     lease_ttl: float = 30.0,
+    after_begin: Callable[[str], None] | None = None,
 ) -> Composition:
     """A composition of ``ChargeAgent`` over the store ``db`` (or the one it names: a SQLite file or a DSN)."""
     return compose(
-        agent=lambda: ChargeAgent(ledger_path, hold=hold, sleep=sleep, async_tool=async_tool),
+        agent=lambda: ChargeAgent(ledger_path, hold=hold, sleep=sleep, async_tool=async_tool, after_begin=after_begin),
         store=open_store(db) if isinstance(db, str) else db,
         tool_workers=workers,
         max_parallel_tools=parallel,

@@ -39,7 +39,7 @@ from typing import Any, Generic, TypeVar
 
 from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError, ContextError, UsageError
+from qitos.core.errors import CheckpointError, ConfigurationError, ContextError, UsageError
 from qitos.core.identity import RunIdentity
 from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.state import StateSchema, StopReason
@@ -371,6 +371,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             run.error = f"interrupted by {type(exc).__name__}"
         except Exception as exc:
             stop = StopReason.UNRECOVERABLE_ERROR
+            if isinstance(exc, CheckpointError) and run.journal.durable:
+                # The store failed under the run (a lost connection, a write refused to a fenced-off
+                # runner): no outcome of the session's, so none is committed. The session stays at
+                # its last durable boundary and pending writes, for a later run to resume, and the
+                # error reaches the caller.
+                raised = exc
             run.error = f"{type(exc).__name__}: {exc}"
             run.emit(
                 EngineEvent(
@@ -384,7 +390,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             )
         finally:
             self._active.discard(run)
-        result = yield from self._finish(run, stop, writer)
+        result = yield from self._finish(run, stop, writer, commit_stop=not isinstance(raised, CheckpointError))
         if raised is not None:
             raise raised
         return result
@@ -1062,7 +1068,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
     # ------------------------------------------------------------------ end of run
 
     def _finish(
-        self, run: RunContext, stop: StopReason | None, writer: TraceWriter | None
+        self, run: RunContext, stop: StopReason | None, writer: TraceWriter | None, *, commit_stop: bool = True
     ) -> Loop[EngineResult[StateT]]:
         state = run.state
         reason = stop or StopReason.UNRECOVERABLE_ERROR
@@ -1075,9 +1081,10 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         commit_error: Exception | None = None
         try:
             if run.journal.durable:
-                boundary = self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending)
-                if not _repeats(run.last_commit, boundary, run.log):
-                    yield JournalCall(run.journal, "commit", (boundary,))
+                if commit_stop:
+                    boundary = self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending)
+                    if not _repeats(run.last_commit, boundary, run.log):
+                        yield JournalCall(run.journal, "commit", (boundary,))
                 yield JournalCall(run.journal, "close")
                 if writer is not None:
                     self._trace_committed(run)
