@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ import pytest
 
 from pg_server import pg_store
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+from qitos.core.redaction import REDACTED
 
 
 @pytest.fixture
@@ -39,7 +42,32 @@ def test_the_approval_flow_runs_on_postgres_from_the_cli(cli: Any, workdir: Path
 def test_a_password_in_the_url_is_never_printed(cli: Any, workdir: Path, pg_dsn: str) -> None:
     from qitos.checkpoint.targets import describe_target
 
-    assert describe_target("postgresql://user:hunter2@db.example/qitos") == "postgresql://user:***@db.example/qitos"
+    assert (
+        describe_target("postgresql://user:hunter2@db.example/qitos")
+        == f"postgresql://user:{REDACTED}@db.example/qitos"
+    )
     store = PostgresCheckpointStore(pg_dsn)
     assert "hunter2" not in repr(store)
     store.close()
+
+
+def test_a_password_in_the_urls_query_is_never_printed_by_the_cli_or_shown_by_the_viewer(
+    cli: Any, workdir: Path, url: str
+) -> None:
+    from qitos.viewer.server import ViewerServer
+
+    secret = "S3cretPw0rd-r11"
+    with_password = f"{url}&password={secret}"  # libpq takes it; the test server trusts local users
+    shown = [cli.run("run", "cli_agents:ApprovalAgent", "publish hello", "--session-db", with_password, code=0).output]
+    for extra in ((), ("--json",)):
+        shown.append(cli.run("sessions", "list", "--db", with_password, *extra, code=0).output)
+    with (
+        ViewerServer(str(workdir / "runs"), db=with_password, port=0) as server,
+        urllib.request.urlopen(server.url.rstrip("/") + "/api/sessions", timeout=30) as response,
+    ):
+        body = json.loads(response.read())
+    assert len(body["sessions"]) == 1
+    shown.append(str(body["db"]))  # the viewer's banner says which store it shows
+    for text in shown:
+        assert secret not in text, text
+    assert body["db"].endswith(f"&password={REDACTED}")

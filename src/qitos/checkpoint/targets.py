@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core.errors import ConfigurationError
+from qitos.core.redaction import redact_text
 
 __all__ = ["describe_target", "is_postgres_target", "open_store", "postgres_dsn", "sqlite_path", "store_exists"]
 
@@ -71,15 +72,12 @@ def store_exists(target: str | os.PathLike[str]) -> bool:
 
 
 def describe_target(target: str | os.PathLike[str]) -> str:
-    """The store for messages and JSON: a SQLite file's absolute path, a URL without its password."""
+    """The store for messages and JSON: a SQLite file's absolute path, or a URL with its password
+    redacted wherever it is written (``user:password@``, ``?password=``; see ``qitos.core.redaction``)."""
     path = sqlite_path(target)
     if path is not None:
         return os.path.abspath(path)
-    parts = urlsplit(str(target))
-    if parts.password is None:
-        return str(target)
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return redact_text(str(target))
 
 
 def open_store(target: str | os.PathLike[str], **options: Any) -> CheckpointStore:

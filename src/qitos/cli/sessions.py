@@ -47,7 +47,7 @@ def open_store(db: str) -> Iterator[CheckpointStore]:
     """The store ``db`` names (a SQLite file or a postgresql:// URL); exits 3 when the file does not
     exist (never creates one)."""
     if not store_exists(db):
-        fail(f"no session store at {db}", EXIT_NOT_FOUND)
+        fail(f"no session store at {describe_target(db)}", EXIT_NOT_FOUND)
     store = open_target(db)
     try:
         yield store
@@ -100,9 +100,9 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
         return
     out = console()
     if not rows:
-        out.print(f"no sessions in {db}", highlight=False)
+        out.print(f"no sessions in {describe_target(db)}", highlight=False)
         return
-    table = Table(title=f"sessions in {db}", title_justify="left")
+    table = Table(title=f"sessions in {describe_target(db)}", title_justify="left")
 
     # Ids are never cut: the id column keeps its full width and the other columns give way (a
     # narrow terminal folds them onto more lines instead of truncating anything you might copy).
@@ -383,7 +383,7 @@ def vacuum(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
     if json_out:
         print_json({"db": describe_target(db), "bytes_before": before, "bytes_after": after})
     else:
-        console().print(f"vacuumed {db}: {before:,} -> {after:,} bytes", highlight=False)
+        console().print(f"vacuumed {describe_target(db)}: {before:,} -> {after:,} bytes", highlight=False)
 
 
 def _db_bytes(db: str, store: CheckpointStore) -> int:

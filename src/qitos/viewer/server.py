@@ -170,7 +170,9 @@ class ViewerServer:
         if len(parts) == 2 and parts[0] == "sessions":
             store = self.store()
             if store is None:
-                raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+                raise NotFoundError(
+                    f"no session store at {describe_target(self.db)}" if self.db else "no session store configured"
+                )
             return session_detail(store, parts[1])
         raise NotFoundError(f"no API endpoint /api/{'/'.join(parts)}")
 
