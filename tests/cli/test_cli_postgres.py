@@ -71,3 +71,37 @@ def test_a_password_in_the_urls_query_is_never_printed_by_the_cli_or_shown_by_th
     for text in shown:
         assert secret not in text, text
     assert body["db"].endswith(f"&password={REDACTED}")
+
+
+def _schema_state(pg_dsn: str, schema: str) -> tuple[bool, bool]:
+    """Whether ``schema`` exists, and whether it holds a qitos table."""
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s),"
+            " to_regclass(format('%%I.heads', %s::text)) IS NOT NULL",
+            (schema, schema),
+        ).fetchone()
+    assert row is not None
+    return bool(row[0]), bool(row[1])
+
+
+@pytest.mark.parametrize("schema", ["qitoz_misspelled", "information_schema"])
+def test_read_only_commands_never_create_a_schema_and_name_the_missing_one(
+    cli: Any, workdir: Path, pg_dsn: str, schema: str
+) -> None:
+    from qitos.viewer.server import ViewerServer
+
+    url = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
+    before = _schema_state(pg_dsn, schema)
+    assert before[1] is False
+    for args in (("sessions", "list"), ("sessions", "show", "ses_x"), ("sessions", "list", "--json")):
+        out = cli.run(*args, "--db", url, code=3)
+        assert f"schema {schema!r}" in out.output, out.output
+    with (
+        ViewerServer(str(workdir / "runs"), db=url, port=0) as server,
+        urllib.request.urlopen(server.url.rstrip("/") + "/api/sessions", timeout=30) as response,
+    ):
+        assert json.loads(response.read())["available"] is False
+    assert _schema_state(pg_dsn, schema) == before  # nothing was created

@@ -20,11 +20,20 @@ from rich.tree import Tree
 
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import describe_target, store_exists
+from qitos.checkpoint.targets import describe_target, missing_store, sqlite_path
 from qitos.checkpoint.targets import open_store as open_target
-from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
+from qitos.cli.common import (
+    DEFAULT_DB,
+    DEFAULT_LOGDIR,
+    EXIT_NOT_FOUND,
+    cli_command,
+    console,
+    fail,
+    print_json,
+)
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
+from qitos.core.redaction import redact_text
 from qitos.distributed.naming import fleet_queue
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
@@ -44,10 +53,11 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 @contextmanager
 def open_store(db: str) -> Iterator[CheckpointStore]:
-    """The store ``db`` names (a SQLite file or a postgresql:// URL); exits 3 when the file does not
-    exist (never creates one)."""
-    if not store_exists(db):
-        fail(f"no session store at {describe_target(db)}", EXIT_NOT_FOUND)
+    """The store ``db`` names (a SQLite file or a postgresql:// URL); exits 3, saying why, when there
+    is none (a missing file or schema: it is never created)."""
+    missing = missing_store(db)
+    if missing is not None:
+        fail(f"no session store at {redact_text(db)}: {missing}", EXIT_NOT_FOUND)
     store = open_target(db)
     try:
         yield store
@@ -90,8 +100,8 @@ def _lifecycle_style(lifecycle: str) -> str:
 @cli_command
 def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
     """List the sessions in the store (newest last)."""
-    if not store_exists(db):
-        rows: list[dict[str, Any]] = []
+    if sqlite_path(db) is not None and missing_store(db) is not None:
+        rows: list[dict[str, Any]] = []  # no file yet: no sessions (a database must hold the store)
     else:
         with open_store(db) as store:
             rows = [session_summary(h) for h in store.list_sessions()]
@@ -100,9 +110,9 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
         return
     out = console()
     if not rows:
-        out.print(f"no sessions in {describe_target(db)}", highlight=False)
+        out.print(f"no sessions in {redact_text(db)}", highlight=False)
         return
-    table = Table(title=f"sessions in {describe_target(db)}", title_justify="left")
+    table = Table(title=f"sessions in {redact_text(db)}", title_justify="left")
 
     # Ids are never cut: the id column keeps its full width and the other columns give way (a
     # narrow terminal folds them onto more lines instead of truncating anything you might copy).
@@ -383,7 +393,7 @@ def vacuum(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
     if json_out:
         print_json({"db": describe_target(db), "bytes_before": before, "bytes_after": after})
     else:
-        console().print(f"vacuumed {describe_target(db)}: {before:,} -> {after:,} bytes", highlight=False)
+        console().print(f"vacuumed {redact_text(db)}: {before:,} -> {after:,} bytes", highlight=False)
 
 
 def _db_bytes(db: str, store: CheckpointStore) -> int:
