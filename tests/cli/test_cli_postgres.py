@@ -105,3 +105,22 @@ def test_read_only_commands_never_create_a_schema_and_name_the_missing_one(
     ):
         assert json.loads(response.read())["available"] is False
     assert _schema_state(pg_dsn, schema) == before  # nothing was created
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("sessions", "list", "--db", "postgresql://[x/db"), "--db"),
+        (("sessions", "show", "ses_1", "--db", "postgresql://u@[::1/db?schema=s"), "--db"),
+        (("run", "cli_agents:ApprovalAgent", "hi", "--session-db", "postgresql://[x/db"), "--session-db"),
+        (("sessions", "list", "--db", "postgresql://u@db.example:port/db"), "--db"),
+        (("worker", "--app", "cli_agents:ApprovalAgent", "--db", "postgresql://[x/db"), "--db"),
+        (("trace", "serve", "--db", "postgresql://[x/db"), "--db"),
+    ],
+)
+def test_a_malformed_store_url_is_a_usage_error_naming_the_option(
+    cli: Any, workdir: Path, args: tuple[str, ...], option: str
+) -> None:
+    out = cli.run(*args, code=2)
+    assert option in out.output and "URL" in out.output, out.output
+    assert "ValueError" not in out.output

@@ -24,6 +24,7 @@ from qitos.core.errors import CheckpointError, ConfigurationError
 from qitos.core.redaction import redact_text
 
 __all__ = [
+    "check_target",
     "describe_target",
     "is_postgres_target",
     "missing_store",
@@ -59,8 +60,15 @@ def sqlite_path(target: str | os.PathLike[str]) -> str | None:
 
 
 def postgres_dsn(target: str) -> tuple[str, str | None]:
-    """A PostgreSQL URL split into the DSN for libpq and the ``schema`` query parameter (or None)."""
-    parts = urlsplit(target)
+    """A PostgreSQL URL split into the DSN for libpq and the ``schema`` query parameter (or None).
+
+    A URL that cannot be parsed (a bad host or port) is a :class:`ConfigurationError` saying so.
+    """
+    try:
+        parts = urlsplit(target)
+        parts.port  # noqa: B018  (parsed on access: a port that is not a number raises here)
+    except ValueError as exc:
+        raise ConfigurationError(f"not a valid PostgreSQL URL ({exc}): {describe_target(target)}") from None
     # The other parameters pass to libpq exactly as written: decoding and re-encoding them would turn
     # "%20" into "+", which libpq does not read as a space (options=-c%20name%3Dvalue).
     schemas: list[str] = []
@@ -73,6 +81,14 @@ def postgres_dsn(target: str) -> tuple[str, str | None]:
             rest.append(item)
     dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(rest), parts.fragment))
     return dsn, (schemas[-1] if schemas else None)
+
+
+def check_target(target: str | os.PathLike[str]) -> None:
+    """Raise :class:`ConfigurationError` if ``target`` cannot name a store (a malformed URL); no I/O."""
+    if is_postgres_target(target):
+        postgres_dsn(str(target))
+    elif not sqlite_path(target):
+        raise ConfigurationError(f"no store named: {target!r} is neither a path nor a store URL")
 
 
 def missing_store(target: str | os.PathLike[str]) -> str | None:

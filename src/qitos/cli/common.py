@@ -29,6 +29,7 @@ import typer
 from rich.console import Console
 
 from qitos.checkpoint.store import SnapshotNotFoundError
+from qitos.checkpoint.targets import check_target
 from qitos.core.errors import QitosError, SessionNotFoundError, UsageError
 from qitos.core.redaction import redact_text
 from qitos.viewer.data import NotFoundError
@@ -49,6 +50,7 @@ __all__ = [
     "fail",
     "print_json",
     "set_debug",
+    "store_target",
 ]
 
 EXIT_OK = 0
@@ -71,6 +73,17 @@ class CliError(Exception):
         super().__init__(message)
         self.code = code
         self.hint = hint
+
+
+def store_target(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    """Option callback for a store option (``--db``, ``--session-db``): a malformed URL is a usage
+    error naming the option (and, like every store shown, without its password)."""
+    if value:
+        try:
+            check_target(value)
+        except UsageError as exc:
+            raise typer.BadParameter(str(exc), ctx=ctx, param_hint=f"'{param.opts[0]}'") from None
+    return value
 
 
 def fail(message: str, code: int = EXIT_FAILED, *, hint: str | None = None) -> NoReturn:

@@ -30,6 +30,7 @@ from qitos.cli.common import (
     console,
     fail,
     print_json,
+    store_target,
 )
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
@@ -44,7 +45,10 @@ __all__ = ["app"]
 
 app = typer.Typer(help="Durable sessions in a SQLite store: list, show, resume, steer, pause, approve, fork...")
 
-DbOption = Annotated[str, typer.Option("--db", help="The session store: a SQLite file or a postgresql:// URL.")]
+DbOption = Annotated[
+    str,
+    typer.Option("--db", help="The session store: a SQLite file or a postgresql:// URL.", callback=store_target),
+]
 AgentOption = Annotated[
     str | None, typer.Option("--agent", help="module:Class to restore with (default: the one recorded).")
 ]
