@@ -10,9 +10,14 @@ fetched from the network) and a read-only JSON API over the trace reader and the
 ``GET /api/runs/<id>/steps/<n>/request`` one step's request: messages sent, reply, failed attempts
 ``GET /api/sessions``                   ``{"db", "available", "sessions": [summary...]}``
 ``GET /api/sessions/<id>``              inspection, snapshot ids, fork lineage with integrity
+``GET /api/sessions/<id>/steps/<n>/request`` a session's model step: messages sent, reply
+``GET /api/evals``                      the evals in the session store, newest first
+``GET /api/evals/<eval>``               one eval: report, histograms, metadata groups, samples
+``GET /api/evals/<a>/compare/<b>``      two evals compared (``?allow_different_datasets=1``)
 ======================================  =====================================================
 
-Shapes are documented in :mod:`qitos.viewer.data`. Errors are ``{"error": message}`` with 404
+Shapes are documented in :mod:`qitos.viewer.data` (the eval pages' in :mod:`qitos.viewer._evals`).
+Errors are ``{"error": message}`` with 404
 (not found), 400 (bad request) or 500. Requests whose ``Host`` is not this loopback address are
 refused (a guard against DNS rebinding), every response forbids framing and sniffing, and the
 page's Content-Security-Policy allows only its own script and style.
@@ -34,6 +39,7 @@ from qitos.checkpoint.targets import describe_target, open_store, store_exists
 from qitos.core.errors import QitosError, UsageError
 from qitos.core.redaction import Redactor
 from qitos.trace.reader import TraceError
+from qitos.viewer._evals import eval_api, session_request
 from qitos.viewer.data import (
     NotFoundError,
     find_run,
@@ -167,6 +173,15 @@ class ViewerServer:
                 "available": store is not None,
                 "sessions": sessions,
             }
+        if parts and parts[0] == "evals":
+            return eval_api(self.store(), parts[1:], query, db=describe_target(self.db) if self.db else None)
+        if len(parts) == 5 and parts[0] == "sessions" and parts[2] == "steps" and parts[4] == "request":
+            if not parts[3].isdigit():
+                raise UsageError(f"a step id is a non-negative integer, got {parts[3]!r}")
+            store = self.store()
+            if store is None:
+                raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+            return session_request(store, parts[1], int(parts[3]))
         if len(parts) == 2 and parts[0] == "sessions":
             store = self.store()
             if store is None:

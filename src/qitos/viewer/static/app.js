@@ -165,6 +165,11 @@
     if (parts[0] === "runs" && parts.length === 5 && parts[2] === "steps" && parts[4] === "request")
       return requestPage(token, parts[1], Number(parts[3]));
     if (parts[0] === "sessions" && parts.length === 2) return sessionPage(token, parts[1]);
+    if (parts[0] === "sessions" && parts.length === 5 && parts[2] === "steps" && parts[4] === "request")
+      return sessionRequestPage(token, parts[1], Number(parts[3]));
+    if (parts[0] === "evals" && parts.length === 1) return evalsPage(token);
+    if (parts[0] === "evals" && parts.length === 2) return evalPage(token, parts[1]);
+    if (parts[0] === "evals" && parts.length === 4 && parts[2] === "compare") return comparePage(token, parts[1], parts[3]);
     showError({ status: 404, message: `no page ${hash}` });
   }
 
@@ -981,6 +986,363 @@
       }
     };
     load();
+  }
+
+  // ------------------------------------------------------------------ eval pages
+
+  function fmtScore(v) {
+    if (v === null || v === undefined) return "–";
+    if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toFixed(3);
+    return String(v);
+  }
+
+  function fmtCi(ci) {
+    return ci ? `[${fmtScore(ci[0])}, ${fmtScore(ci[1])}]` : "–";
+  }
+
+  function scoreCell(entry) {
+    if (!entry) return el("td", { class: "muted", text: "–" });
+    if (entry.error) return el("td", { class: "error small", title: entry.error, text: "error" });
+    const v = entry.value;
+    const cls = v === true || v === 1 || v === "C" ? "pass" : v === false || v === 0 || v === "I" ? "fail" : null;
+    return el("td", { class: cls ? `score ${cls}` : "score", text: fmtScore(v) });
+  }
+
+  function sessionLink(sessionId, n) {
+    return el("a", { href: `#/sessions/${encodeURIComponent(sessionId)}`, class: "mono", text: short(sessionId, n || 18) });
+  }
+
+  function evalsPage(token) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading evals…" }));
+    const load = async () => {
+      try {
+        const data = await api("/evals");
+        if (token !== routeToken) return;
+        clear(app);
+        const box = el("div", { class: "table-wrap", id: "evals-table" });
+        app.appendChild(el("div", null, el("div", { class: "toolbar" }, el("h1", { text: "Evals" })), el("p", { class: "muted small", text: data.db ? `Store: ${data.db}` : "" }), el("section", { class: "card" }, box)));
+        if (!data.available) {
+          box.appendChild(el("p", { class: "muted", text: data.db ? `No session store at ${data.db}.` : "No session store configured: start the viewer with --db naming one." }));
+          return;
+        }
+        if (!data.evals.length) {
+          box.appendChild(el("p", { class: "muted", text: "No evals in this store yet (qitos eval run ... --db naming it)." }));
+          return;
+        }
+        box.appendChild(
+          el(
+            "table",
+            { class: "grid" },
+            el("thead", null, el("tr", null, ["Eval", "Status", "Dataset", "Agent", "Model", "Samples", "Scores", "Created"].map((h) => el("th", { text: h })))),
+            el(
+              "tbody",
+              null,
+              data.evals.map((e) =>
+                el(
+                  "tr",
+                  { dataset: { eval: e.name } },
+                  el("td", null, el("a", { href: `#/evals/${encodeURIComponent(e.name)}`, text: e.name })),
+                  el("td", null, badge(e.status)),
+                  el("td", { text: e.dataset || "–" }),
+                  el("td", { class: "mono small", text: e.agent || "–" }),
+                  el("td", { class: "mono small", text: e.model || "–" }),
+                  el("td", { class: "num done", text: `${e.done}/${e.total}` }),
+                  el("td", { class: "small" }, Object.entries(e.scorers).map(([k, m]) => el("div", { text: `${k} ${fmtScore(m.mean)} ${fmtCi(m.ci95)}` }))),
+                  el("td", { class: "small", text: fmtTime(e.created_at) })
+                )
+              )
+            )
+          )
+        );
+        const live = data.evals.some((e) => e.status === "running");
+        schedule(token, load, live ? POLL_LIVE_MS : POLL_BOARD_MS, live);
+      } catch (error) {
+        if (token === routeToken) showError(error);
+      }
+    };
+    load();
+  }
+
+  const evalFilters = { score: "", error: "", group: "", groupValue: "", diverged: false };
+
+  function histogram(bins) {
+    const most = Math.max(1, ...bins.map((b) => b.count));
+    return el(
+      "div",
+      { class: "hist" },
+      bins.map((b) =>
+        el(
+          "div",
+          { class: "hist-row", dataset: { label: b.label } },
+          el("span", { class: "hist-label small", text: b.label }),
+          el("span", { class: "hist-bar", style: { width: `${Math.round((b.count / most) * 100)}%` } }),
+          el("span", { class: "hist-count small", text: fmtNumber(b.count) })
+        )
+      )
+    );
+  }
+
+  function evalPage(token, ref) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading eval…" }));
+    let others = [];
+    const load = async () => {
+      try {
+        const [data, list] = await Promise.all([api(`/evals/${encodeURIComponent(ref)}`), others.length ? Promise.resolve(null) : api("/evals")]);
+        if (token !== routeToken) return;
+        if (list) others = list.evals.filter((e) => e.name !== data.eval.name);
+        render(data);
+        const live = data.eval.status === "running";
+        schedule(token, load, live ? POLL_LIVE_MS : POLL_BOARD_MS * 2, live);
+      } catch (error) {
+        if (token === routeToken) showError(error);
+      }
+    };
+    const render = (data) => {
+      const ev = data.eval;
+      const scorers = Object.keys(ev.metrics);
+      clear(app);
+      const scoreTable = el(
+        "table",
+        { class: "grid", id: "score-table" },
+        el("thead", null, el("tr", null, ["Scorer", "Mean", "Std. error", "95% CI", "n", "Errors", "Reducer"].map((h) => el("th", { text: h })))),
+        el(
+          "tbody",
+          null,
+          scorers.map((k) => {
+            const m = ev.metrics[k];
+            return el("tr", { dataset: { scorer: k } }, el("td", { text: k }), el("td", { class: "num mean", text: fmtScore(m.mean) }), el("td", { class: "num", text: fmtScore(m.stderr) }), el("td", { class: "num", text: fmtCi(m.ci95) }), el("td", { class: "num", text: fmtNumber(m.n) }), el("td", { class: "num", text: fmtNumber(m.errors) }), el("td", { text: m.reducer }));
+          })
+        )
+      );
+      const first = scorers[0];
+      const scoreSelect = el("select", { id: "score-filter", "aria-label": "score" }, [["", "any score"], ["pass", `${first || "score"} passed`], ["fail", `${first || "score"} failed`]].map(([v, t]) => el("option", { value: v, text: t })));
+      scoreSelect.value = evalFilters.score;
+      const errorSelect = el("select", { id: "error-filter", "aria-label": "errors" }, [["", "errors or not"], ["yes", "with an error"], ["no", "without an error"]].map(([v, t]) => el("option", { value: v, text: t })));
+      errorSelect.value = evalFilters.error;
+      const groupKeys = Object.keys(data.groups);
+      const groupSelect = el("select", { id: "group-filter", "aria-label": "metadata field" }, el("option", { value: "", text: "any metadata" }), groupKeys.map((k) => el("option", { value: k, text: k })));
+      groupSelect.value = evalFilters.group;
+      const valueSelect = el("select", { id: "group-value", "aria-label": "metadata value" });
+      const fillValues = () => {
+        clear(valueSelect);
+        valueSelect.appendChild(el("option", { value: "", text: "any value" }));
+        for (const v of data.groups[evalFilters.group] || []) valueSelect.appendChild(el("option", { value: v, text: v }));
+        valueSelect.value = evalFilters.groupValue;
+        valueSelect.hidden = !evalFilters.group;
+      };
+      fillValues();
+      const divergedBox = el("input", { type: "checkbox", id: "diverged-filter", checked: evalFilters.diverged });
+      const samplesBox = el("div", { class: "table-wrap", id: "samples-table" });
+      const passed = (s) => {
+        const entry = s.scores[first];
+        if (!entry || entry.error) return null;
+        return entry.value === true || entry.value === 1 || entry.value === "C";
+      };
+      const renderSamples = () => {
+        clear(samplesBox);
+        const rows = data.samples.filter((s) => {
+          if (evalFilters.score && passed(s) !== (evalFilters.score === "pass")) return false;
+          if (evalFilters.error === "yes" && !s.error) return false;
+          if (evalFilters.error === "no" && s.error) return false;
+          if (evalFilters.group && evalFilters.groupValue && String(s.metadata[evalFilters.group]) !== evalFilters.groupValue) return false;
+          if (evalFilters.diverged && !s.divergence) return false;
+          return true;
+        });
+        samplesBox.appendChild(
+          el(
+            "table",
+            { class: "grid" },
+            el("thead", null, el("tr", null, ["Sample", "Epoch", ...scorers, "Answer", "Steps", "Tokens", "Time", "Error", "Session", "Request"].map((h) => el("th", { text: h })))),
+            el(
+              "tbody",
+              null,
+              rows.map((s) =>
+                el(
+                  "tr",
+                  { class: s.divergence ? "diverged" : null, dataset: { sample: s.id, epoch: String(s.epoch) } },
+                  el("td", { class: "mono", text: s.id }),
+                  el("td", { class: "num", text: s.epoch }),
+                  scorers.map((k) => scoreCell(s.scores[k])),
+                  el("td", { class: "task", title: s.answer === null ? "" : String(s.answer), text: s.answer === null ? "–" : String(s.answer) }),
+                  el("td", { class: "num", text: fmtNumber(s.steps) }),
+                  el("td", { class: "num", text: fmtNumber(s.total_tokens) }),
+                  el("td", { class: "num", text: fmtDuration(s.wall_seconds) }),
+                  el("td", { class: "error small", text: s.error || "" }, s.divergence ? el("div", { class: "muted", text: `diverged at step ${s.divergence.step}: ${Object.keys(s.divergence.diff || {}).join(", ") || "the request"} changed` }) : null),
+                  el("td", null, sessionLink(s.session_id)),
+                  el("td", null, el("a", { class: "request-link", href: `#/sessions/${encodeURIComponent(s.session_id)}/steps/${s.request_step}/request`, text: `step ${s.request_step}` }))
+                )
+              )
+            )
+          )
+        );
+        samplesBox.appendChild(el("p", { class: "muted small", id: "samples-count", text: `${rows.length} of ${data.samples.length} sample x epoch rows` }));
+      };
+      const onChange = () => {
+        evalFilters.score = scoreSelect.value;
+        evalFilters.error = errorSelect.value;
+        if (evalFilters.group !== groupSelect.value) evalFilters.groupValue = "";
+        evalFilters.group = groupSelect.value;
+        evalFilters.groupValue = evalFilters.group ? valueSelect.value : "";
+        evalFilters.diverged = divergedBox.checked;
+        fillValues();
+        renderSamples();
+      };
+      for (const control of [scoreSelect, errorSelect, groupSelect, valueSelect, divergedBox]) control.addEventListener("change", onChange);
+      const compareSelect = el("select", { id: "compare-with", "aria-label": "compare with" }, el("option", { value: "", text: "compare with…" }), others.map((e) => el("option", { value: e.name, text: e.name })));
+      compareSelect.addEventListener("change", () => {
+        if (compareSelect.value) location.hash = `#/evals/${encodeURIComponent(compareSelect.value)}/compare/${encodeURIComponent(ev.name)}`;
+      });
+      const total = ev.total_samples * ev.epochs;
+      app.appendChild(
+        el(
+          "div",
+          null,
+          el("p", { class: "crumbs" }, el("a", { href: "#/evals", text: "Evals" }), ` / ${ev.name}`),
+          el("div", { class: "title-row" }, el("h1", { text: `Eval ${ev.name}` }), badge(ev.status), el("span", { class: "pager" }, compareSelect)),
+          section(
+            "Eval",
+            kv([
+              ["eval id", el("span", { class: "mono small", text: ev.eval_id })],
+              ["dataset", `${(ev.pins.dataset || {}).name || "–"} (${ev.total_samples} samples, digest ${short((ev.pins.dataset || {}).digest, 12)})`],
+              ["agent", el("span", { class: "mono small", text: ev.pins.agent || "–" })],
+              ["model", el("span", { class: "mono small", text: ev.model || "–" })],
+              ["progress", el("span", { id: "progress", text: `${ev.samples.length}/${total} done · ${ev.failed} failed · ${ev.retried} retried` })],
+              ["tokens", fmtNumber(ev.total_tokens)],
+              ["sample time", fmtDuration(ev.wall_seconds)],
+              ev.pins.replay ? ["replayed from", el("span", { class: "mono small", text: `${ev.pins.replay.eval_id} (on divergence: ${ev.pins.replay.on_divergence})` })] : null,
+            ])
+          ),
+          section("Scores", scoreTable),
+          section("Score histograms", el("div", { class: "columns" }, scorers.map((k) => el("div", { dataset: { histogram: k } }, el("h3", { text: k }), data.histograms[k].length ? histogram(data.histograms[k]) : el("p", { class: "muted small", text: "no scores yet" }))))),
+          section("Samples", el("div", { class: "toolbar" }, scoreSelect, errorSelect, groupSelect, valueSelect, el("label", { class: "small" }, divergedBox, " diverged only")), samplesBox)
+        )
+      );
+      renderSamples();
+    };
+    load();
+  }
+
+  function comparePage(token, a, bAndQuery) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Comparing…" }));
+    const [b, query] = bAndQuery.split("?");
+    const allow = new URLSearchParams(query || "").get("allow") === "1";
+    const base = `/evals/${encodeURIComponent(a)}/compare/${encodeURIComponent(b)}`;
+    api(base + (allow ? "?allow_different_datasets=1" : ""))
+      .then((data) => {
+        if (token !== routeToken) return;
+        clear(app);
+        const c = data.comparison;
+        const scorers = Object.keys(c.scorers);
+        const flipLink = (f) =>
+          el("li", { class: `flip ${f.kind}`, dataset: { sample: f.id } }, el("span", { class: "mono", text: f.id }), ` ${f.kind === "pass_to_fail" ? "pass → fail" : "fail → pass"} (${f.scorer}) · A `, f.a_sessions.map((sid) => sessionLink(sid, 14)), " · B ", f.b_sessions.map((sid) => sessionLink(sid, 14)));
+        const flips = [];
+        for (const k of scorers) for (const kind of ["pass_to_fail", "fail_to_pass"]) for (const f of c.scorers[k].flips[kind]) flips.push({ ...f, kind, scorer: k });
+        app.appendChild(
+          el(
+            "div",
+            null,
+            el("p", { class: "crumbs" }, el("a", { href: "#/evals", text: "Evals" }), " / ", el("a", { href: `#/evals/${encodeURIComponent(c.a.name)}`, text: c.a.name }), " vs ", el("a", { href: `#/evals/${encodeURIComponent(c.b.name)}`, text: c.b.name })),
+            el("h1", { text: `${c.b.name} (B) against ${c.a.name} (A)` }),
+            c.same_dataset ? null : el("p", { class: "notice", text: `Different datasets: only the ${c.paired.length} samples both have are paired.` }),
+            section(
+              "Paired statistics",
+              el(
+                "table",
+                { class: "grid", id: "paired-table" },
+                el("thead", null, el("tr", null, ["Scorer", "n", "A", "B", "B − A", "95% CI (paired bootstrap)", "McNemar p", "pass → fail", "fail → pass"].map((h) => el("th", { text: h })))),
+                el(
+                  "tbody",
+                  null,
+                  scorers.map((k) => {
+                    const s = c.scorers[k];
+                    return el("tr", { dataset: { scorer: k } }, el("td", { text: k }), el("td", { class: "num", text: fmtNumber(s.n) }), el("td", { class: "num", text: fmtScore(s.mean_a) }), el("td", { class: "num", text: fmtScore(s.mean_b) }), el("td", { class: "num difference", text: s.difference === null ? "–" : (s.difference >= 0 ? "+" : "") + fmtScore(s.difference) }), el("td", { class: "num", text: fmtCi(s.ci95) }), el("td", { class: "num p-value", text: s.mcnemar ? s.mcnemar.p_value.toPrecision(4) : "–" }), el("td", { class: "num", text: s.mcnemar ? String(s.mcnemar.a_only) : "–" }), el("td", { class: "num", text: s.mcnemar ? String(s.mcnemar.b_only) : "–" }));
+                  })
+                )
+              ),
+              kv([
+                ["tokens", `A ${fmtNumber(c.tokens.a)} · B ${fmtNumber(c.tokens.b)} · B − A ${fmtNumber(c.tokens.difference)}`],
+                ["sample time", `A ${fmtDuration(c.wall_seconds.a)} · B ${fmtDuration(c.wall_seconds.b)}`],
+                c.only_a.length ? ["only in A", c.only_a.join(", ")] : null,
+                c.only_b.length ? ["only in B", c.only_b.join(", ")] : null,
+              ])
+            ),
+            section(`Flips (${flips.length})`, flips.length ? el("ul", { class: "flips", id: "flips" }, flips.map(flipLink)) : el("p", { class: "muted", text: "No sample flipped." })),
+            section(
+              "Samples side by side",
+              el(
+                "table",
+                { class: "grid", id: "side-by-side" },
+                el("thead", null, el("tr", null, ["Sample", ...scorers.map((k) => `A ${k}`), ...scorers.map((k) => `B ${k}`), "A answer", "B answer"].map((h) => el("th", { text: h })))),
+                el(
+                  "tbody",
+                  null,
+                  data.rows.map((r) => {
+                    const kinds = Object.values(r.flip);
+                    const cls = kinds.includes("pass_to_fail") ? "flip pass_to_fail" : kinds.includes("fail_to_pass") ? "flip fail_to_pass" : null;
+                    const one = (runs, k) => scoreCell(runs.length ? runs[0].scores[k] : null);
+                    return el("tr", { class: cls, dataset: { sample: r.id } }, el("td", { class: "mono", text: r.id }), scorers.map((k) => one(r.a, k)), scorers.map((k) => one(r.b, k)), el("td", { class: "task", text: r.a.length ? String(r.a[0].answer ?? "–") : "(not in A)" }), el("td", { class: "task", text: r.b.length ? String(r.b[0].answer ?? "–") : "(not in B)" }));
+                  })
+                )
+              )
+            )
+          )
+        );
+      })
+      .catch((error) => {
+        if (token !== routeToken) return;
+        if (error.status === 400 && /different datasets/.test(error.message) && !allow) {
+          clear(app);
+          app.appendChild(el("div", { class: "card error-card" }, el("h1", { text: "Different datasets" }), el("p", { class: "error", text: error.message }), el("p", null, el("a", { id: "allow-different", href: `#/evals/${encodeURIComponent(a)}/compare/${encodeURIComponent(b)}?allow=1`, text: "Compare the shared samples anyway" }))));
+          return;
+        }
+        showError(error);
+      });
+  }
+
+  function sessionRequestPage(token, sessionId, stepId) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading request…" }));
+    const link = `#/sessions/${encodeURIComponent(sessionId)}`;
+    api(`/sessions/${encodeURIComponent(sessionId)}/steps/${stepId}/request`)
+      .then((request) => {
+        if (token !== routeToken) return;
+        clear(app);
+        const steps = request.model_steps || [];
+        const index = steps.indexOf(stepId);
+        const prev = index > 0 ? steps[index - 1] : null;
+        const next = index >= 0 && index < steps.length - 1 ? steps[index + 1] : null;
+        const response = (request.model || {}).response || {};
+        app.appendChild(
+          el(
+            "div",
+            null,
+            el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / ", el("a", { href: link, class: "mono", text: short(sessionId, 22) }), ` / step ${stepId} / request`),
+            el("div", { class: "title-row" }, el("h1", { text: `Request inspector · step ${stepId}` }), el("span", { class: "pager" }, prev !== null ? el("a", { href: `${link}/steps/${prev}/request`, text: `← step ${prev}` }) : null, next !== null ? el("a", { href: `${link}/steps/${next}/request`, text: `step ${next} →` }) : null))
+          )
+        );
+        if (request.request_view) app.appendChild(requestView(request.request_view));
+        app.appendChild(messagesSection(request.messages));
+        app.appendChild(
+          section(
+            "Model reply",
+            kv([
+              ["model", response.model || "–"],
+              ["finish", response.finish_reason || "–"],
+              ["served from", el("span", { id: "served-from", text: response.served_from || "the model" })],
+              ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out`],
+              ["request digest", el("span", { class: "mono small", text: request.model.request_digest || "–" })],
+            ]),
+            response.text ? longText(response.text, "answer") : null,
+            response.tool_calls && response.tool_calls.length ? pre(response.tool_calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments ?? c.raw_arguments }))) : null
+          )
+        );
+      })
+      .catch((error) => {
+        if (token === routeToken) showError(error);
+      });
   }
 
   route();
