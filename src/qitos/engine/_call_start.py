@@ -22,6 +22,7 @@ import threading
 from typing import TypeVar
 
 from qitos.core.decision import Action
+from qitos.core.errors import RunError
 from qitos.core.tool import ToolResult
 from qitos.sessions.journal import PendingStep, RunJournal
 
@@ -32,7 +33,7 @@ _T = TypeVar("_T")
 _WAITING, _BEGUN_IN_THREAD, _BEGUN_ON_LOOP, _ABANDONED = range(4)
 
 
-class CallAbandoned(Exception):
+class CallAbandoned(RunError):
     """Raised by ``begin`` for a call its cancelled run gave up before it began (it never runs)."""
 
 
