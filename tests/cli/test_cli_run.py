@@ -283,7 +283,10 @@ def test_a_404_from_a_base_url_without_v1_gets_a_hint_and_the_error_prints_once(
 
 def test_errors_of_a_json_command_are_json(cli: Any, workdir: Path) -> None:
     result = cli.run("sessions", "show", "ses_nope", "--db", "missing.db", "--json", code=3)
-    assert json.loads(result.stdout) == {"error": "no session store at missing.db", "exit_code": 3}
+    assert json.loads(result.stdout) == {
+        "error": "no session store at missing.db: the file does not exist",
+        "exit_code": 3,
+    }
     assert result.stderr == ""
     usage = cli.run("run", "cli_agents:ModelAgent", "t", "--json", code=2)
     assert "decides through a model" in json.loads(usage.stdout)["error"]

@@ -24,6 +24,7 @@ from qitos.cli.common import (
     fail,
     print_json,
     shown_command,
+    store_target,
 )
 from qitos.cli.models import DEFAULT_OPENAI_WINDOW, MODEL_FORMS, RequestOptions, load_local_model, resolve_model
 from qitos.cli.render import LiveRenderer
@@ -197,7 +198,9 @@ def demo(
     ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit.")] = None,
-    db: Annotated[str, typer.Option("--db", help="Session store (SQLite file or postgresql:// URL).")] = DEFAULT_DB,
+    db: Annotated[
+        str, typer.Option("--db", help="Session store (SQLite file or postgresql:// URL).", callback=store_target)
+    ] = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
     otel: Annotated[
         bool, typer.Option("--otel", help="Export OpenTelemetry spans over OTLP/HTTP (set by OTEL_EXPORTER_OTLP_*).")
@@ -303,7 +306,10 @@ def run(
     ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     session_db: Annotated[
-        str | None, typer.Option(help="Run as a durable session in this store: SQLite file or postgresql:// URL.")
+        str | None,
+        typer.Option(
+            help="Run as a durable session in this store: SQLite file or postgresql:// URL.", callback=store_target
+        ),
     ] = None,
     compact: Annotated[
         bool, typer.Option(help="Let old closed exchanges be omitted (with receipts) when the context is full.")

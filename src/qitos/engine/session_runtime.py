@@ -15,8 +15,9 @@ Crash safety, at the fewest write transactions that keep it (store "pending writ
 head the step started from):
 
 - a model's decision is written as soon as it is made (its output is never requested twice);
-- a non-idempotent call's intent is written before it runs, together with a decision made without
-  a model (free to make again) and any results still waiting;
+- a non-idempotent call's intent is written when the call begins (in the thread that runs a sync
+  tool, not while the call waits for one; see ``qitos.engine._call_start``), together with a
+  decision made without a model (free to make again) and any results still waiting;
 - an idempotent call needs no intent: a restore runs it again;
 - a non-idempotent call's result is written before the step's next call starts; the result of the
   step's last call rides with the step's boundary, which holds the whole outcome.
@@ -58,7 +59,7 @@ from qitos.checkpoint.store import (
     SessionSnapshot,
     SessionSnapshotCommit,
 )
-from qitos.core.codec import sha256_hex
+from qitos.core.codec import check_text, sha256_hex
 from qitos.core.errors import (
     ConfigurationError,
     SessionNotFoundError,
@@ -417,6 +418,7 @@ class Session:
         store = self.store
         sid = self.session_id.value
         if operation_id is not None:
+            check_text(operation_id, "operation_id")
             existing = store.find_session_by_operation(operation_id)
             if existing is not None:
                 return self._open_child(existing)
@@ -428,6 +430,7 @@ class Session:
             snapshot_id = snapshot.value
         else:
             snapshot_id = str(snapshot)
+            check_text(snapshot_id, "snapshot")
         source = store.get_snapshot(snapshot_id)
         source_state = materialize(store, snapshot_id)  # verifies the whole chain the child will share
         child_id = SessionIdentity.new().value
@@ -643,6 +646,7 @@ def restore_session(
     engine: EngineLoop[Any, Any, Any], session_id: str, *, composition: SessionHost | None = None
 ) -> Session:
     """The Session for ``session_id`` from the store's durable head (works across processes)."""
+    check_text(session_id, "session_id")  # no store can look up text that has no UTF-8 form
     return _session_from_head(engine, _require_head(_engine_store(engine), session_id), composition)
 
 
@@ -650,6 +654,7 @@ async def arestore_session(
     engine: EngineLoop[Any, Any, Any], session_id: str, *, composition: SessionHost | None = None
 ) -> Session:
     """Async twin of :func:`restore_session` (the head is awaited)."""
+    check_text(session_id, "session_id")
     head = await _engine_store(engine).aget_session_head(session_id)
     if head is None:
         raise SessionNotFoundError(session_id)
