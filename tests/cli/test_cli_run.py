@@ -79,7 +79,7 @@ def test_run_with_a_session_db_creates_a_resumable_session(cli: Any, workdir: Pa
 
 def test_run_that_never_finishes_stops_at_its_step_budget_with_exit_1(cli: Any, workdir: Path) -> None:
     data = cli.json("run", "cli_agents:LoopAgent", "loop", "--max-steps", "3", "--json", code=1)
-    assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "budget_steps", 3)
+    assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "max_steps_reached", 3)
 
 
 def test_run_whose_agent_raises_fails_with_exit_1_and_shows_the_error(cli: Any, workdir: Path) -> None:
