@@ -7,8 +7,9 @@ The log redacts what it records (token shapes and the model's configured credent
 ``qitos.core.redaction``), so the model is sent, and a session stores, the redacted text.
 
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
-a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
-the input of the next exchange, so the model sees what went wrong on its next turn.
+a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log,
+once, so the model sees what went wrong on its next turn: as the result of the reply's first tool
+call (its other calls point there), or, for a reply without tool calls, as the next exchange's input.
 
 Per request, :class:`ModelContext` sets the tool use (``tool_use_policy``: a policy name or a
 function of the :class:`~qitos.core.context.ContextRequest`; the view's ``tool_use_satisfied`` is
@@ -320,11 +321,16 @@ class ModelPath:
             else:
                 decision = parser.parse(response.text or "", tool_names=tool_names)
         except ParseError as exc:
-            # Every declared call needs a result before the exchange can close: report the problem there.
-            for call in response.tool_calls:
-                log.record_tool_result(exchange_id, call.id, f"ERROR (not run): {exc.feedback}")
+            # The model reads the feedback once: in the answer to its first call (every declared call
+            # needs a result before the exchange can close), or, for a reply without calls, as the
+            # next exchange's input.
+            calls = response.tool_calls
+            for call in calls:
+                text = exc.feedback if call is calls[0] else f"see the result of call {calls[0].id}"
+                log.record_tool_result(exchange_id, call.id, f"ERROR (not run): {text}")
             log.close(exchange_id)
-            log.open([{"role": "user", "content": exc.feedback}])
+            if not calls:
+                log.open([{"role": "user", "content": exc.feedback}])
             return Decision.wait(
                 rationale=f"the model's reply could not be used: {exc}",
                 meta={"parse_error": str(exc), "feedback": exc.feedback},
