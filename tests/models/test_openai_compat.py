@@ -619,6 +619,25 @@ def test_reported_usage_is_not_marked_estimated(server: LoopbackChatServer) -> N
     assert "estimated" not in usage.to_dict()
 
 
+@pytest.mark.parametrize(("tokenizer", "estimated"), [(None, True), ("cl100k_base", False)])
+def test_the_request_views_token_counts_say_whether_they_are_the_models_own(
+    server: LoopbackChatServer, policy_agent: Any, tokenizer: str | None, estimated: bool
+) -> None:
+    # A SmolLM2 server counted with cl100k was labelled exact; only a declared tokenizer is exact.
+    server.push(json_reply(completion("hello", model="smollm2-135m")))
+    model = model_for(server, max_input_units=2048, tokenizer=tokenizer)
+    result = Engine(policy_agent(lambda state, obs: None, llm=model)).run("Say hello.")
+    units = result.records[0].request_view["units"]
+    assert units["counter"] == ["tokens", "cl100k_base"] and units["tokenizer"] == "cl100k_base"
+    assert units["estimated"] is estimated
+    assert model.describe()["tokenizer"] == tokenizer
+
+
+def test_an_empty_tokenizer_name_is_refused(server: LoopbackChatServer) -> None:
+    with pytest.raises(ConfigurationError, match="tokenizer"):
+        model_for(server, tokenizer="")
+
+
 def test_an_agent_on_a_stream_without_usage_hits_its_token_budget(
     server: LoopbackChatServer, policy_agent: Any
 ) -> None:

@@ -52,6 +52,7 @@ from qitos.core.context import (
     ContextSelectionPolicy,
     PriorityContextSelectionPolicy,
     UnitCounter,
+    counts_exactly,
     unit_counter_for,
 )
 from qitos.core.errors import ConfigurationError, ContextError
@@ -520,7 +521,8 @@ class RequestView:
                 "total": sel.total_units,
                 "omitted": sel.omitted_units,
                 "counter": list(counter),
-                "estimated": any(str(part).startswith("estimate") for part in counter),
+                "tokenizer": counter[1] if counter[0] == "tokens" and len(counter) > 1 else None,
+                "estimated": not counts_exactly(counter, prov.get("model_tokenizer")),
             },
             "exchanges": {
                 "selected": list(sel.selected_exchange_ids),
@@ -579,6 +581,7 @@ class RequestView:
             log=log,
             budget=context_budget or ContextBudget(),
             counter=context_unit_counter,
+            tokenizer=_model_tokenizer(model),
             selection_policy=cast(ContextSelectionPolicy, context_selection_policy or PriorityContextSelectionPolicy()),
             compaction_policy=compaction_policy,
         ).build(
@@ -634,7 +637,7 @@ class RequestView:
                 f"receipt {receipt.receipt_id!r} output_digest does not match the remaining projection",
                 policy_id=receipt.policy_id,
             )
-        counter = counter or unit_counter_for(sel.unit)
+        counter = counter or unit_counter_for(sel.unit, tokenizer=self.provenance.get("model_tokenizer"))
         dropped_units = sum(counter.count(text) for text in self.selected_items_json[:k])
         context_json = self.context_json
         task = None
@@ -759,6 +762,16 @@ def _span(ids: Sequence[str]) -> str:
 # --------------------------------------------------------------------------- the builder
 
 
+def _model_tokenizer(model: Any) -> str | None:
+    """The tokenizer a model adapter declares as its own (``tokenizer``), or None."""
+    declared = getattr(model, "tokenizer", None)
+    if declared is None:
+        return None
+    if not isinstance(declared, str) or not declared:
+        raise ConfigurationError(f"{type(model).__name__}.tokenizer must be a tokenizer name or None, got {declared!r}")
+    return declared
+
+
 class _Builder:
     """One build of a RequestView (kept out of the dataclass so the algorithm reads top to bottom)."""
 
@@ -768,6 +781,7 @@ class _Builder:
         log: ExchangeLog,
         budget: ContextBudget,
         counter: UnitCounter | None,
+        tokenizer: str | None,
         selection_policy: ContextSelectionPolicy,
         compaction_policy: Any,
     ) -> None:
@@ -775,7 +789,10 @@ class _Builder:
             raise ConfigurationError(f"log: expected an ExchangeLog, got {type(log).__name__}")
         self.log = log
         self.budget = budget
-        self.counter: UnitCounter = counter if counter is not None else unit_counter_for(budget.unit)
+        self.tokenizer = tokenizer
+        self.counter: UnitCounter = (
+            counter if counter is not None else unit_counter_for(budget.unit, tokenizer=tokenizer)
+        )
         if self.counter.unit != budget.unit:
             raise ConfigurationError(
                 f"context_unit_counter counts {self.counter.unit!r} but the budget is in {budget.unit!r}"
@@ -983,6 +1000,8 @@ class _Builder:
                 for c in selection.omitted
             ],
         }
+        if self.tokenizer is not None:  # only when declared: the ids of other requests stay as they were
+            provenance["model_tokenizer"] = self.tokenizer
         receipts = (*prior_receipts, *new_receipts)
         identity = {
             "schema": REQUEST_VIEW_SCHEMA_VERSION,

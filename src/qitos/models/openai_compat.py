@@ -30,8 +30,11 @@ by index, usage is taken from the final chunk (``stream_options.include_usage``)
 Usage: when a response (streamed or not) carries no ``usage``, the adapter counts the tokens
 itself, prompt (the canonical JSON of the messages and tool schemas sent) and completion (text,
 tool names and arguments), with :func:`~qitos.core.context.unit_counter_for` ``("tokens")``
-(exact ``cl100k_base`` counts with the ``qitos[tokens]`` extra, else its documented estimate),
-and marks the usage ``estimated``. A token budget is therefore enforced on every server.
+(with the model's ``tokenizer`` when declared and known to the ``qitos[tokens]`` extra, else
+``cl100k_base``, else its documented estimate), and marks the usage ``estimated``. A token budget
+is therefore enforced on every server. Declare ``tokenizer`` only when it is the model's own (say
+``o200k_base`` for gpt-4o): token counts are exact only then, and request views label every other
+count an estimate, naming the tokenizer that counted.
 
 Failures: 408/409/429/5xx responses and connection errors or timeouts are retried up to
 ``max_retries`` times with jittered exponential backoff (``backoff_base * 2**attempt``, capped at
@@ -122,6 +125,7 @@ class OpenAICompatibleModel(ModelAdapter):
         api_key: str | None = None,
         max_input_units: int | None = None,
         unit: Unit = "tokens",
+        tokenizer: str | None = None,
         timeout: float = 60.0,
         max_retries: int = 3,
         temperature: float | None = None,
@@ -151,6 +155,9 @@ class OpenAICompatibleModel(ModelAdapter):
         self.model_id = model
         self.max_input_units = max_input_units
         self.unit = unit
+        if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer):
+            raise ConfigurationError(f"tokenizer must be a tokenizer name or None, got {tokenizer!r}")
+        self.tokenizer = tokenizer
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url if self.base_url.endswith("/chat/completions") else self.base_url + "/chat/completions"
         self.timeout = timeout
@@ -309,7 +316,7 @@ class OpenAICompatibleModel(ModelAdapter):
         """The counter for usage estimates (created on first use: most servers report usage)."""
         counter = self._tokens
         if counter is None:
-            counter = self._tokens = unit_counter_for("tokens")
+            counter = self._tokens = unit_counter_for("tokens", tokenizer=self.tokenizer)
         return counter
 
     # ------------------------------------------------------------------ clients
