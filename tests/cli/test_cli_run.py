@@ -139,6 +139,7 @@ def test_a_scripted_model_file_that_is_not_a_json_list_is_a_usage_error(cli: Any
 
 class _ChatHandler(BaseHTTPRequestHandler):
     seen: list[dict[str, Any]]
+    refuses_streaming_with_tools = False
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -147,6 +148,11 @@ class _ChatHandler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "body": body})
         usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        if body.get("stream") and body.get("tools") and self.refuses_streaming_with_tools:
+            self.send_response(200)  # and no event at all: how such a server answered
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if body.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -177,9 +183,10 @@ class _ChatHandler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def chat_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def chat_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     seen: list[dict[str, Any]] = []
-    handler = type("Handler", (_ChatHandler,), {"seen": seen})
+    refuses = bool(getattr(request, "param", False))
+    handler = type("Handler", (_ChatHandler,), {"seen": seen, "refuses_streaming_with_tools": refuses})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -241,6 +248,25 @@ def test_run_request_options_reach_the_server_and_the_run_budget_has_its_own_nam
         "--temperature need --model openai:NAME"
         in cli.run("run", "cli_agents:ModelAgent", "t", "--temperature", "0.1", code=2).stderr
     )
+
+
+@pytest.mark.parametrize("chat_server", [True], indirect=True)
+def test_a_server_that_refuses_to_stream_with_tools_gets_a_hint_and_no_stream_skips_the_attempt(
+    cli: Any, workdir: Path, chat_server: Any
+) -> None:
+    url, seen = chat_server
+    args = ["run", "cli_agents:ModelAgent", "answer me", "--model", "openai:loop-model", "--base-url", url]
+    result = cli.run(*args, code=0)  # live output asks to stream; the server sends nothing back
+    assert "answer:\nthe answer" in result.stdout
+    assert "stream refused" in result.stdout and "hint: the server did not stream a request with tools" in (
+        " ".join(result.stdout.split())
+    )
+    assert [r["body"].get("stream", False) for r in seen] == [True, False]
+    seen.clear()
+    quiet = cli.run(*args, "--no-stream", code=0)
+    assert "answer:\nthe answer" in quiet.stdout and "stream refused" not in quiet.stdout
+    assert [r["body"].get("stream", False) for r in seen] == [False]
+    assert "--no-stream need --model openai:NAME" in cli.run(*args[:3], "--no-stream", code=2).stderr
 
 
 def test_an_openai_model_without_a_declared_window_assumes_a_conservative_one() -> None:

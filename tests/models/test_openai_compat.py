@@ -261,6 +261,97 @@ def test_a_stream_cut_after_text_was_delivered_is_not_retried(server: LoopbackCh
     assert "ended before completion" in str(info.value) or "interrupted" in str(info.value)
 
 
+# --------------------------------------------------------------------------- servers that refuse to stream
+
+REFUSALS = {
+    "json-detail": json_reply({"detail": "Streaming is not supported when tools are given"}),
+    "empty-body": Reply(status=200, body=b"", headers={"Content-Type": "text/event-stream"}),
+    "http-400": json_reply({"error": {"message": "stream=true is not supported with tools"}}, status=400),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+def test_a_server_that_refuses_to_stream_with_tools_is_asked_again_without_streaming(
+    server: LoopbackChatServer, refusal: str
+) -> None:
+    server.refuse_streaming_with_tools = REFUSALS[refusal]
+    server.push(
+        json_reply(completion(tool_calls=[{"id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'}])),
+        json_reply(completion(tool_calls=[{"id": "c2", "name": "add", "arguments": '{"a": 1, "b": 1}'}])),
+        sse_reply([delta_chunk(content="5"), delta_chunk(finish_reason="stop")]),
+    )
+    model = model_for(server, max_retries=0)  # the second request is not a retry: none are allowed here
+    events: list[dict[str, Any]] = []
+    model.subscribe(lambda kind, payload: events.append({"kind": kind, **payload}))
+
+    first = model.complete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None)
+    assert first.tool_calls[0].arguments == {"a": 2, "b": 3}
+    assert [r.body.get("stream", False) for r in server.requests] == [True, False]
+    [event] = events
+    assert event["kind"] == "model_retry" and event["reason"] == "stream refused"
+    assert "without streaming" in event["hint"] and "--no-stream" in event["hint"]
+
+    second = model.complete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None)  # refused once: not streamed
+    assert second.tool_calls[0].id == "c2" and server.requests[2].body.get("stream", False) is False
+    deltas: list[str] = []
+    plain = model.complete(view_of(), on_delta=deltas.append)  # a request without tools still streams
+    assert plain.text == "5" and deltas == ["5"] and server.requests[3].body["stream"] is True
+    assert len(events) == 1
+
+
+def test_a_completion_sent_in_place_of_a_stream_is_the_answer(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("The sum is 5.")))  # a server that ignores "stream": true
+    deltas: list[str] = []
+    response = model_for(server).complete(view_of(), on_delta=deltas.append)
+    assert response.text == "The sum is 5." and deltas == ["The sum is 5."]
+    assert len(server.requests) == 1 and response.usage.input_tokens == 11
+
+
+def test_stream_false_never_streams(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("5")))
+    deltas: list[str] = []
+    response = model_for(server, stream=False).complete(view_of(tools=[ADD_TOOL]), on_delta=deltas.append)
+    assert response.text == "5" and deltas == [] and "stream" not in server.requests[0].body
+
+
+def test_an_error_about_something_else_is_not_taken_for_a_refusal_to_stream(server: LoopbackChatServer) -> None:
+    server.push(json_reply({"error": {"message": "unknown model"}}, status=400))
+    with pytest.raises(ModelError, match="unknown model"):
+        model_for(server).complete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None)
+    assert len(server.requests) == 1
+
+
+def test_acomplete_falls_back_the_same_way(server: LoopbackChatServer) -> None:
+    server.refuse_streaming_with_tools = REFUSALS["empty-body"]
+    server.push(json_reply(completion("5")))
+    model = model_for(server, max_retries=0)
+    response = asyncio.run(model.acomplete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None))
+    assert response.text == "5" and [r.body.get("stream", False) for r in server.requests] == [True, False]
+
+
+def test_an_agent_run_against_a_refusing_server_finishes_and_its_events_carry_the_hint(
+    server: LoopbackChatServer, policy_agent: Any
+) -> None:
+    server.refuse_streaming_with_tools = REFUSALS["json-detail"]
+    server.push(
+        json_reply(completion(tool_calls=[{"id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'}])),
+        json_reply(completion("The sum is 5.")),
+    )
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    agent = policy_agent(lambda state, obs: None, tools=[add], llm=model_for(server))
+    events: list[Any] = []  # a listener makes the run live: the engine asks to stream
+    result = Engine(agent).run("What is 2 + 3?", on_event=events.append)
+    assert result.state.final_result == "The sum is 5."
+    retries = [e.payload for e in events if e.event_type.value == "model_retry"]
+    assert len(retries) == 1 and retries[0]["reason"] == "stream refused" and retries[0]["hint"]
+    assert [r.body.get("stream", False) for r in server.requests] == [True, False, False]
+
+
 # --------------------------------------------------------------------------- failures and retries
 
 

@@ -39,12 +39,14 @@ class RequestOptions:
     max_output_tokens: int | None = None
     tool_choice: str | None = None
     timeout: float | None = None
+    stream: bool = True
 
     def given(self) -> list[str]:
         """The command-line flags that were set."""
         flags = ("--temperature", "--max-output-tokens", "--tool-choice", "--request-timeout")
         values = (self.temperature, self.max_output_tokens, self.tool_choice, self.timeout)
-        return [flag for flag, value in zip(flags, values, strict=True) if value is not None]
+        given = [flag for flag, value in zip(flags, values, strict=True) if value is not None]
+        return given if self.stream else [*given, "--no-stream"]
 
     def adapter_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``OpenAICompatibleModel``."""
@@ -60,6 +62,8 @@ class RequestOptions:
             )
         if self.timeout is not None:
             kwargs["timeout"] = self.timeout
+        if not self.stream:
+            kwargs["stream"] = False
         return kwargs
 
 

@@ -210,6 +210,8 @@ class LiveRenderer(EngineHook):
                     style=self._style("yellow"),
                 )
             )
+            if payload.get("hint"):
+                self._print(Text(f"  hint: {payload['hint']}", style=self._style("yellow")))
         elif kind is E.ERROR:
             self._errors_shown.add(event.error or "")
             self._print(Text(f"  error: {preview(event.error or '', 400, max_lines=3)}", style=self._style("red")))

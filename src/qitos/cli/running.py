@@ -283,6 +283,14 @@ def run(
     request_timeout: Annotated[
         float | None, typer.Option(min=0.001, help="Seconds one model request may take (openai:NAME; default 60).")
     ] = None,
+    no_stream: Annotated[
+        bool,
+        typer.Option(
+            "--no-stream",
+            help="Never stream replies (openai:NAME), for a server that cannot stream (with tools). "
+            "Without it, a server that refuses is asked again without streaming.",
+        ),
+    ] = False,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit (the task budget).")] = None,
     max_run_tokens: Annotated[
         int | None, typer.Option(min=1, help="Token budget of the whole run (all model requests together).")
@@ -310,6 +318,7 @@ def run(
             max_output_tokens=max_output_tokens,
             tool_choice=tool_choice,
             timeout=request_timeout,
+            stream=not no_stream,
         ),
     )
     require_model(factory, adapter, what="qitos run")

@@ -25,7 +25,17 @@ without reasoning models ignore it).
 
 Streaming: with ``on_delta`` the request is sent with ``"stream": true`` and the server-sent
 events are read as they arrive: text deltas go to ``on_delta``, tool-call deltas are accumulated
-by index, usage is taken from the final chunk (``stream_options.include_usage``).
+by index, usage is taken from the final chunk (``stream_options.include_usage``). ``stream=False``
+never streams (``on_delta`` then receives nothing; the reply arrives whole).
+
+A server that refuses to stream (some refuse it for requests with tools): a streamed request
+answered with no event at all (before this, ``stream ended before completion ... after 0
+chunks``), or with a 4xx whose message is about streaming. A plain chat completion in place of the
+stream is taken as the answer (its text goes to ``on_delta`` at once); otherwise the same request is
+sent again without streaming, at once and outside the retry count, and this adapter stops
+streaming that kind of request (with tools, or without). Both are reported to the listeners as a
+``model_retry`` with ``reason`` ``"stream refused"`` and a ``hint`` (pass ``stream=False``, or
+``qitos run --no-stream``, to skip the attempt).
 
 Usage: when a response (streamed or not) carries no ``usage``, the adapter counts the tokens
 itself, prompt (the canonical JSON of the messages and tool schemas sent) and completion (text,
@@ -104,6 +114,7 @@ class _Failure:
     body: str | None = None
     retry_after: float | None = None
     reason: str = ""
+    stream_refused: bool = False  # a 2xx answer to a streamed request that held no stream at all
 
 
 class OpenAICompatibleModel(ModelAdapter):
@@ -134,6 +145,7 @@ class OpenAICompatibleModel(ModelAdapter):
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         developer_role: str = "system",
+        stream: bool = True,
         stream_usage: bool = True,
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
@@ -167,6 +179,7 @@ class OpenAICompatibleModel(ModelAdapter):
         self.tool_choice = tool_choice
         self.extra_body = dict(extra_body or {})
         self.developer_role = developer_role
+        self.stream = stream
         self.stream_usage = stream_usage
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -183,18 +196,21 @@ class OpenAICompatibleModel(ModelAdapter):
         self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
         self._client_lock = threading.Lock()
         self._tokens: UnitCounter | None = None
+        # Kinds of request (with tools: True) the server refused to stream: they are sent unstreamed.
+        self._stream_refused: set[bool] = set()
 
     # ------------------------------------------------------------------ public
 
     def complete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
-        """Send the view as a chat completion (streamed when ``on_delta`` is given)."""
+        """Send the view as a chat completion (streamed when ``on_delta`` is given and ``stream``)."""
         check_allow_model_requests()
-        body, headers, estimator = self._prepare(view, stream=on_delta is not None)
+        stream = self._streams(view, on_delta)
+        body, headers, estimator = self._prepare(view, stream=stream)
         client = self._sync_client()
         attempt = 0
         while True:
             try:
-                if on_delta is None:
+                if on_delta is None or not stream:
                     response = client.post(self.url, content=body, headers=headers)
                     if response.status_code < 300:
                         return estimator.complete(self._parse_body(response.content))
@@ -202,10 +218,18 @@ class OpenAICompatibleModel(ModelAdapter):
                 else:
                     with client.stream("POST", self.url, content=body, headers=headers) as response:
                         if response.status_code < 300:
-                            return estimator.complete(self._read_stream(response.iter_lines(), on_delta))
-                        failure = self._http_failure(response.status_code, response.headers, response.read())
+                            read = self._read_stream(response.iter_lines(), on_delta)
+                            if isinstance(read, ModelResponse):
+                                return estimator.complete(read)
+                            failure = read
+                        else:
+                            failure = self._http_failure(response.status_code, response.headers, response.read())
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc)
+            if stream and self._stream_refusal(view, failure):
+                stream = False
+                body, headers, estimator = self._prepare(view, stream=False)
+                continue
             delay = self._retry_delay(failure, attempt)
             attempt += 1
             time.sleep(delay)
@@ -213,12 +237,13 @@ class OpenAICompatibleModel(ModelAdapter):
     async def acomplete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Async twin of :meth:`complete` over ``httpx.AsyncClient``."""
         check_allow_model_requests()
-        body, headers, estimator = self._prepare(view, stream=on_delta is not None)
+        stream = self._streams(view, on_delta)
+        body, headers, estimator = self._prepare(view, stream=stream)
         client = self._async_client()
         attempt = 0
         while True:
             try:
-                if on_delta is None:
+                if on_delta is None or not stream:
                     response = await client.post(self.url, content=body, headers=headers)
                     if response.status_code < 300:
                         return estimator.complete(self._parse_body(response.content))
@@ -226,10 +251,18 @@ class OpenAICompatibleModel(ModelAdapter):
                 else:
                     async with client.stream("POST", self.url, content=body, headers=headers) as response:
                         if response.status_code < 300:
-                            return estimator.complete(await self._aread_stream(response.aiter_lines(), on_delta))
-                        failure = self._http_failure(response.status_code, response.headers, await response.aread())
+                            read = await self._aread_stream(response.aiter_lines(), on_delta)
+                            if isinstance(read, ModelResponse):
+                                return estimator.complete(read)
+                            failure = read
+                        else:
+                            failure = self._http_failure(response.status_code, response.headers, await response.aread())
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc)
+            if stream and self._stream_refusal(view, failure):
+                stream = False
+                body, headers, estimator = self._prepare(view, stream=False)
+                continue
             delay = self._retry_delay(failure, attempt)
             attempt += 1
             await asyncio.sleep(delay)
@@ -461,7 +494,7 @@ class OpenAICompatibleModel(ModelAdapter):
             raw=data,
         )
 
-    def _read_stream(self, lines: Iterable[str], on_delta: DeltaCallback) -> ModelResponse:
+    def _read_stream(self, lines: Iterable[str], on_delta: DeltaCallback) -> ModelResponse | _Failure:
         acc = _StreamAccumulator(self, on_delta)
         try:
             for line in lines:
@@ -470,9 +503,9 @@ class OpenAICompatibleModel(ModelAdapter):
                     break
         except httpx.TransportError as exc:
             acc.interrupted(exc)
-        return acc.result()
+        return self._stream_outcome(acc)
 
-    async def _aread_stream(self, lines: Any, on_delta: DeltaCallback) -> ModelResponse:
+    async def _aread_stream(self, lines: Any, on_delta: DeltaCallback) -> ModelResponse | _Failure:
         acc = _StreamAccumulator(self, on_delta)
         try:
             async for line in lines:
@@ -481,7 +514,71 @@ class OpenAICompatibleModel(ModelAdapter):
                     break
         except httpx.TransportError as exc:
             acc.interrupted(exc)
-        return acc.result()
+        return self._stream_outcome(acc)
+
+    def _stream_outcome(self, acc: _StreamAccumulator) -> ModelResponse | _Failure:
+        """The stream's response; or, for an answer that held no event at all, the completion the
+        server sent instead of a stream, or a refusal to stream (sent again unstreamed)."""
+        acc.flush()
+        if acc.chunks or acc.done:
+            return acc.result()
+        text = "\n".join(acc.other_lines).strip()
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("choices"), list) and not data.get("error"):
+            response = self._parse_completion(data)  # the server answered without streaming
+            if response.text:
+                acc.on_delta(response.text)
+            return response
+        detail = _provider_message(self._redact(text)) if text else "an empty body"
+        return _Failure(
+            f"{self.model_id} at {self._redact(self.url)}: a streamed request was answered without any "
+            f"event ({detail})",
+            False,
+            200,
+            self._redact(text) or None,
+            reason="stream refused",
+            stream_refused=True,
+        )
+
+    def _streams(self, view: RequestView, on_delta: DeltaCallback | None) -> bool:
+        """Whether this request is sent streamed: asked for, allowed, and not of a refused kind."""
+        return on_delta is not None and self.stream and bool(view.tool_schemas_json) not in self._stream_refused
+
+    def _stream_refusal(self, view: RequestView, failure: _Failure) -> bool:
+        """Whether a streamed request's failure is the server refusing to stream; if so, that kind
+        of request is sent unstreamed from now on and the listeners get the hint."""
+        refused = failure.stream_refused or (
+            failure.status_code is not None
+            and 400 <= failure.status_code < 500
+            and failure.status_code not in _RETRY_STATUS
+            and "stream" in (failure.body or "").lower()
+        )
+        if not refused:
+            return False
+        with_tools = bool(view.tool_schemas_json)
+        self._stream_refused.add(with_tools)
+        kind = "a request with tools" if with_tools else "a request"
+        hint = (
+            f"the server did not stream {kind} ({failure.message}); it was sent again without streaming, "
+            f"as every such request to it will be. Pass stream=False (qitos run --no-stream) to skip the attempt."
+        )
+        self.emit(
+            "model_retry",
+            {
+                "model": self.model_id,
+                "attempt": 1,
+                "max_retries": self.max_retries,
+                "delay_s": 0.0,
+                "reason": "stream refused",
+                "status_code": failure.status_code,
+                "error": failure.message[:500],
+                "hint": hint,
+            },
+        )
+        return True
 
 
 class _StreamAccumulator:
@@ -500,6 +597,8 @@ class _StreamAccumulator:
         self.chunks = 0
         self.delivered = 0
         self.done = False
+        self.other_lines: list[str] = []  # what is not server-sent events: a body in place of a stream
+        self._other_size = 0
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\r")
@@ -507,7 +606,14 @@ class _StreamAccumulator:
             self._dispatch()
         elif line.startswith("data:"):
             self.data_lines.append(line[5:].removeprefix(" "))
+        elif not line.startswith((":", "event:", "id:", "retry:")) and self._other_size < _MAX_NON_EVENT_TEXT:
+            self.other_lines.append(line)
+            self._other_size += len(line)
         # other SSE fields (event:, id:, retry:) and comments (":") carry nothing we need
+
+    def flush(self) -> None:
+        """Dispatch the last event when the stream ended without its blank line."""
+        self._dispatch()
 
     def _dispatch(self) -> None:
         if not self.data_lines:
@@ -577,7 +683,7 @@ class _StreamAccumulator:
         raise exc
 
     def result(self) -> ModelResponse:
-        self._dispatch()
+        self.flush()
         if not self.done and self.finish_reason is None:
             raise ModelError(
                 f"{self.model.model_id}: stream ended before completion (no [DONE] and no finish_reason "
@@ -603,6 +709,9 @@ class _StreamAccumulator:
             },
         )
 
+
+_MAX_NON_EVENT_TEXT = 1 << 20
+"""How much text that is not server-sent events a streamed answer may hold (kept to read it as a body)."""
 
 _NO_USAGE = Usage()
 """The usage of a response that carried none (replaced by the estimator's count); compared by identity."""
