@@ -269,6 +269,60 @@ def test_a_server_that_refuses_to_stream_with_tools_gets_a_hint_and_no_stream_sk
     assert "--no-stream need --model openai:NAME" in cli.run(*args[:3], "--no-stream", code=2).stderr
 
 
+class _ObedientHandler(BaseHTTPRequestHandler):
+    """A model that calls echo whenever the request demands a tool, and answers otherwise."""
+
+    seen: list[dict[str, Any]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(body)
+        choice = body.get("tool_choice")
+        message: dict[str, Any] = {"role": "assistant", "content": "echoed, done"}
+        if choice == "required" or isinstance(choice, dict):
+            arguments = json.dumps({"text": "hi"})
+            call = {
+                "id": f"c{len(self.seen)}",
+                "type": "function",
+                "function": {"name": "echo", "arguments": arguments},
+            }
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        reply = {"id": "c", "model": "m", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+        raw = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+@pytest.mark.parametrize("choice", ["echo", "required"])
+def test_tool_choice_holds_until_a_tool_was_used_so_the_agent_still_finishes(
+    cli: Any, workdir: Path, choice: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_ObedientHandler,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        args = ["run", "cli_agents:ModelAgent", "say hi", "--model", "openai:m", "--base-url", url, "--json"]
+        data = cli.json(*args, "--tool-choice", choice)
+        assert (data["status"], data["final_result"], data["steps"]) == ("completed", "echoed, done", 2)
+        forced = {"type": "function", "function": {"name": "echo"}} if choice == "echo" else "required"
+        assert [body["tool_choice"] for body in seen] == [forced, "auto"]
+        seen.clear()
+        plain = cli.json(*args)  # the default: the model chooses
+        assert plain["steps"] == 1 and [body["tool_choice"] for body in seen] == ["auto"]
+        bad = cli.run(*args[:-1], "--tool-choice", "nope", code=2).stderr
+        assert "--tool-choice 'nope' is not auto, none, required or one of the agent's tools (echo, publish)" in bad
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_an_openai_model_without_a_declared_window_assumes_a_conservative_one() -> None:
     from qitos.cli.models import DEFAULT_OPENAI_WINDOW, resolve_model
 
