@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import pickle
+import warnings
 from typing import Any
 
+import httpx
 import pytest
 from loopback_chat_server import (
     LoopbackChatServer,
@@ -32,7 +34,7 @@ from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import decision_from_tool_calls
 from qitos.models.base import ModelRequestsDisabledError, Usage
-from qitos.models.openai_compat import OpenAICompatibleModel, to_openai_messages
+from qitos.models.openai_compat import MissingAPIKeyWarning, OpenAICompatibleModel, to_openai_messages
 
 ADD_TOOL = {
     "name": "add",
@@ -350,6 +352,45 @@ def test_an_agent_run_against_a_refusing_server_finishes_and_its_events_carry_th
     retries = [e.payload for e in events if e.event_type.value == "model_retry"]
     assert len(retries) == 1 and retries[0]["reason"] == "stream refused" and retries[0]["hint"]
     assert [r.body.get("stream", False) for r in server.requests] == [True, False, False]
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def _offline(base_url: str, **options: Any) -> OpenAICompatibleModel:
+    """The adapter for ``base_url`` over httpx's MockTransport: no network, a fixed answer."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=completion("5"))
+
+    transport = httpx.MockTransport(handler)
+    return OpenAICompatibleModel("m", base_url=base_url, transport=transport, async_transport=transport, **options)
+
+
+def test_a_remote_server_without_an_api_key_warns_once_before_the_first_request() -> None:
+    model = _offline("https://api.example.com/v1")
+    with pytest.warns(MissingAPIKeyWarning, match=r"api\.example\.com/v1: no API key") as caught:
+        assert model.complete(view_of()).text == "5"
+        model.complete(view_of())
+        asyncio.run(model.acomplete(view_of()))
+    assert len([w for w in caught if issubclass(w.category, MissingAPIKeyWarning)]) == 1
+
+
+@pytest.mark.parametrize(
+    ("base_url", "options"),
+    [
+        ("https://api.example.com/v1", {"api_key": KEY}),
+        ("https://api.example.com/v1", {"headers": {"X-Api-Key": "a-secret-key"}}),
+        ("http://127.0.0.1:8080/v1", {}),
+        ("http://localhost:8080/v1", {}),
+        ("http://[::1]:8080/v1", {}),
+        ("http://192.168.1.20:8080/v1", {}),
+    ],
+)
+def test_a_key_or_a_local_server_means_no_warning(base_url: str, options: dict[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingAPIKeyWarning)
+        assert _offline(base_url, **options).complete(view_of()).text == "5"
 
 
 # --------------------------------------------------------------------------- failures and retries

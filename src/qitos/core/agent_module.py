@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TextIO, TypeVar
 
 from qitos.core.decision import Decision
 from qitos.core.errors import ConfigurationError, RunFailedError
@@ -145,6 +145,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         trace_prefix: str | None = None,
         theme: str = DEFAULT_THEME,
         otel: Any = None,
+        progress: bool | TextIO = False,
         **state_kwargs: Any,
     ) -> Any:
         """Build an Engine, run ``task``, and return ``state.final_result``
@@ -160,7 +161,8 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         or None; ``theme`` is set on it (a renderer without a ``theme`` attribute, or no renderer,
         accepts only the default theme). ``history_policy`` goes to the Engine (a compaction policy).
         ``otel`` turns on OpenTelemetry spans (``True``, a TracerProvider or ``OtelSettings``; see
-        ``qitos.engine.telemetry``).
+        ``qitos.engine.telemetry``). ``progress=True`` prints a line per step to stderr (or to the
+        text stream given), rendered from the run's events (``qitos.engine.progress``).
         ``state_kwargs`` go to ``init_state``.
         """
         # The one place core reaches up to the engine: the convenience entry point of seed 004.
@@ -175,7 +177,11 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
             all_hooks.append(render)
         elif theme != DEFAULT_THEME:
             raise ConfigurationError(f"theme={theme!r} styles a renderer, but no render= hook was given")
-        kwargs.setdefault("hooks", all_hooks)
+        if progress is not False:
+            printer = importlib.import_module("qitos.engine.progress").progress_printer(progress)
+            if printer is not None:
+                all_hooks.append(printer)
+        kwargs["hooks"] = [*(kwargs.get("hooks") or []), *all_hooks]  # engine_kwargs' hooks and these
         for name, value in (
             ("parser", parser),
             ("env", env),

@@ -251,7 +251,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         """Run ``task`` to a stop and return the EngineResult.
 
         ``journal``/``resume`` are how durable sessions drive the loop; ``on_event`` receives each
-        event as it is emitted. Effects are performed in the calling thread (the sync driver).
+        event as it is emitted (and makes the model stream, unless it has ``wants_model_deltas =
+        False``, as ``qitos.engine.progress.ProgressPrinter`` has). Effects are performed in the
+        calling thread (the sync driver).
         """
         return drive(
             self._execute(
@@ -348,7 +350,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
-        run.live = on_event is not None or bool(self._delta_listeners)
+        run.live = (on_event is not None and getattr(on_event, "wants_model_deltas", True)) or bool(
+            self._delta_listeners
+        )
         stop: StopReason | None = None
         raised: BaseException | None = None
         self._active.add(run)

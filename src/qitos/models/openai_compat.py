@@ -59,21 +59,27 @@ says the request failed validation (some servers answer a schema error with 500)
 ``body``. A body that is not the expected JSON raises ModelError naming what is wrong.
 
 Secrets: the API key (and any header value whose name mentions key, token, auth or secret) is
-replaced by ``***`` in every error message, error body, event payload and ``repr``.
+replaced by ``***`` in every error message, error body, event payload and ``repr``. An adapter with
+no key (and no secret header) for a server that is not on this machine or its local network warns
+once, before its first request (:class:`MissingAPIKeyWarning`): such a server usually refuses the
+request with HTTP 401, after the run has started.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import ipaddress
 import json
 import random
 import re
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -94,7 +100,7 @@ from qitos.models.base import (
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
 
-__all__ = ["OpenAICompatibleModel", "to_openai_messages", "to_openai_tools"]
+__all__ = ["MissingAPIKeyWarning", "OpenAICompatibleModel", "to_openai_messages", "to_openai_tools"]
 
 _RETRY_STATUS = frozenset({408, 409, 429})
 # A 5xx body in which the server says it rejected the request itself (pydantic, FastAPI, OpenAI).
@@ -104,6 +110,10 @@ _VALIDATION_BODY = re.compile(
     re.IGNORECASE,
 )
 _SECRET_HEADER_HINTS = ("key", "token", "auth", "secret")
+
+
+class MissingAPIKeyWarning(UserWarning):
+    """An OpenAI-compatible model has no API key for a server that is not local (warned once)."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,7 @@ class OpenAICompatibleModel(ModelAdapter):
         self._tokens: UnitCounter | None = None
         # Kinds of request (with tools: True) the server refused to stream: they are sent unstreamed.
         self._stream_refused: set[bool] = set()
+        self._key_checked = False
 
     # ------------------------------------------------------------------ public
 
@@ -337,6 +348,8 @@ class OpenAICompatibleModel(ModelAdapter):
         return payload
 
     def _prepare(self, view: RequestView, *, stream: bool) -> tuple[bytes, dict[str, str], _Estimator]:
+        if not self._key_checked:
+            self._warn_without_key()
         payload = self.build_payload(view, stream=stream)
         try:
             body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
@@ -344,6 +357,22 @@ class OpenAICompatibleModel(ModelAdapter):
             raise ContextError(f"request for {self.model_id!r} is not JSON-serializable: {exc}") from exc
         headers = self._headers if not stream else {**self._headers, "Accept": "text/event-stream"}
         return body, headers, _Estimator(self, payload)
+
+    def _warn_without_key(self) -> None:
+        """Warn once, before the first request, when a remote server gets no credentials."""
+        with self._client_lock:
+            if self._key_checked:
+                return
+            self._key_checked = True
+        if not self._secrets and not _is_local(self.base_url):
+            warnings.warn(
+                MissingAPIKeyWarning(
+                    f"{self.model_id} at {self._redact(self.base_url)}: no API key is set for a server that is not on "
+                    "this machine; it will likely refuse the requests (HTTP 401). Set $OPENAI_API_KEY (or "
+                    "$QITOS_API_KEY for qitos run) or pass OpenAICompatibleModel(api_key=...)."
+                ),
+                stacklevel=4,
+            )
 
     def _token_counter(self) -> UnitCounter:
         """The counter for usage estimates (created on first use: most servers report usage)."""
@@ -893,6 +922,18 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def _is_local(url: str) -> bool:
+    """Whether ``url``'s host is this machine or an address of a private network."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name: nothing says it is local
+    return address.is_loopback or address.is_private or address.is_unspecified
 
 
 def _looks_secret(header_name: str) -> bool:
