@@ -308,7 +308,8 @@ def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
 
 
 def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
-    """Import ``"module:qualname"`` (an AgentModule class or zero-argument factory).
+    """Import ``"module:qualname"`` (an AgentModule class, a zero-argument factory, or a ready
+    AgentModule instance such as a module's ``agent = Agent(model, tools=[...])``).
 
     The current directory is put on ``sys.path`` first (as ``python -m`` does), so an agent in a
     local module can be named. Raises ConfigurationError saying what is wrong.
@@ -332,9 +333,12 @@ def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
         if not issubclass(target, AgentModule):
             raise ConfigurationError(f"{spec} is a class but not an AgentModule subclass")
         return target
+    if isinstance(target, AgentModule):
+        instance = target
+        return lambda: instance
     if callable(target):
         return target  # type: ignore[no-any-return]
-    raise ConfigurationError(f"{spec} is neither an AgentModule class nor a factory")
+    raise ConfigurationError(f"{spec} is neither an AgentModule class, a factory nor an agent")
 
 
 def inspection_to_dict(inspection: Any) -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""``Agent``: the stock tool-calling agent, in one line.
+
+::
+
+    from qitos import Agent
+
+    agent = Agent(model, tools=[word_count], instructions="Answer in one sentence.")
+    print(agent.run("How many words are in 'the quick brown fox'?"))
+
+An ``Agent`` is an ordinary :class:`~qitos.core.agent_module.AgentModule` whose ``decide`` always
+takes the engine's model path: every step asks the model, which calls tools or answers. The
+conversation is the run's exchange log (the task is its first user message, ``instructions`` the
+system prompt, steering and tool results follow), so the agent itself keeps nothing between steps
+and one instance serves any number of runs. Its typed state is :class:`AgentState` (the built-in
+fields of :class:`~qitos.core.state.StateSchema`). ``memory`` is recalled into every request.
+
+It goes wherever an agent goes: ``agent.run(...)``, ``Engine(agent)``, ``compose(agent=agent)`` (a
+ready instance serves every session), ``delegate("research", agent)``, a ``Team`` member, an eval.
+
+A restore rebuilds it from code, like any agent: the store holds the session (state, exchange log,
+control items), never the model, the tools or the instructions. The process that restores builds
+the same ``Agent`` (typically by importing the module that makes it) and hands it to ``compose``
+or ``Engine`` before ``restore(session_id)``; from the command line, ``--agent module:name`` names
+that instance (``qitos sessions resume S --agent app:agent``). The class alone cannot stand for a
+configured agent, so ``Agent()`` without a model argument is an error rather than a bare agent
+that would continue a session without its tools and instructions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from qitos.core.agent_module import AgentModule
+from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core.decision import Action, Decision, Observation
+from qitos.core.errors import ConfigurationError
+from qitos.core.state import StateSchema
+from qitos.core.tool import ToolRegistry
+
+if TYPE_CHECKING:
+    from qitos.core.memory import Memory
+
+__all__ = ["Agent", "AgentState"]
+
+
+@dataclass
+class AgentState(StateSchema):
+    """The state of a stock :class:`Agent`'s run: the built-in fields (the conversation is the
+    run's exchange log, not state)."""
+
+
+class Agent(AgentModule[AgentState, Observation, Action]):
+    """A tool-calling agent: a model, tools, instructions, optional memory.
+
+    Args:
+        model: the model adapter (or a function ``messages -> text``); None when the engine or
+            ``compose(model=...)`` provides it. Required as an argument, so that the class alone
+            never stands for a configured agent (see the module docstring).
+        instructions: the system prompt of every request (None: none).
+        tools: the tools the model may call (``@tool`` functions, ToolSpecs, ``delegate(...)``
+            tools) or a ready ToolRegistry.
+        memory: a ``Memory`` recalled fresh into every model request.
+        max_steps: the step limit of a run, unless a task or engine budget sets one.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        instructions: str | None = None,
+        tools: Sequence[Any] | ToolRegistry = (),
+        memory: Memory | None = None,
+        max_steps: int = 10,
+    ) -> None:
+        if instructions is not None and not isinstance(instructions, str):
+            raise ConfigurationError(f"Agent: instructions must be a string or None, got {type(instructions).__name__}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ConfigurationError(f"Agent: max_steps must be a positive int, got {max_steps!r}")
+        if isinstance(tools, str) or not isinstance(tools, Sequence | ToolRegistry):
+            raise ConfigurationError(f"Agent: tools must be a list of tools or a ToolRegistry, got {tools!r:.80}")
+        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        super().__init__(tool_registry=registry, llm=model, memory=memory)
+        self.instructions = instructions
+        self.max_steps = max_steps
+
+    def init_state(self, task: str, **kwargs: Any) -> AgentState:
+        """A fresh state for ``task`` (``max_steps=`` may override the agent's step limit)."""
+        unknown = set(kwargs) - {"max_steps"}
+        if unknown:
+            raise ConfigurationError(f"Agent.init_state: unknown argument(s) {sorted(unknown)} (it takes max_steps=)")
+        return AgentState(task=task, max_steps=int(kwargs.get("max_steps", self.max_steps)))
+
+    def build_system_prompt(self, state: AgentState) -> str | None:
+        """The ``instructions``."""
+        return self.instructions
+
+    def prepare(self, state: AgentState) -> str:
+        """The task itself is the first user message."""
+        return state.task
+
+    def reduce(self, state: AgentState, observation: Observation, decision: Decision[Action]) -> AgentState:
+        """Nothing to fold: tool results and answers are in the run's exchange log."""
+        return state
+
+    def describe(self) -> dict[str, Any]:
+        """What makes this agent the agent it is, as JSON (for pins and traces): the digests of its
+        instructions and tool schemas, its tool names and step limit; no model, no credentials."""
+        schemas = self.tool_registry.schemas()
+        return {
+            "agent": f"{type(self).__module__}:{type(self).__qualname__}",
+            "instructions_digest": sha256_hex(self.instructions or ""),
+            "tools": [schema["name"] for schema in schemas],
+            "tools_digest": sha256_hex(canonical_json(schemas)),
+            "max_steps": self.max_steps,
+        }
+
+    def __repr__(self) -> str:
+        tools = ", ".join(self.tool_registry.names())
+        return f"Agent(tools=[{tools}], instructions={self.instructions!r:.60}, max_steps={self.max_steps})"
