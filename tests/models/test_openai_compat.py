@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pickle
 import warnings
@@ -26,11 +27,13 @@ from qitos.core.codec import canonical_json
 from qitos.core.context import TokenCounter
 from qitos.core.errors import ConfigurationError, ContextError, ModelError
 from qitos.core.exchange import ExchangeLog
+from qitos.core.output import OutputSpec
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.state import StopReason
 from qitos.core.tool import tool
 from qitos.engine.engine import Engine
 from qitos.engine.runtime import RuntimeBudget
+from qitos.kit.agent import Agent
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import decision_from_tool_calls
 from qitos.models.base import ModelRequestsDisabledError, Usage
@@ -352,6 +355,80 @@ def test_an_agent_run_against_a_refusing_server_finishes_and_its_events_carry_th
     retries = [e.payload for e in events if e.event_type.value == "model_retry"]
     assert len(retries) == 1 and retries[0]["reason"] == "stream refused" and retries[0]["hint"]
     assert [r.body.get("stream", False) for r in server.requests] == [True, False, False]
+
+
+# --------------------------------------------------------------------------- typed answers
+
+
+@dataclasses.dataclass(frozen=True)
+class Sum:
+    a: int
+    b: int
+    total: int
+
+
+def test_a_typed_answer_goes_out_as_the_final_answer_tool_by_default(server: LoopbackChatServer) -> None:
+    arguments = json.dumps({"a": 2, "b": 3, "total": 5})
+    server.push(json_reply(completion(tool_calls=[{"id": "f1", "name": "final_answer", "arguments": arguments}])))
+    agent = Agent(model_for(server), instructions="Add.", output_type=Sum)
+    assert agent.run("2 + 3?", trace=False) == Sum(2, 3, 5)
+    body = server.requests[0].body
+    assert "response_format" not in body and body["tool_choice"] == "auto"
+    [sent] = body["tools"]
+    assert sent["function"]["name"] == "final_answer" and sent["function"]["parameters"]["required"] == [
+        "a",
+        "b",
+        "total",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "json_object"])
+def test_a_server_that_takes_a_schema_gets_it_as_response_format(server: LoopbackChatServer, kind: str) -> None:
+    server.push(
+        json_reply(completion('{"a": 2, "b": 3, "total": "five"}')),
+        json_reply(completion('{"a": 2, "b": 3, "total": 5}')),
+    )
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    agent = Agent(model_for(server, response_format=kind), tools=[add], output_type=Sum)
+    result = agent.run("2 + 3?", trace=False, return_state=True)
+    assert result.state.output == Sum(2, 3, 5)
+    body = server.requests[0].body
+    schema = OutputSpec.of(Sum).schema
+    expected = (
+        {"type": "json_schema", "json_schema": {"name": "final_answer", "schema": schema, "strict": False}}
+        if kind == "json_schema"
+        else {"type": "json_object", "schema": schema}
+    )
+    assert body["response_format"] == expected
+    assert [t["function"]["name"] for t in body["tools"]] == ["add"]  # the schema is not also a tool
+    assert "answer.total: expected integer" in server.requests[1].body["messages"][-1]["content"]
+
+
+def test_a_tool_choice_naming_the_final_answer_becomes_none_with_a_response_format(server: LoopbackChatServer) -> None:
+    log = ExchangeLog(log_id="typed")
+    log.open([{"role": "user", "content": "2 + 3?"}])
+    spec = OutputSpec.of(Sum)
+    view = RequestView.from_exchange_log(
+        log,
+        tool_schemas=[spec.tool_schema()],
+        capability_requirements=["structured_output"],
+        tool_use_policy="final_answer",
+    )
+    assert model_for(server).build_payload(view)["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "final_answer"},
+    }
+    payload = model_for(server, response_format="json_schema").build_payload(view)
+    assert (
+        "tools" not in payload and "tool_choice" not in payload and payload["response_format"]["type"] == "json_schema"
+    )
+    with pytest.raises(ConfigurationError, match="response_format must be 'json_schema', 'json_object' or None"):
+        model_for(server, response_format="xml")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- credentials

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TextIO, TypeVar
 
 from qitos.core.decision import Decision
 from qitos.core.errors import ConfigurationError, RunFailedError
+from qitos.core.output import OutputSpec
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
 from qitos.core.tool import ToolRegistry
@@ -34,6 +35,11 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
     A subclass can declare its tools as a class attribute, ``tools = (word_count, ...)``; they form
     the registry when none is passed, so ``MyAgent()`` and ``compose(agent=MyAgent)`` have them.
+
+    ``output_type`` (class or instance attribute; None: text) types the final answer of the model
+    path: a dataclass or a pydantic model. The model is then asked for a JSON object of that type,
+    an answer that does not validate gets repair feedback, and ``run`` returns the typed value
+    (see ``qitos.core.output``).
 
     Args:
         tool_registry: the tools the agent may call: a ``ToolRegistry`` or a sequence of tools
@@ -57,6 +63,9 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
     tools: ClassVar[Sequence[Any]] = ()
     """Tools (``@tool`` functions or ToolSpecs) every instance gets when no ``tool_registry`` is passed."""
+
+    output_type: type | None = None
+    """The type of the final answer on the model path (a dataclass or pydantic model), or None for text."""
 
     def __init__(
         self,
@@ -149,7 +158,8 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         **state_kwargs: Any,
     ) -> Any:
         """Build an Engine, run ``task``, and return ``state.final_result``
-        (the whole ``EngineResult`` when ``return_state=True``).
+        (the whole ``EngineResult`` when ``return_state=True``). With an ``output_type`` the final
+        answer is returned as that type (None when the run ended without one).
 
         A run that ends with status ``failed`` (the model unreachable, an HTTP error, a request that
         does not fit its budget...) raises :class:`~qitos.core.errors.RunFailedError` carrying the
@@ -209,7 +219,10 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
                 stop_reason=task_result.stop_reason,
                 error=task_result.error,
             )
-        return result.state.final_result
+        final = result.state.final_result
+        if self.output_type is None or final is None:
+            return final
+        return OutputSpec.of(self.output_type).parse(final)
 
 
 def _registry(given: Any, declared: Sequence[Any]) -> ToolRegistry:

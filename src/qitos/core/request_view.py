@@ -64,6 +64,7 @@ from qitos.core.exchange import (
     ItemIdRange,
     categories_from_mask,
 )
+from qitos.core.output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT
 
 __all__ = [
     "REASONING_EFFORTS",
@@ -399,12 +400,14 @@ class RequestView:
     (the OpenAI-compatible adapter as ``tool_choice``; the local adapter as its grammar).
 
     What the built-in adapters send: :meth:`messages`, :meth:`tools`, :meth:`tool_choice` and
-    ``reasoning_policy.effort`` (see :class:`ReasoningPolicy`). The other fields record how the
-    request was built and are not sent: ``context_budget``, ``selection``,
-    ``compaction_receipts``, ``provenance_json``, ``steering_boundary_json``,
-    ``correlation_facts_json`` and ``protocol_id`` are for traces and checks;
-    ``capability_requirements``, ``continuation`` (chat completions have no previous-response id)
-    and ``artifact_refs`` (bodies are not embedded) are ignored by both built-in adapters.
+    ``reasoning_policy.effort`` (see :class:`ReasoningPolicy`); a request for a typed answer
+    (:meth:`output_schema`) goes out as its ``final_answer`` tool or as a ``response_format``. The
+    other fields record how the request was built and are not sent: ``context_budget``,
+    ``selection``, ``compaction_receipts``, ``provenance_json``, ``steering_boundary_json``,
+    ``correlation_facts_json`` and ``protocol_id`` are for traces and checks; the other
+    ``capability_requirements`` than ``structured_output``, ``continuation`` (chat completions have
+    no previous-response id) and ``artifact_refs`` (bodies are not embedded) are ignored by both
+    built-in adapters.
     """
 
     request_id: str
@@ -471,6 +474,18 @@ class RequestView:
     def tools(self) -> list[dict[str, Any]]:
         """The tool schemas as given: ``{"name", "description", "parameters"}``."""
         return [json.loads(text) for text in self.tool_schemas_json]
+
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema a typed final answer must match, when the request asks for one
+        (``structured_output`` among its capability requirements): the parameters of its
+        ``final_answer`` tool (see ``qitos.core.output``). None for a request for plain text."""
+        if STRUCTURED_OUTPUT not in self.capability_requirements:
+            return None
+        for text in self.tool_schemas_json:
+            schema = json.loads(text)
+            if schema.get("name") == FINAL_ANSWER_TOOL:
+                return dict(schema.get("parameters") or {})
+        return None
 
     def tool_choice(self) -> str | None:
         """What the model is asked about tools: ``auto``, ``required``, ``none`` or a tool's name;

@@ -534,7 +534,10 @@ def _resolve_state_type(name: str, engine: EngineLoop[Any, Any, Any]) -> type[St
     probe = engine.agent.init_state("")
     if type(probe).__qualname__ == qualname:
         return type(probe)
-    raise ConfigurationError(f"cannot import the session's state type {name!r} in this process")
+    raise ConfigurationError(
+        f"cannot import the session's state type {name!r} in this process, and the agent given makes "
+        f"{type(probe).__qualname__}: restore with the agent the session was made with"
+    )
 
 
 def _agent_identity(engine: EngineLoop[Any, Any, Any]) -> AgentIdentity:

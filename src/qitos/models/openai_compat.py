@@ -23,6 +23,14 @@ there are tools: llama-cpp-python's server offers the tools to the model only wh
 ``tool_choice`` is given. ``view.reasoning_policy.effort`` becomes ``reasoning_effort`` (servers
 without reasoning models ignore it).
 
+A request for a typed answer (``view.output_schema()``, see ``qitos.core.output``) goes out as its
+``final_answer`` tool, unless the constructor declares that the server takes a JSON schema as
+``response_format``: ``"json_schema"`` (OpenAI, vLLM, llama.cpp's llama-server, Ollama:
+``{"type": "json_schema", "json_schema": {"name", "schema", "strict": false}}``) or
+``"json_object"`` (llama-cpp-python's server: ``{"type": "json_object", "schema": ...}``). The
+``final_answer`` tool is then left out (a tool choice naming it becomes ``none``: answer now) and
+the reply's text is the JSON object.
+
 Streaming: with ``on_delta`` the request is sent with ``"stream": true`` and the server-sent
 events are read as they arrive: text deltas go to ``on_delta``, tool-call deltas are accumulated
 by index, usage is taken from the final chunk (``stream_options.include_usage``). ``stream=False``
@@ -78,7 +86,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -86,6 +94,7 @@ import httpx
 from qitos.core.codec import canonical_json
 from qitos.core.context import UnitCounter, unit_counter_for
 from qitos.core.errors import ConfigurationError, ContextError, ModelError
+from qitos.core.output import FINAL_ANSWER_TOOL
 from qitos.models.base import (
     DeltaCallback,
     ModelAdapter,
@@ -152,6 +161,7 @@ class OpenAICompatibleModel(ModelAdapter):
         temperature: float | None = None,
         max_tokens: int | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
+        response_format: Literal["json_schema", "json_object"] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         developer_role: str = "system",
@@ -174,6 +184,10 @@ class OpenAICompatibleModel(ModelAdapter):
             raise ConfigurationError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if backoff_base < 0 or backoff_max < 0 or max_retry_after < 0:
             raise ConfigurationError("backoff_base, backoff_max and max_retry_after must be >= 0")
+        if response_format not in (None, "json_schema", "json_object"):
+            raise ConfigurationError(
+                f"response_format must be 'json_schema', 'json_object' or None, got {response_format!r}"
+            )
         self.model_id = model
         self.max_input_units = max_input_units
         self.unit = unit
@@ -187,6 +201,7 @@ class OpenAICompatibleModel(ModelAdapter):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.tool_choice = tool_choice
+        self.response_format = response_format
         self.extra_body = dict(extra_body or {})
         self.developer_role = developer_role
         self.stream = stream
@@ -328,9 +343,15 @@ class OpenAICompatibleModel(ModelAdapter):
             "messages": to_openai_messages(view.messages(), developer_role=self.developer_role),
         }
         tools = view.tools()
+        wanted = view.tool_choice()
+        output = view.output_schema() if self.response_format is not None else None
+        if output is not None:
+            payload["response_format"] = _response_format(self.response_format, output)
+            tools = [t for t in tools if t["name"] != FINAL_ANSWER_TOOL]
+            wanted = "none" if wanted == FINAL_ANSWER_TOOL else wanted
         if tools:
             payload["tools"] = to_openai_tools(tools)
-            choice = self.tool_choice if self.tool_choice is not None else _tool_choice(view.tool_choice(), tools)
+            choice = self.tool_choice if self.tool_choice is not None else _tool_choice(wanted, tools)
             if choice is not None:
                 payload["tool_choice"] = choice
         effort = view.reasoning_policy.effort
@@ -775,6 +796,13 @@ def _tool_choice(choice: str | None, tools: list[dict[str, Any]]) -> str | dict[
     if choice is None or choice in ("auto", "required", "none"):
         return choice
     return {"type": "function", "function": {"name": choice}}
+
+
+def _response_format(kind: str | None, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``response_format`` asking for a JSON object matching ``schema``, in the server's form."""
+    if kind == "json_object":
+        return {"type": "json_object", "schema": dict(schema)}
+    return {"type": "json_schema", "json_schema": {"name": FINAL_ANSWER_TOOL, "schema": dict(schema), "strict": False}}
 
 
 # ---------------------------------------------------------------------- conversions
