@@ -8,6 +8,7 @@
     qitos sessions list|show|resume|steer|pause|approve|reject|fork|prune|vacuum
     qitos trace list|show|export|serve
     qitos memory list|add|delete
+    qitos eval run|list|show|score|resume
 
 Exit codes and error output are described in :mod:`qitos.cli.common`.
 """
@@ -19,6 +20,7 @@ from typing import Annotated
 import typer
 
 from qitos import __version__
+from qitos.cli import eval as eval_cli
 from qitos.cli import memory, sessions, trace, worker
 from qitos.cli.common import set_debug
 from qitos.cli.running import demo, run
@@ -59,6 +61,7 @@ sessions.app.command("submit")(worker.submit)
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(trace.app, name="trace")
 app.add_typer(memory.app, name="memory")
+app.add_typer(eval_cli.app, name="eval")
 
 
 def main() -> None:
