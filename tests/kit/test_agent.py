@@ -18,6 +18,7 @@ from qitos.core.errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
 from qitos.engine.delegation import delegate
 from qitos.engine.handoff import Team, TeamState
+from qitos.eval import Dataset, Sample, evaluate, scorers
 from qitos.kit.agent import AgentState
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
 from qitos.models.function import FunctionModel
@@ -196,6 +197,14 @@ def test_an_agent_module_instance_names_an_agent_on_the_command_line(tmp_path: P
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["final_result"] == "Nothing to publish."
+
+
+def test_an_agent_instance_is_evaluated(tmp_path: Path) -> None:
+    model = FunctionModel(lambda messages: messages[-1]["content"].upper(), takes="messages")
+    data = Dataset([Sample("alpha", "ALPHA", id="a"), Sample("beta", "BETA", id="b")], name="words")
+    report = evaluate(Agent(model), data, scorers=[scorers.exact()], store=str(tmp_path / "evals.db"), name="agent")
+    assert report.status == "complete" and report.metrics["exact"]["mean"] == 1.0
+    assert sorted(s.answer for s in report.samples) == ["ALPHA", "BETA"]
 
 
 def test_bad_arguments_are_clear_errors() -> None:
