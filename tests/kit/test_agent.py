@@ -18,7 +18,7 @@ from qitos.core.errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
 from qitos.engine.delegation import delegate
 from qitos.engine.handoff import Team, TeamState
-from qitos.eval import Dataset, Sample, evaluate, scorers
+from qitos.eval import Dataset, EvalChangedError, Sample, evaluate, scorers
 from qitos.kit.agent import AgentState
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
 from qitos.models.function import FunctionModel
@@ -205,6 +205,13 @@ def test_an_agent_instance_is_evaluated(tmp_path: Path) -> None:
     report = evaluate(Agent(model), data, scorers=[scorers.exact()], store=str(tmp_path / "evals.db"), name="agent")
     assert report.status == "complete" and report.metrics["exact"]["mean"] == 1.0
     assert sorted(s.answer for s in report.samples) == ["ALPHA", "BETA"]
+    again = Agent(model)  # the same configuration continues the eval: nothing runs again
+    assert (
+        evaluate(again, data, scorers=[scorers.exact()], store=str(tmp_path / "evals.db"), name="agent").completed == 2
+    )
+    other = Agent(model, instructions="Shout.")
+    with pytest.raises(EvalChangedError, match=r"agent_config\.instructions_digest"):
+        evaluate(other, data, scorers=[scorers.exact()], store=str(tmp_path / "evals.db"), name="agent")
 
 
 def test_bad_arguments_are_clear_errors() -> None:

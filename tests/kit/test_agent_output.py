@@ -175,9 +175,16 @@ def test_any_agent_module_can_declare_an_output_type() -> None:
         def reduce(self, state: StateSchema, observation: Any, decision: Decision[Any]) -> StateSchema:
             return state
 
-    assert Typed(llm=ScriptedModel([answer({"name": "Rome", "population": 3})])).run("Rome?", trace=False) == City(
-        "Rome", 3
-    )
+    rome = Typed(llm=ScriptedModel([answer({"name": "Rome", "population": 3})])).run("Rome?", trace=False)
+    assert rome == City("Rome", 3)
+
+    @tool(name=FINAL_ANSWER_TOOL)
+    def clash(text: str) -> str:
+        """A tool with the reserved name."""
+        return text
+
+    with pytest.raises(ConfigurationError, match="Typed has a tool named 'final_answer'"):
+        Typed(llm=ScriptedModel(["x"]), tool_registry=[clash]).run("Rome?", trace=False)
 
 
 def test_bad_typed_output_setups_are_clear_errors() -> None:

@@ -28,7 +28,7 @@ import dataclasses
 import json
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -95,6 +95,14 @@ class OutputSpec:
         spec = cls(output_type=output_type, schema=schema)
         cls._cache[output_type] = spec
         return spec
+
+    def check_tools(self, tool_names: Collection[str], owner: str) -> None:
+        """ConfigurationError when ``owner``'s tools already use the name of the answer's tool."""
+        if FINAL_ANSWER_TOOL in tool_names:
+            raise ConfigurationError(
+                f"{owner} has a tool named {FINAL_ANSWER_TOOL!r}, the name its typed answer ({self.name}) is given "
+                "by; rename the tool"
+            )
 
     @property
     def name(self) -> str:

@@ -45,7 +45,6 @@ from typing import Any
 
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.decision import Decision, Observation
-from qitos.core.errors import ConfigurationError
 from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
 from qitos.core.output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT, OutputSpec, OutputValidationError
 from qitos.core.redaction import Redactor, model_credentials
@@ -365,11 +364,7 @@ def _output_spec(agent: Any) -> OutputSpec | None:
     if output_type is None:
         return None
     spec = OutputSpec.of(output_type)
-    if FINAL_ANSWER_TOOL in agent.tool_registry:
-        raise ConfigurationError(
-            f"{type(agent).__name__} has a tool named {FINAL_ANSWER_TOOL!r}, the name its typed answer "
-            f"({spec.name}) is given by; rename the tool"
-        )
+    spec.check_tools(agent.tool_registry.names(), type(agent).__name__)
     return spec
 
 

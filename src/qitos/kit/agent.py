@@ -45,7 +45,7 @@ from qitos.core.agent_module import AgentModule
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.decision import Action, Decision, Observation
 from qitos.core.errors import ConfigurationError
-from qitos.core.output import FINAL_ANSWER_TOOL, OutputSpec
+from qitos.core.output import OutputSpec
 from qitos.core.state import StateSchema
 from qitos.core.tool import ToolRegistry
 
@@ -119,10 +119,8 @@ class Agent(AgentModule[AgentState, Observation, Action]):
         self.max_steps = max_steps
         self.output_type = output_type
         self._output = OutputSpec.of(output_type) if output_type is not None else None
-        if self._output is not None and FINAL_ANSWER_TOOL in registry:
-            raise ConfigurationError(
-                f"Agent: a tool named {FINAL_ANSWER_TOOL!r} clashes with the typed answer's tool; rename the tool"
-            )
+        if self._output is not None:
+            self._output.check_tools(registry.names(), "Agent")
         self._state_type = typed_state(output_type) if output_type is not None else AgentState
 
     def init_state(self, task: str, **kwargs: Any) -> AgentState:

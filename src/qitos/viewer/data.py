@@ -335,7 +335,13 @@ def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
         return target
     if isinstance(target, AgentModule):
         instance = target
-        return lambda: instance
+
+        def factory() -> AgentModule[Any, Any, Any]:
+            return instance
+
+        # It names what it returns, as a class does (an eval pins its agent by this name).
+        factory.__module__, factory.__qualname__ = module_name, qualname
+        return factory
     if callable(target):
         return target  # type: ignore[no-any-return]
     raise ConfigurationError(f"{spec} is neither an AgentModule class, a factory nor an agent")
