@@ -53,6 +53,7 @@ from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
 from qitos.engine.hooks import EngineHook, HookContext
+from qitos.sessions.payload import SnapshotPayload
 
 HERE = Path(__file__).resolve().parent
 LANGGRAPH_VENV = HERE / ".venvs" / "langgraph"
@@ -286,7 +287,7 @@ def restore_child(db: str, session_id: str) -> None:
     state = session.state_type.from_dict(restored.state_data)
     elapsed = time.perf_counter() - start
     chain = store.load_chain(head.snapshot_id)
-    runs = sum(len(refs) for refs in (chain[0].payload["state"].get("chunks") or {}).values())
+    runs = sum(len(refs) for refs in SnapshotPayload.of(chain[0]).state_chunks.values())
     print(json.dumps({"ms": elapsed * 1e3, "items": len(state.items), "chain": len(chain), "runs": runs}))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from test_store_conformance import load_suite
 
+from qitos.checkpoint._records import snapshot_content_text
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import (
     BlobIntegrityError,
@@ -26,7 +27,6 @@ from qitos.checkpoint.store import (
     SnapshotNotFoundError,
     StepWrite,
     SyncCheckpointStore,
-    snapshot_content_text,
 )
 from qitos.core.codec import canonical_json, digest
 from qitos.core.errors import CodecError, SnapshotIntegrityError, UsageError
@@ -209,3 +209,26 @@ def test_a_verified_payload_that_is_not_an_object_is_named() -> None:
     with pytest.raises(SnapshotIntegrityError, match="not a JSON object") as caught:
         SessionSnapshot.from_stored_rows([_stored('{"a":0}'), bad])
     assert caught.value.snapshot_id == bad[0]
+
+
+def test_the_contract_module_holds_the_abcs_and_names_the_records_at_the_seed_path() -> None:
+    import inspect
+
+    from qitos.checkpoint import _records, _rules, store
+
+    # The seed's path: the contract and the records its methods take and return.
+    from qitos.checkpoint.store import CheckpointStore, SessionCommitReceipt, SessionHeadRecord, SessionSnapshotCommit
+
+    assert (SessionHeadRecord, SessionSnapshotCommit, SessionCommitReceipt) == (
+        _records.SessionHeadRecord,
+        _records.SessionSnapshotCommit,
+        _records.SessionCommitReceipt,
+    )
+    defined_here = [
+        obj for obj in vars(store).values() if inspect.isclass(obj) and obj.__module__ == "qitos.checkpoint.store"
+    ]
+    assert sorted(c.__name__ for c in defined_here) == ["CheckpointStore", "SyncCheckpointStore"]
+    assert all(inspect.isabstract(c) for c in defined_here) and CheckpointStore in defined_here
+    for name in store.__all__:  # every other name is a record or an error defined in _records
+        assert getattr(store, name) is getattr(_records, name, getattr(store, name))
+    assert not any(inspect.isclass(obj) and obj.__module__ == _rules.__name__ for obj in vars(_rules).values())

@@ -22,13 +22,7 @@ import pytest
 
 from pg_server import drop_schema, fresh_schema, pg_store
 from qitos.checkpoint.postgres_store import SCHEMA_VERSION, PostgresCheckpointStore, _drive
-from qitos.checkpoint.store import (
-    BlobIntegrityError,
-    ControlItem,
-    SessionSnapshot,
-    SessionSnapshotCommit,
-    StepWrite,
-)
+from qitos.checkpoint.store import BlobIntegrityError, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,

@@ -22,6 +22,7 @@ import pytest
 
 import session_agents as sa
 from qitos.models.scripted import ScriptedModel
+from qitos.sessions.payload import SnapshotPayload
 
 TARGET = 20
 TOOL_SLEEP = 0.004
@@ -181,7 +182,7 @@ def _check_recovery(trial: Trial) -> None:
         if trial.note_bytes > 1024:  # the big notes really were stored as runs by some base
             store = composition.runtime.checkpoint_store
             snapshots = [store.get_snapshot(s) for s in store.list_session_snapshots(trial.session_id)]
-            assert any("chunks" in s.payload["state"] for s in snapshots if s.base_id is None), where
+            assert any(SnapshotPayload.of(s).state_chunks for s in snapshots if s.base_id is None), where
     finally:
         composition.runtime.checkpoint_store.close()
 

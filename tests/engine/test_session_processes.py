@@ -16,6 +16,7 @@ from typing import Any
 import session_agents as sa
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core.errors import ConfigurationError
+from qitos.sessions.payload import SnapshotPayload
 
 
 def _reference(tmp_path: Path, target: int, **kwargs: Any) -> dict[str, Any]:
@@ -265,10 +266,10 @@ def test_long_list_fields_stored_as_runs_resume_in_another_process_with_the_same
     with SqliteCheckpointStore(db) as store:
         bases = [
             s for sid in store.list_session_snapshots(first["session_id"])
-            if (s := store.get_snapshot(sid)).base_id is None and "chunks" in s.payload["state"]
+            if (s := SnapshotPayload.of(store.get_snapshot(sid))).state_chunks
         ]  # fmt: skip
     assert len(bases) >= 2, "90 KiB of notes should have produced bases with the notes stored as runs"
-    newer, older = bases[0].payload["state"]["chunks"]["notes"], bases[1].payload["state"]["chunks"]["notes"]
+    newer, older = bases[0].state_chunks["notes"], bases[1].state_chunks["notes"]
     assert newer[: len(older) - 1] == older[:-1]  # the newer base reuses the older one's closed runs
 
     second = sa.run_cli(

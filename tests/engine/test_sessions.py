@@ -31,6 +31,7 @@ from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.composition import Composition, compose
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.models.scripted import ScriptedModel
+from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.step_journal import materialize
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
@@ -60,7 +61,7 @@ def _snapshot_at_step(composition: Composition, sid: str, step: int) -> str:
     """The newest snapshot of ``sid``'s head chain committed when ``step`` steps were done."""
     store = _store(composition)
     for snapshot_id in store.list_session_snapshots(sid):
-        if store.get_snapshot(snapshot_id).payload["step_id"] == step:
+        if SnapshotPayload.of(store.get_snapshot(snapshot_id)).step_id == step:
             return snapshot_id
     raise AssertionError(f"no snapshot at step {step}")
 
@@ -354,9 +355,9 @@ def test_prune_reclaims_the_runs_of_a_dropped_session_and_keeps_those_a_kept_for
     driven.run(dropped)
     store = _store(kept)
     dropped_runs = {
-        ref[0]
+        ref.digest
         for sid in store.list_session_snapshots(dropped.session_id.value)
-        for refs in (store.get_snapshot(sid).payload["state"].get("chunks") or {}).values()
+        for refs in SnapshotPayload.of(store.get_snapshot(sid)).state_chunks.values()
         for ref in refs
     }
     assert dropped_runs
@@ -445,8 +446,8 @@ def test_the_step_that_ends_a_run_is_its_last_commit(db: str, side: str) -> None
     store = _store(composition)
     snapshots = store.list_session_snapshots(session.session_id.value)
     assert len(snapshots) == 3 + 2  # creation, three steps, the final one: no end-of-run copy of it
-    last = store.get_snapshot(snapshots[0]).payload
-    assert (last["lifecycle"], last["stop_reason"], last["step"][0]["mode"]) == ("completed", "final", "final")
+    last = SnapshotPayload.of(store.get_snapshot(snapshots[0]))
+    assert (last.lifecycle, last.stop_reason, last.steps[0].mode) == ("completed", "final", "final")
     inspection = composition.restore(session.session_id.value).inspect()
     assert inspection.lifecycle == "completed" and inspection.snapshot_integrity == "verified"
 
@@ -653,9 +654,9 @@ def test_a_corrupted_exchange_log_blob_is_reported_by_inspect_not_raised(db: str
     driven.run(session)
     store = _store(composition)
     chunks = [
-        s.payload["log"]["chunk"]
+        p.log.chunk
         for s in store.load_chain(_head(composition, session.session_id.value))
-        if (s.payload.get("log") or {}).get("chunk")
+        if (p := SnapshotPayload.of(s)).log is not None and p.log.chunk is not None
     ]
     with sqlite3.connect(db) as con:
         con.execute("UPDATE blobs SET data = ? WHERE digest = ?", (zlib.compress(b"[]"), chunks[0]))
@@ -675,8 +676,8 @@ def test_a_damaged_state_run_is_reported_naming_the_base_that_references_it(db: 
     driven.run(session)
     chain = _store(composition).load_chain(_head(composition, session.session_id.value))
     base = chain[0]
-    runs = base.payload["state"]["chunks"]["notes"]
-    victim = runs[0][0]
+    runs = SnapshotPayload.of(base).state_chunks["notes"]
+    victim = runs[0].digest
     with sqlite3.connect(db) as con:
         if damage == "altered":
             con.execute("UPDATE blobs SET data = ? WHERE digest = ?", (b'["forged"]', victim))
@@ -734,12 +735,12 @@ def test_a_list_changed_other_than_by_appends_is_cut_again_and_restores_exactly(
 
     store = _store(composition)
     history = store.list_session_snapshots(session.session_id.value)
-    bases = [s for sid in history if (s := store.get_snapshot(sid)).base_id is None and "chunks" in s.payload["state"]]
+    bases = [p for sid in history if (p := SnapshotPayload.of(store.get_snapshot(sid))).state_chunks]
     assert len(bases) >= 3
     assert result.state.notes == _rolling_notes(150)
     for snapshot_id in history:
         restored = materialize(store, snapshot_id)
-        step = restored.snapshot.payload["step_id"]
+        step = restored.payload.step_id
         assert restored.state_data["notes"] == _rolling_notes(min(step, 150)), f"at step {step}"
 
 

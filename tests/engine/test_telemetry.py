@@ -28,6 +28,7 @@ from qitos.engine.model_path import ModelContext
 from qitos.engine.telemetry import OtelHook, OtelSettings, otel_settings
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.models.scripted import FunctionModel, ScriptedModel
+from qitos.sessions.payload import SnapshotPayload
 
 
 @dataclass
@@ -297,7 +298,7 @@ def test_a_resumed_session_run_links_to_the_earlier_runs_span(tmp_path: Path) ->
     assert head1 is not None and attrs1["qitos.snapshot.id"] == head1.snapshot_id
     (step0,) = first.named("qitos.step")
     step_snapshot = str(dict(step0.attributes or {})["qitos.snapshot.id"])
-    assert reader.get_snapshot(step_snapshot).payload["step_id"] == 1  # the boundary that committed step 0
+    assert SnapshotPayload.of(reader.get_snapshot(step_snapshot)).step_id == 1  # the boundary that committed step 0
     reader.close()
 
     # Another store handle and another provider: all the second run knows comes from the store.
@@ -345,9 +346,9 @@ def test_the_link_is_to_the_latest_run_and_an_untraced_run_breaks_the_chain(tmp_
         "span_id": format_span_id(run1.context.span_id),
     }
     store = SqliteCheckpointStore(str(tmp_path / "s.db"))
-    payloads = [store.get_snapshot(s).payload for s in store.list_session_snapshots(sid)]
+    payloads = [SnapshotPayload.of(store.get_snapshot(s)) for s in store.list_session_snapshots(sid)]
     store.close()
-    assert head_payload_trace in [p["trace"] for p in payloads if "trace" in p]
+    assert head_payload_trace in [p.trace for p in payloads if p.trace is not None]
 
 
 # --------------------------------------------------------------------------- off by default

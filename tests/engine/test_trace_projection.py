@@ -15,6 +15,7 @@ import session_agents as sa
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.engine.composition import compose
 from qitos.engine.hooks import EngineHook, HookContext
+from qitos.sessions.payload import SnapshotPayload
 from qitos.trace.writer import TraceWriter
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
@@ -36,7 +37,7 @@ def test_in_batched_mode_the_trace_shows_only_steps_the_store_holds(tmp_path: Pa
         def on_step_end(self, ctx: HookContext) -> None:
             head = store.get_session_head(sid[0])
             assert head is not None
-            committed = int(store.get_snapshot(head.snapshot_id).payload["step_id"])
+            committed = SnapshotPayload.of(store.get_snapshot(head.snapshot_id)).step_id
             seen.append((ctx.step_id + 1, committed, len(_trace_lines(writer))))
 
     composition = compose(

@@ -18,6 +18,7 @@ from qitos.core.decision import Action, Decision
 from qitos.core.state import StateSchema
 from qitos.core.tool import ToolRegistry, tool
 from qitos.engine.composition import compose
+from qitos.sessions.payload import SnapshotPayload
 
 
 @tool
@@ -112,6 +113,6 @@ def test_a_batched_step_that_ran_a_non_idempotent_call_is_committed_at_its_bound
     session = composition.session("go")
     session.run()
     chain = store.list_session_snapshots(session.session_id.value)
-    batches = [[s["step_id"] for s in store.get_snapshot(i).payload.get("step") or []] for i in reversed(chain)]
+    batches = [[s.step_id for s in SnapshotPayload.of(store.get_snapshot(i)).steps] for i in reversed(chain)]
     assert next(b for b in batches if b) == [0]  # step 0 alone, then the tool-free steps as one batch
     store.close()

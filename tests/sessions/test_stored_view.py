@@ -17,6 +17,7 @@ from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.engine.composition import Composition
 from qitos.models.scripted import ScriptedModel
+from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.stored_view import view_from_record, view_record
 
 
@@ -34,7 +35,7 @@ def _stored_view(composition: Composition, sid: str, db: Path) -> tuple[dict[str
     head = store.get_session_head(sid)
     assert head is not None
     chain = store.load_chain(head.snapshot_id)
-    view_id = next(s.payload["request_view"] for s in reversed(chain) if s.payload.get("request_view"))
+    view_id = next(p.request_view for s in reversed(chain) if (p := SnapshotPayload.of(s)).request_view)
     with sqlite3.connect(db) as con:
         raw = con.execute("SELECT data FROM blobs WHERE digest = ?", (view_id,)).fetchone()[0]
     return json.loads(unpack(raw)), len(raw)

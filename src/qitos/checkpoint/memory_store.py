@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
-from qitos.checkpoint.store import (
+from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
     PruneReport,
@@ -26,20 +26,22 @@ from qitos.checkpoint.store import (
     SessionSnapshotCommit,
     SnapshotNotFoundError,
     StepWrite,
-    SyncCheckpointStore,
+    json_text,
+    utc_now,
+)
+from qitos.checkpoint._rules import (
     check_after,
     check_blobs,
     check_control,
     check_fence,
     check_lease_ttl,
     check_write_base,
-    json_text,
     mentioned_digests,
     name_set,
     next_lease,
     renewed_lease,
-    utc_now,
 )
+from qitos.checkpoint.store import SyncCheckpointStore
 from qitos.core.errors import (
     CheckpointError,
     HeadConflictError,

@@ -171,7 +171,7 @@ class StoreSql:
         self.operation_get = f"SELECT session_id FROM {s}.operations WHERE operation_id = %s"
 
         # ---- leases: read with the database clock, then a compare-and-swap on the lease columns.
-        # lease_take grants in one statement the leases next_lease (qitos.checkpoint.store) grants:
+        # lease_take grants in one statement the leases next_lease (qitos.checkpoint._rules) grants:
         # free or lapsed (a new token), held by the asking owner (the same token) or by the runner it
         # takes over from (a new token); no row means the store reads the lease and decides there.
         self.lease_take = (

@@ -40,11 +40,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from qitos.checkpoint.packing import PackingError, pack, unpack
-from qitos.checkpoint.postgres_sql import SCHEMA_VERSION, StoreSql
-from qitos.checkpoint.store import (
-    MAX_CHAIN,
-    CheckpointStore,
+from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
     PruneReport,
@@ -57,6 +53,11 @@ from qitos.checkpoint.store import (
     SnapshotNotFoundError,
     StepWrite,
     StoredSnapshotRow,
+    json_text,
+    utc_now,
+)
+from qitos.checkpoint._rules import (
+    MAX_CHAIN,
     chain_oldest_first,
     check_after,
     check_blobs,
@@ -66,7 +67,6 @@ from qitos.checkpoint.store import (
     check_lease_ttl,
     control_digest,
     head_digest,
-    json_text,
     mentioned_digests,
     metadata_digest,
     name_set,
@@ -74,12 +74,14 @@ from qitos.checkpoint.store import (
     renewed_lease,
     stored_object,
     stored_text,
-    utc_now,
     verified_head,
     verified_position,
     verified_write,
     write_digest,
 )
+from qitos.checkpoint.packing import PackingError, pack, unpack
+from qitos.checkpoint.postgres_sql import SCHEMA_VERSION, StoreSql
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,

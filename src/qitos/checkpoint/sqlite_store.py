@@ -40,9 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
-from qitos.checkpoint.packing import PackingError, pack, unpack
-from qitos.checkpoint.store import (
-    MAX_CHAIN,
+from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
     PruneReport,
@@ -54,7 +52,11 @@ from qitos.checkpoint.store import (
     SnapshotNotFoundError,
     StepWrite,
     StoredSnapshotRow,
-    SyncCheckpointStore,
+    json_text,
+    utc_now,
+)
+from qitos.checkpoint._rules import (
+    MAX_CHAIN,
     chain_oldest_first,
     check_after,
     check_blobs,
@@ -64,7 +66,6 @@ from qitos.checkpoint.store import (
     check_write_base,
     control_digest,
     head_digest,
-    json_text,
     mentioned_digests,
     metadata_digest,
     name_set,
@@ -72,11 +73,12 @@ from qitos.checkpoint.store import (
     renewed_lease,
     stored_object,
     stored_text,
-    utc_now,
     verified_head,
     verified_write,
     write_digest,
 )
+from qitos.checkpoint.packing import PackingError, pack, unpack
+from qitos.checkpoint.store import SyncCheckpointStore
 from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
 from qitos.core.errors import (
     CheckpointError,

@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TextIO
 
+from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import (
     CheckpointStore,
@@ -56,7 +57,6 @@ from qitos.checkpoint.store import (
     SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
-    utc_now,
 )
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import (
@@ -442,7 +442,7 @@ class Session:
             parent_id=snapshot_id,
             base_id=source.base_id or snapshot_id,
             sequence=source.sequence + 1,
-            payload=payload,
+            payload=payload.to_json(),
         )
         created_at = utc_now()
         head = _require_head(store, sid)
@@ -603,7 +603,7 @@ def _first_snapshot(
     full = redactor.redact_value(state.to_dict())
     payload = first_payload(full, ExchangeLog(f"log-{session_id.value}"), SessionLifecycle.CREATED.value)
     snapshot = SessionSnapshot.create(
-        session_id=session_id.value, parent_id=None, base_id=None, sequence=0, payload=payload
+        session_id=session_id.value, parent_id=None, base_id=None, sequence=0, payload=payload.to_json()
     )
     created_at = utc_now()
     agent_id = _agent_identity(engine)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord, utc_now
+from qitos.checkpoint._records import utc_now
+from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.agent_module import AgentModule
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import CheckpointError, ConfigurationError, SessionBusyError, UsageError

@@ -43,7 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from qitos.checkpoint.store import CheckpointStore, utc_now
+from qitos.checkpoint._records import utc_now
+from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import open_store
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import ConfigurationError, IntegrityError

@@ -14,12 +14,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionHeadRecord, SessionSnapshot, utc_now
+from qitos.checkpoint._records import utc_now
+from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionHeadRecord, SessionSnapshot
 from qitos.core.codec import sha256_hex
 from qitos.core.errors import ConfigurationError
 from qitos.core.redaction import Redactor
 from qitos.sessions.children import active_children, pending_of
 from qitos.sessions.inspection import SessionInspection, inspect_session
+from qitos.sessions.payload import SnapshotPayload
 
 __all__ = [
     "ApprovalReceipt",
@@ -267,7 +269,7 @@ async def acontinuation_position(
 
 def _taken_in(snapshot: SessionSnapshot) -> int:
     """The control position a committed snapshot had taken in (every payload records it)."""
-    return int(snapshot.payload.get("control_position", 0))
+    return SnapshotPayload.of(snapshot).control_position
 
 
 def _steering_payload(text: str, redactor: Redactor) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from qitos.core.request_view import RequestView
 from qitos.core.task import Task
 from qitos.sessions.children import active_children, delegated_child, pending_of
 from qitos.sessions.journal import PendingStep
+from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.step_journal import APPROVAL_KINDS, RestoredSession, restore
 from qitos.sessions.stored_view import view_from_record
 
@@ -139,9 +140,8 @@ def inspect_session(
     except IntegrityError as exc:
         integrity = f"corrupt: {exc}"
         restored = None
-    payload = restored.snapshot.payload if restored else {}
-    used = dict(payload.get("budget_used") or {})
-    used["steps"] = int(payload.get("step_id", 0))
+    used: dict[str, Any] = restored.budget_used if restored else {}
+    used["steps"] = restored.payload.step_id if restored else 0
     used["control_position"] = restored.control_position if restored else 0
     budget: dict[str, Any] = {"used": used}
     if restored is not None:
@@ -235,29 +235,24 @@ def work_graph(store: CheckpointStore, session_id: str, limit: int = 500, depth:
     run_id: str | None = None
     for snap in _newest_snapshots(store, session_id, limit):
         snapshot_id = snap.snapshot_id
-        run_id = snap.payload.get("run_id", run_id)  # written on a run's first snapshot only
-        for step in snap.payload.get("step") or []:
-            item = steps.setdefault(step["step_id"], _step_item(step["step_id"]))
+        payload = SnapshotPayload.of(snap)
+        run_id = payload.run_id or run_id  # written on a run's first snapshot only
+        for step in payload.steps:
+            item = steps.setdefault(step.step_id, _step_item(step.step_id))
             item["attempts"].append({"run_id": run_id, "snapshot_id": snapshot_id, "outcome": "committed"})
-            item["mode"] = step.get("mode")
+            item["mode"] = step.mode
             item["tool_calls"] = [
-                {
-                    "work_item": c["call_id"],
-                    "tool": c["tool"],
-                    "outcome": "ok" if c["ok"] else (c.get("error_kind") or "error"),
-                }
-                for c in step.get("calls") or []
+                {"work_item": c.call_id, "tool": c.tool, "outcome": "ok" if c.ok else (c.error_kind or "error")}
+                for c in step.calls
             ]
-        pending = snap.payload.get("pending")
-        if pending:
-            item = steps.setdefault(pending["step_id"], _step_item(pending["step_id"]))
-            item["attempts"].append(
-                {"run_id": run_id, "snapshot_id": snapshot_id, "outcome": snap.payload.get("lifecycle")}
-            )
+        pending = payload.pending
+        if pending is not None:
+            item = steps.setdefault(pending.step_id, _step_item(pending.step_id))
+            item["attempts"].append({"run_id": run_id, "snapshot_id": snapshot_id, "outcome": payload.lifecycle})
             if not item["tool_calls"]:
                 item["tool_calls"] = [
                     {"work_item": a["id"], "tool": a["name"], "outcome": "pending"}
-                    for a in (pending.get("decision") or {}).get("actions") or []
+                    for a in pending.decision.get("actions") or []
                 ]
     children = _delegated_children(store, session_id) if any(i["tool_calls"] for i in steps.values()) else {}
     for item in steps.values():

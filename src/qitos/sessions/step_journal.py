@@ -1,22 +1,7 @@
 """The store-backed journal of durable sessions, and rebuilding a session from its snapshots.
 
-Snapshot payload (format 2), JSON::
-
-    step_id, lifecycle, stop_reason, run_id       where the session stands (lifecycle and run_id only
-                                                  when they change; earlier values carry forward)
-    state:  {"full": {...}, "chunks": {...}}      strict-codec state (long list fields as references
-          | {"delta": [ops]}                      to stored runs, see state_chunks), or the changes
-                                                  since the parent
-    log:    {log_id, position, digest,            the exchange log position and hash-chain digest;
-             chunks: [...] (full) | chunk: id}    entries live in content-addressed blobs, stored once
-    budget_used, control_position                 counters and the control cursor (items delivered)
-    pause_position                                the last pause request honoured (when there is one)
-    pending                                       a step that paused midway (decision, calls done)
-    request_view                                  blob id of the last RequestView sent
-    step                                          what this boundary's step did (for the work graph)
-    trace                                         {trace_id, span_id} of the run's OpenTelemetry span,
-                                                  written with run_id (only by a traced run; a later
-                                                  run of the session links to it)
+The snapshot payload is one typed record, ``qitos.sessions.payload.SnapshotPayload`` (its module
+says what each field holds and how it is stored); the journal builds it and restoring reads it.
 
 A snapshot holds the state *changes* of its step and a reference to a blob with the new exchange
 entries. A full state (a new base) is written once the deltas since the last one outgrow its
@@ -38,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
@@ -53,11 +38,11 @@ from qitos.core.state import apply_changes
 from qitos.core.tool import ToolResult
 from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
 from qitos.sessions.lease import LeaseKeeper
-from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
+from qitos.sessions.payload import FORMAT, CallSummary, ForkOrigin, LogMark, SnapshotPayload, StepSummary
+from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, reusable_runs
 from qitos.sessions.stored_view import view_record
 
 __all__ = [
-    "FORMAT",
     "RestoredSession",
     "SessionJournal",
     "arestore",
@@ -69,7 +54,6 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-FORMAT = 2
 # A new base is written when the deltas since the last one exceed this multiple of its payload
 # (so payload rewrites stay within 1/factor of the data) and the chain is long enough to matter.
 _FULL_FACTOR = 3
@@ -88,6 +72,7 @@ class RestoredSession:
     """A session rebuilt at one snapshot: its state data, exchange log and any unfinished step."""
 
     snapshot: SessionSnapshot
+    payload: SnapshotPayload  # the snapshot's payload record
     base_id: str
     state_data: dict[str, Any]
     copied: set[str]
@@ -113,49 +98,43 @@ class RestoredSession:
     @property
     def budget_used(self) -> dict[str, Any]:
         """What the session used so far (tokens, elapsed seconds), as its head records it."""
-        return dict(self.snapshot.payload.get("budget_used") or {})
+        return dict(self.payload.budget_used)
 
     @property
     def control_position(self) -> int:
         """Control items consumed so far (including by an unfinished step)."""
-        position = int(self.snapshot.payload.get("control_position", 0))
+        position = self.payload.control_position
         return max(position, self.pending.control_position) if self.pending else position
 
     @property
     def pause_position(self) -> int:
         """The position of the last pause request a run stopped for (0: none)."""
-        return int(self.snapshot.payload.get("pause_position", 0))
+        return self.payload.pause_position
 
 
-def first_payload(state_full: Mapping[str, Any], log: ExchangeLog, lifecycle: str) -> dict[str, Any]:
+def first_payload(state_full: Mapping[str, Any], log: ExchangeLog, lifecycle: str) -> SnapshotPayload:
     """The payload of a new session's first snapshot: a base holding the whole (encoded) state."""
-    return {
-        "format": FORMAT,
-        "step_id": 0,
-        "lifecycle": lifecycle,
-        "stop_reason": None,
-        "budget_used": {},
-        "control_position": 0,
-        "pending": None,
-        "step": [],
-        "request_view": None,
-        "state": {"full": dict(state_full)},
-        "log": {"log_id": log.log_id, "position": log.position, "digest": log.digest, "chunks": []},
-    }
+    return SnapshotPayload(
+        format=FORMAT,
+        step_id=0,
+        lifecycle=lifecycle,
+        state_full=dict(state_full),
+        log=LogMark(log_id=log.log_id, position=log.position, digest=log.digest, chunks=()),
+    )
 
 
-def fork_payload(source: SessionSnapshot, lifecycle: str) -> dict[str, Any]:
+def fork_payload(source: SessionSnapshot, lifecycle: str) -> SnapshotPayload:
     """The payload of a fork's first snapshot: it adds nothing, so state, log and request view come
     from the chain it shares with ``source``; counters and an unfinished step carry over."""
-    inherited = ("step_id", "budget_used", "stop_reason", "pending")
-    payload: dict[str, Any] = {k: source.payload[k] for k in inherited if k in source.payload}
-    payload.update(
-        state={"delta": []},
-        control_position=0,
+    inherited = SnapshotPayload.of(source)
+    return SnapshotPayload(
+        step_id=inherited.step_id,
+        budget_used=inherited.budget_used,
+        stop_reason=inherited.stop_reason,
+        pending=inherited.pending,
         lifecycle=lifecycle,
-        fork_of={"session_id": source.session_id, "snapshot_id": source.snapshot_id},
+        fork_of=ForkOrigin(session_id=source.session_id, snapshot_id=source.snapshot_id),
     )
-    return payload
 
 
 # Restoring reads the store a few times, each read depending on the one before. The reads are
@@ -210,43 +189,40 @@ def _materialize(snapshot_id: str) -> _ReadPlan[RestoredSession]:
 def _rebuild(chain: list[SessionSnapshot]) -> _ReadPlan[RestoredSession]:
     """The state data and the exchange log at the end of ``chain`` (verified, oldest first)."""
     base, head = chain[0], chain[-1]
-    state_part = base.payload.get("state") or {}
-    if "full" not in state_part:
+    payloads = [SnapshotPayload.of(snap) for snap in chain]
+    first = payloads[0]
+    if first.state_full is None:
         raise SnapshotIntegrityError(base.snapshot_id, "the chain's base holds no full state")
     # Copy-on-write: fields are copied only when a delta changes them (the payloads stay intact).
-    data: dict[str, Any] = dict(state_part["full"])
+    data: dict[str, Any] = dict(first.state_full)
     copied: set[str] = set()
-    chunks = yield from _load_chunks(base, data)
+    chunks = yield from _load_chunks(base, first, data)
     copied.update(chunks)  # lists joined from runs belong to no payload
     reshaped: set[str] = set()
-    log_meta: Mapping[str, Any] = base.payload.get("log") or {}
-    log_chunks: list[str] = list(log_meta.get("chunks") or [])
-    view_id = base.payload.get("request_view")
-    run_id = base.payload.get("run_id")
-    trace = base.payload.get("trace")
+    log_mark = first.log
+    log_chunks: list[str] = list(log_mark.chunks or ()) if log_mark is not None else []
+    view_id = first.request_view
+    run_id, trace = first.run_id, first.trace
     delta_bytes = 0
-    for snap in chain[1:]:
-        payload = snap.payload
+    for snap, payload in zip(chain[1:], payloads[1:], strict=True):
         delta_bytes += snap.payload_size
-        if "run_id" in payload:
-            run_id, trace = payload["run_id"], payload.get("trace")
-        part = payload.get("state") or {}
-        if "full" in part:
+        if payload.run_id is not None:
+            run_id, trace = payload.run_id, payload.trace
+        if payload.is_base:
             raise SnapshotIntegrityError(snap.snapshot_id, "a full state inside a chain after its base")
-        ops = part.get("delta") or []
+        ops = payload.state_delta
         try:
             apply_copied(data, ops, copied)
             note_reshaped(reshaped, ops)
         except Exception as exc:
             raise SnapshotIntegrityError(snap.snapshot_id, f"its state delta does not apply: {exc}") from exc
-        snap_log = payload.get("log")
-        if snap_log:
-            log_meta = snap_log
-            if snap_log.get("chunk"):
-                log_chunks.append(snap_log["chunk"])
-        if "request_view" in payload:
-            view_id = payload["request_view"]
-    log = ExchangeLog(log_meta.get("log_id") or f"log-{head.session_id}")
+        if payload.log is not None:
+            log_mark = payload.log
+            if log_mark.chunk:
+                log_chunks.append(log_mark.chunk)
+        if payload.request_view is not None:
+            view_id = payload.request_view
+    log = ExchangeLog(log_mark.log_id if log_mark is not None else f"log-{head.session_id}")
     if log_chunks:
         try:
             blobs = yield "get_blobs", (log_chunks,)
@@ -262,14 +238,17 @@ def _rebuild(chain: list[SessionSnapshot]) -> _ReadPlan[RestoredSession]:
                 raise SnapshotIntegrityError(
                     head.snapshot_id, f"exchange-log blob {chunk} is unreadable: {exc}"
                 ) from exc
-    if log.position != log_meta.get("position", 0) or log.digest != log_meta.get("digest", log.digest):
+    position = log_mark.position if log_mark is not None else 0
+    digest = log_mark.digest if log_mark is not None else log.digest
+    if log.position != position or log.digest != digest:
         raise SnapshotIntegrityError(
             head.snapshot_id,
             f"the exchange log rebuilt to position {log.position} digest {log.digest[:12]}, "
-            f"but the snapshot records {log_meta.get('position')} {str(log_meta.get('digest'))[:12]}",
+            f"but the snapshot records {position} {digest[:12]}",
         )
     return RestoredSession(
         snapshot=head,
+        payload=payloads[-1],
         base_id=base.snapshot_id,
         state_data=data,
         copied=copied,
@@ -281,25 +260,23 @@ def _rebuild(chain: list[SessionSnapshot]) -> _ReadPlan[RestoredSession]:
         state_bytes=base.payload_size,
         delta_bytes=delta_bytes,
         deltas=len(chain) - 1,
-        chunks=chunks,
+        chunks={name: list(refs) for name, refs in chunks.items()},
         reshaped=reshaped,
-        lifecycle=str(head.payload.get("lifecycle", "running")),
+        lifecycle=payloads[-1].effective_lifecycle,
         run_id=run_id,
-        trace=dict(trace) if isinstance(trace, Mapping) else None,
+        trace=dict(trace) if trace is not None else None,
     )
 
 
-def _load_chunks(base: SessionSnapshot, data: dict[str, Any]) -> _ReadPlan[dict[str, list[ChunkRef]]]:
+def _load_chunks(
+    base: SessionSnapshot, payload: SnapshotPayload, data: dict[str, Any]
+) -> _ReadPlan[Mapping[str, tuple[ChunkRef, ...]]]:
     """Join the base's list fields stored as runs into ``data``; their references, by field."""
-    stored = base.payload["state"].get("chunks") or {}
-    try:
-        if not isinstance(stored, dict):
-            raise ValueError("the chunk table is not an object")
-        refs = {name: parse_refs(value) for name, value in stored.items()}
-        if any(name in data for name in refs):
-            raise ValueError("a field is both inline and stored as runs")
-    except ValueError as exc:
-        raise SnapshotIntegrityError(base.snapshot_id, f"its state chunk table is malformed: {exc}") from exc
+    refs = payload.state_chunks
+    if any(name in data for name in refs):
+        raise SnapshotIntegrityError(
+            base.snapshot_id, "its state chunk table is malformed: a field is both inline and stored as runs"
+        )
     if not refs:
         return refs
     try:
@@ -308,20 +285,20 @@ def _load_chunks(base: SessionSnapshot, data: dict[str, Any]) -> _ReadPlan[dict[
         raise SnapshotIntegrityError(base.snapshot_id, f"its state chunks are unreadable: {exc}") from exc
     for name, field_refs in refs.items():
         try:
-            data[name] = join_chunks(field_refs, blobs)
+            data[name] = join_chunks(list(field_refs), blobs)
         except ValueError as exc:
             raise SnapshotIntegrityError(base.snapshot_id, f"field {name!r}: {exc}") from exc
     return refs
 
 
-def note_reshaped(reshaped: set[str], ops: list[dict[str, Any]]) -> None:
+def note_reshaped(reshaped: set[str], ops: Sequence[Mapping[str, Any]]) -> None:
     """Add the fields that ``ops`` change other than by appending (see ``state_chunks``)."""
     for op in ops:
         if op["op"] != "extend":
             reshaped.add(op["field"])
 
 
-def apply_copied(data: dict[str, Any], ops: list[dict[str, Any]], copied: set[str]) -> None:
+def apply_copied(data: dict[str, Any], ops: Sequence[Mapping[str, Any]], copied: set[str]) -> None:
     """``apply_changes`` that first copies a list or dict field it is about to change in place."""
     for op in ops:
         name = op["field"]
@@ -351,9 +328,9 @@ def _restore(session_id: str, head_id: str) -> _ReadPlan[RestoredSession]:
     read: tuple[list[SessionSnapshot], list[StepWrite]] = yield "load_chain_with_writes", (session_id, head_id)
     chain, writes = read
     restored = yield from _rebuild(chain)
-    head = restored.snapshot
-    pending_data = head.payload.get("pending")
-    pending = PendingStep.from_dict(pending_data) if pending_data else None
+    recorded = restored.payload.pending
+    # A copy: the calls started and finished since are added to it, never to the payload record.
+    pending = replace(recorded, started=set(recorded.started), results=dict(recorded.results)) if recorded else None
     for write in writes:
         if write.kind == "decision" and pending is None:
             # The step crashed after DECIDE: re-apply what DECIDE did, never decide again.
@@ -596,6 +573,10 @@ class SessionJournal(RunJournal):
         """``value`` as it may be stored: redacted (see the module docstring)."""
         return self.redactor.redact_value(value)
 
+    def _clean_pending(self, pending: PendingStep | None) -> PendingStep | None:
+        """An unfinished step as it may be stored: redacted (see the module docstring)."""
+        return None if pending is None else PendingStep.from_dict(self._clean(pending.to_dict()))
+
     def _step_write(
         self, step_id: int, kind: str, key: str, payload: Mapping[str, Any], token: int | None
     ) -> StepWrite:
@@ -770,26 +751,6 @@ class SessionJournal(RunJournal):
         # Fields that rarely change are written only when they do: the run id on a run's first
         # snapshot, the lifecycle when it is not "running" (materialize carries them forward).
         used = last.budget_used
-        payload: dict[str, Any] = {
-            "step_id": last.step_id,
-            "budget_used": {"tokens": used.get("tokens", 0), "elapsed_seconds": used.get("elapsed_seconds", 0.0)},
-            "control_position": self._consumed,
-        }
-        if self._pause_handled:
-            payload["pause_position"] = self._pause_handled
-        if not self._run_recorded:
-            payload["run_id"] = self.run_id
-            if self.trace_context is not None:
-                payload["trace"] = self.trace_context
-        if last.lifecycle != "running":
-            payload["lifecycle"] = last.lifecycle
-        if last.stop_reason is not None:
-            payload["stop_reason"] = last.stop_reason
-        if last.pending is not None:
-            payload["pending"] = self._clean(last.pending.to_dict())
-        steps = _step_summary(boundaries)
-        if steps:
-            payload["step"] = steps
         log: ExchangeLog | None = last.log
         position = self._log_position if last.log_position is None else last.log_position
         chunk: str | None = None
@@ -797,48 +758,56 @@ class SessionJournal(RunJournal):
             raw = pack_or_raw(log.entries_json(self._log_position, position).encode("utf-8"))
             chunk = sha256_hex(raw)
             blobs[chunk] = raw
-        log_meta = {
-            "log_id": log.log_id if log is not None else f"log-{self.session_id}",
-            "position": position,
-            "digest": last.log_digest if last.log_digest is not None else _EMPTY_LOG_DIGEST,
-        }
-        if chunk is not None:
-            payload["log"] = {**log_meta, "chunk": chunk}
+        log_id = log.log_id if log is not None else f"log-{self.session_id}"
+        log_digest = last.log_digest if last.log_digest is not None else _EMPTY_LOG_DIGEST
+        view_id: str | None = None
         view = last.request_view
         if view is not None and view is not self._request_view_obj:
             raw_view = pack_or_raw(canonical_json(self._clean(view_record(view, log))).encode("utf-8"))
             view_id = sha256_hex(raw_view)
             blobs[view_id] = raw_view
             self._request_view_id, self._request_view_obj = view_id, view
-            payload["request_view"] = view_id
         full = (
             base_allowed
             and self._delta_bytes > _FULL_FACTOR * self._state_bytes
             and (self._delta_bytes >= _MIN_BASE_DELTA_BYTES or self._deltas >= _MAX_CHAIN_DELTAS)
         )
         chunks: dict[str, list[ChunkRef]] = {}
-        if full:
-            state_part, chunks = self._full_state(last, blobs)
-            log_chunks = [*self._log_chunks, chunk] if chunk else list(self._log_chunks)
-            payload.update(
-                format=FORMAT,
-                run_id=self.run_id,
-                state=state_part,
-                log={**log_meta, "chunks": log_chunks},
-                request_view=self._request_view_id,
-            )
-            if self.trace_context is not None:
-                payload["trace"] = self.trace_context
-            base_id = None
+        state_full: dict[str, Any] | None = None
+        if full:  # a new base: the whole state, every log blob, the run and the latest request view
+            state_full, chunks = self._full_state(last, blobs)
+            log_chunks = (*self._log_chunks, chunk) if chunk else tuple(self._log_chunks)
+            log_mark: LogMark | None = LogMark(log_id=log_id, position=position, digest=log_digest, chunks=log_chunks)
+            view_id, base_id, first_of_run = self._request_view_id, None, True
         else:
-            payload["state"] = {"delta": self._clean(delta)}
-            base_id = self._base_id
+            log_mark = (
+                None if chunk is None else LogMark(log_id=log_id, position=position, digest=log_digest, chunk=chunk)
+            )
+            base_id, first_of_run = self._base_id, not self._run_recorded
+        payload = SnapshotPayload(
+            step_id=last.step_id,
+            budget_used={"tokens": used.get("tokens", 0), "elapsed_seconds": used.get("elapsed_seconds", 0.0)},
+            control_position=self._consumed,
+            pause_position=self._pause_handled,
+            lifecycle=None if last.lifecycle == "running" else last.lifecycle,
+            stop_reason=last.stop_reason,
+            run_id=self.run_id if first_of_run else None,
+            trace=self.trace_context if first_of_run else None,
+            state_full=state_full,
+            state_chunks={name: tuple(refs) for name, refs in chunks.items()},
+            state_delta=() if full else self._clean(delta),
+            log=log_mark,
+            request_view=view_id,
+            pending=self._clean_pending(last.pending),
+            steps=_step_summary(boundaries),
+            format=FORMAT if full else None,
+        )
         snapshot = SessionSnapshot.create(
             session_id=self.session_id,
             parent_id=self._head_id,
             base_id=base_id,
             sequence=self._sequence + 1,
-            payload=payload,
+            payload=payload.to_json(),
             trusted=True,
         )
         commit = SessionSnapshotCommit(
@@ -886,7 +855,7 @@ class SessionJournal(RunJournal):
     def _full_state(
         self, last: BoundaryCommit, blobs: dict[str, bytes]
     ) -> tuple[dict[str, Any], dict[str, list[ChunkRef]]]:
-        """The base's state part, with long list fields cut into runs (added to ``blobs``).
+        """The base's state: its inline fields and its long list fields cut into runs (added to ``blobs``).
 
         A list that only grew by appends since the last base keeps that base's closed runs and
         only its new items are encoded: a base costs what is new, not the whole state.
@@ -908,10 +877,7 @@ class SessionJournal(RunJournal):
             else:
                 chunks[name], new_blobs = cut
                 blobs.update(new_blobs)
-        part: dict[str, Any] = {"full": inline}
-        if chunks:
-            part["chunks"] = {name: [ref.to_list() for ref in refs] for name, refs in chunks.items()}
-        return part, chunks
+        return inline, chunks
 
 
 @dataclass(frozen=True)
@@ -931,17 +897,16 @@ def _worth_writing(pending: PendingStep) -> bool:
     return bool(pending.decision.get("actions")) or pending.model is not None
 
 
-def _step_summary(boundaries: list[BoundaryCommit]) -> list[dict[str, Any]]:
-    steps = []
-    for boundary in boundaries:
-        record = boundary.record
-        if record is None:
-            continue
-        summary: dict[str, Any] = {"step_id": record.step_id, "mode": record.decision.mode}
-        if record.observation.results:
-            summary["calls"] = [
-                {"call_id": r.call_id, "tool": r.name, "ok": r.ok, "error_kind": r.error_kind}
+def _step_summary(boundaries: list[BoundaryCommit]) -> tuple[StepSummary, ...]:
+    return tuple(
+        StepSummary(
+            step_id=record.step_id,
+            mode=record.decision.mode,
+            calls=tuple(
+                CallSummary(call_id=r.call_id, tool=r.name, ok=r.ok, error_kind=r.error_kind)
                 for r in record.observation.results
-            ]
-        steps.append(summary)
-    return steps
+            ),
+        )
+        for boundary in boundaries
+        if (record := boundary.record) is not None
+    )
