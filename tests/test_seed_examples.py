@@ -209,7 +209,7 @@ SEED_RUN_PARAMETERS = [
 
 
 # Parameters qitos adds after the seed's, in order (each from an issue): otel (issue 18).
-ADDED_RUN_PARAMETERS = [("otel", None)]
+ADDED_RUN_PARAMETERS = [("otel", None), ("progress", False)]
 
 
 def test_agent_run_signature_matches_the_seed() -> None:

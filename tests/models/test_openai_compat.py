@@ -319,9 +319,12 @@ def test_stream_false_never_streams(server: LoopbackChatServer) -> None:
     assert response.text == "5" and deltas == [] and "stream" not in server.requests[0].body
 
 
-def test_an_error_about_something_else_is_not_taken_for_a_refusal_to_stream(server: LoopbackChatServer) -> None:
-    server.push(json_reply({"error": {"message": "unknown model"}}, status=400))
-    with pytest.raises(ModelError, match="unknown model"):
+@pytest.mark.parametrize("message", ["unknown model", "the upstream model rejected the request"])
+def test_an_error_about_something_else_is_not_taken_for_a_refusal_to_stream(
+    server: LoopbackChatServer, message: str
+) -> None:
+    server.push(json_reply({"error": {"message": message}}, status=400))
+    with pytest.raises(ModelError, match=message):
         model_for(server).complete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None)
     assert len(server.requests) == 1
 

@@ -119,6 +119,8 @@ _VALIDATION_BODY = re.compile(
     re.IGNORECASE,
 )
 _SECRET_HEADER_HINTS = ("key", "token", "auth", "secret")
+# A 4xx body saying the request was refused for asking to stream (not, say, an "upstream" error).
+_ABOUT_STREAMING = re.compile(r"\bstream", re.IGNORECASE)
 
 
 class MissingAPIKeyWarning(UserWarning):
@@ -604,7 +606,7 @@ class OpenAICompatibleModel(ModelAdapter):
             failure.status_code is not None
             and 400 <= failure.status_code < 500
             and failure.status_code not in _RETRY_STATUS
-            and "stream" in (failure.body or "").lower()
+            and _ABOUT_STREAMING.search(failure.body or "") is not None
         )
         if not refused:
             return False
