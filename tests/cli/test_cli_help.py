@@ -11,6 +11,7 @@ from qitos.cli.app import app
 
 EXPECTED = {
     ("demo",),
+    ("init",),
     ("run",),
     ("worker",),
     ("sessions",),
@@ -23,7 +24,8 @@ EXPECTED = {
     ),
     *(("trace", c) for c in ("list", "show", "export", "serve")),
     *(("memory", c) for c in ("list", "add", "delete")),
-    *(("eval", c) for c in ("run", "list", "show", "score", "resume")),
+    *(("eval", c) for c in ("run", "list", "show", "score", "resume", "cache", "compare", "export")),
+    ("eval", "cache", "clear"),
 }
 
 

@@ -98,3 +98,32 @@ def _fleet_composition() -> Any:
 
 fleet_composition = _fleet_composition()
 """``Upper`` for fleet workers (``qitos worker --app eval_agents:fleet_composition``)."""
+
+
+STALL_FILE = "QITOS_TEST_EVAL_STALL"  # when set: the first decide of a task starting "stall" blocks this many seconds
+
+
+class Staller(AgentModule[UpperState, Any, Any]):
+    """Blocks the event loop once (a process stalled past its lease), in its second step."""
+
+    tools = (wait,)
+
+    def init_state(self, task: str, **kwargs: Any) -> UpperState:
+        return UpperState(task=task, max_steps=8)
+
+    def decide(self, state: UpperState, observation: Any) -> Decision[Any]:
+        marker = os.environ.get(STALL_FILE)
+        if marker and state.waits and not os.path.exists(marker):
+            with open(marker, "w", encoding="utf-8") as handle:
+                handle.write(state.task)
+            import time
+
+            time.sleep(1.5)
+        if len(state.waits) < 2:
+            return Decision.act([Action("wait", {"seconds": 0.01})])
+        return Decision.final(state.task.upper())
+
+    def reduce(self, state: UpperState, observation: Any, decision: Decision[Any]) -> UpperState:
+        for result in getattr(observation, "results", ()):
+            state.waits.append(result.as_text())
+        return state

@@ -352,3 +352,17 @@ def test_scores_may_be_numbers_strings_and_scores(tmp_path: Path) -> None:
         name="kinds",
     )
     assert report.metrics["num"]["mean"] == 0.25 and report.metrics["grade"]["mean"] == 1.0
+
+
+def test_a_sample_whose_run_lost_its_lease_goes_on_from_its_head(tmp_path: Path, monkeypatch: Any) -> None:
+    from eval_agents import STALL_FILE, Staller
+
+    marker = tmp_path / "stalled"
+    monkeypatch.setenv(STALL_FILE, str(marker))
+    report = evaluate(
+        Staller, _data("stall here"), scorers=[scorers.exact()], store=str(tmp_path / "e.db"), name="lease",
+        engine_kwargs={"lease_ttl": 0.5},
+    )
+    assert marker.exists()  # the run stalled 1.5 s with a 0.5 s lease: its next write was refused
+    sample = report.samples[0]
+    assert sample.error is None and sample.answer == "STALL HERE" and sample.steps == 3 and sample.attempts == 1

@@ -13,12 +13,16 @@ import qitos
 import qitos.eval
 
 NAMES = {
+    "CompareError": "qitos.eval._compare",
+    "Comparison": "qitos.eval._compare",
+    "compare": "qitos.eval._compare",
     "Dataset": "qitos.eval._dataset",
     "DatasetError": "qitos.eval._dataset",
     "EvalChangedError": "qitos.eval._runner",
     "EvalProgress": "qitos.eval._runner",
     "EvalReport": "qitos.eval._report",
     "EvalStore": "qitos.eval._store",
+    "ReplaySourceError": "qitos.eval._replay",
     "Sample": "qitos.eval._dataset",
     "SampleReport": "qitos.eval._report",
     "SampleResult": "qitos.eval._result",

@@ -3,6 +3,7 @@
 ::
 
     qitos --version
+    qitos init NAME
     qitos demo [--policy scripted|model] [--model local|scripted] [--workspace DIR] [--json]
     qitos run MODULE:Class "task" [--model openai:NAME --base-url URL | local | scripted:FILE.json]
     qitos sessions list|show|resume|steer|pause|approve|reject|fork|prune|vacuum
@@ -23,6 +24,7 @@ from qitos import __version__
 from qitos.cli import eval as eval_cli
 from qitos.cli import memory, sessions, trace, worker
 from qitos.cli.common import set_debug
+from qitos.cli.init import init
 from qitos.cli.running import demo, run
 
 __all__ = ["app", "main"]
@@ -55,6 +57,7 @@ def root(
 
 
 app.command("demo")(demo)
+app.command("init")(init)
 app.command("run")(run)
 app.command("worker")(worker.worker)
 sessions.app.command("submit")(worker.submit)

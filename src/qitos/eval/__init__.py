@@ -22,7 +22,9 @@ from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
 from qitos.eval import scorers
+from qitos.eval._compare import CompareError, Comparison, compare
 from qitos.eval._dataset import Dataset, DatasetError, Sample
+from qitos.eval._replay import ReplaySourceError
 from qitos.eval._report import EvalReport, SampleReport
 from qitos.eval._result import SampleResult
 from qitos.eval._runner import EvalChangedError, EvalProgress, EvalRun
@@ -30,12 +32,15 @@ from qitos.eval._store import EvalStore, open_eval_store
 from qitos.eval.scorers import Score, Scorer, ScorerError, ScoringError
 
 __all__ = [
+    "CompareError",
+    "Comparison",
     "Dataset",
     "DatasetError",
     "EvalChangedError",
     "EvalProgress",
     "EvalReport",
     "EvalStore",
+    "ReplaySourceError",
     "Sample",
     "SampleReport",
     "SampleResult",
@@ -44,6 +49,7 @@ __all__ = [
     "ScorerError",
     "ScoringError",
     "aevaluate",
+    "compare",
     "evaluate",
     "open_eval_store",
     "scorers",
@@ -66,6 +72,9 @@ async def aevaluate(
     fail_on_error: int | float | None = None,
     fleet: Any = None,
     engine_kwargs: Mapping[str, Any] | None = None,
+    replay: str | None = None,
+    on_divergence: str = "stop",
+    cache: bool = False,
 ) -> EvalReport:
     """Run ``agent`` over ``dataset`` and score it; the :class:`EvalReport`.
 
@@ -78,6 +87,14 @@ async def aevaluate(
     attempts for a failed sample; ``fail_on_error``: stop once this many samples (an int) or this
     share of them (a float in (0, 1)) failed; ``fleet``: a ``qitos.distributed.Fleet`` whose
     workers run the samples; ``engine_kwargs``: for each sample's Engine (``budget=``...).
+
+    ``replay``: an earlier eval (id or name, in the same store) whose recorded model replies answer
+    this one's requests, sample by sample and epoch by epoch, with no model call; a request that
+    differs from the recorded one is a divergence (``SampleReport.divergence``: the step, what
+    changed), and ``on_divergence`` says what then: ``"stop"`` the sample (it fails as diverged),
+    ``"live"`` go on against the live model, ``"mark"`` go on with the recorded replies and flag it.
+    ``cache``: answer requests from the store's response cache when it holds the same request (the
+    model, parameters, messages and tools), and cache every live reply.
     """
     run = EvalRun(
         agent,
@@ -94,6 +111,9 @@ async def aevaluate(
         fail_on_error=fail_on_error,
         fleet=fleet,
         engine_kwargs=engine_kwargs,
+        replay=replay,
+        on_divergence=on_divergence,
+        cache=cache,
     )
     return await run.arun()
 
@@ -114,6 +134,9 @@ def evaluate(
     fail_on_error: int | float | None = None,
     fleet: Any = None,
     engine_kwargs: Mapping[str, Any] | None = None,
+    replay: str | None = None,
+    on_divergence: str = "stop",
+    cache: bool = False,
 ) -> EvalReport:
     """:func:`aevaluate` on a new event loop (Ctrl-C leaves the eval ``incomplete`` and resumable)."""
     return asyncio.run(
@@ -132,5 +155,8 @@ def evaluate(
             fail_on_error=fail_on_error,
             fleet=fleet,
             engine_kwargs=engine_kwargs,
+            replay=replay,
+            on_divergence=on_divergence,
+            cache=cache,
         )
     )

@@ -182,6 +182,7 @@ def _sample_report(
         error=result.error,
         attempts=result.attempts,
         metadata=metadata,
+        divergence=result.divergence,
     )
 
 

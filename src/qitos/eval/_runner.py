@@ -31,11 +31,13 @@ from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core.agent_module import AgentModule
 from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import CheckpointError, ConfigurationError, SessionBusyError, UsageError
+from qitos.core.errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
 from qitos.engine.composition import Composition, compose
+from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEventType, EngineResult
-from qitos.engine.session_runtime import Session, anew_session
+from qitos.engine.session_runtime import Session, anew_session, arestore_session
 from qitos.eval._dataset import Dataset, Sample
+from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan, UnitKey
 from qitos.eval._report import EvalReport, build_report
 from qitos.eval._result import SampleResult
 from qitos.eval._store import (
@@ -64,6 +66,15 @@ EVAL_METADATA = "eval"
 """The session metadata key of an eval's sessions: ``{"eval_id", "name", "sample_id", "epoch", "attempt"}``."""
 
 DEFAULT_STORE = "evals.db"
+EVAL_LEASE_TTL = 600.0
+"""Seconds a sample's session lease lasts unrenewed (``engine_kwargs={"lease_ttl": ...}`` overrides).
+
+Longer than a composition's default: with hundreds of samples in flight, renewals every 10 s are
+hundreds of store writes a second, and an overloaded process could miss one and lose its lease. A
+runner that died is still replaced at once on its own host (the lease names a dead process);
+only a runner on another host waits for the lease to run out."""
+_LEASE_LOSSES = 3  # times a sample's run may lose its lease and go on before it counts as failed
+_OPENING = 16
 _BUSY_POLL = 0.2  # seconds between looks at a session another runner holds
 _STILL_RUNNING = frozenset({SessionLifecycle.CREATED.value, SessionLifecycle.RUNNING.value})
 
@@ -98,6 +109,7 @@ class EvalProgress:
     score_sum: float = 0.0
     scored: int = 0
     scorer_id: str | None = None  # the scorer whose running mean is shown
+    diverged: int = 0  # replayed samples that left their recording
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -166,6 +178,9 @@ class EvalRun:
         progress: EvalProgress | None = None,
         spec: Mapping[str, Any] | None = None,
         group_by: str | None = None,
+        replay: str | None = None,
+        on_divergence: str = "stop",
+        cache: bool = False,
     ) -> None:
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         self.scorers = _check_scorers(scorers)
@@ -211,6 +226,18 @@ class EvalRun:
         self.progress = progress or EvalProgress()
         self.spec = dict(spec) if spec is not None else None
         self.group_by = group_by
+        if replay is not None and (not isinstance(replay, str) or not replay):
+            raise ConfigurationError(f"replay= names an earlier eval (its id or name), got {replay!r}")
+        if on_divergence not in ON_DIVERGENCE:
+            raise ConfigurationError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}, got {on_divergence!r}")
+        if fleet is not None and (replay is not None or cache):
+            raise ConfigurationError(
+                "replay= and cache= answer model requests in this process; the fleet's workers use their own model"
+            )
+        self.replay = replay
+        self.on_divergence = on_divergence
+        self.cache = bool(cache)
+        self._plan: ReplayPlan | None = None
         dataset_name = self.dataset.name or "dataset"
         self.name = name or (
             f"{self.agent_ref.rpartition(':')[2]}-{dataset_name}-"
@@ -249,18 +276,48 @@ class EvalRun:
                 )
             if self.engine_kwargs:
                 raise ConfigurationError("engine_kwargs go to the fleet's composition, not to evaluate(fleet=...)")
+        self._owns_store = not isinstance(store, CheckpointStore)  # opened here from its name: closed here
         self.checkpoint_store, self.eval_store = open_eval_store(store)
         self._composition: Composition | None = None
         self._stop: str | None = None
         self._failed = 0
         self._total_units = len(self.samples) * epochs
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Samples opening their session at once: with all of them opening together, every store
+        # write of every opening queues before the first model request; a few at a time, the first
+        # samples reach their model while the others open.
+        self._opening = asyncio.Semaphore(_OPENING)
 
     # ------------------------------------------------------------------ the run
 
     async def arun(self) -> EvalReport:
-        """Run (or continue) the eval; its report. Cancelled: the eval stays ``incomplete``."""
+        """Run (or continue) the eval; its report. Cancelled: the eval stays ``incomplete``.
+
+        The eval store is closed at the end, and the checkpoint store too when it was opened here
+        from its name (a store object passed in stays open for its owner)."""
+        try:
+            return await self._arun()
+        finally:
+            self.eval_store.close()
+            if self._owns_store:
+                self.checkpoint_store.close()
+
+    async def _arun(self) -> EvalReport:
         store = self.eval_store
+        if self.replay is not None or self.cache:
+            self._plan = await self._call(
+                ReplayPlan.load,
+                self.checkpoint_store,
+                store,
+                replay=self.replay,
+                samples=self.samples,
+                epochs=self.epochs,
+                on_divergence=self.on_divergence,
+                cache=self.cache,
+            )
+            source = self._plan.source
+            if source is not None:  # replaying another eval's replies is part of the experiment
+                self.pins["replay"] = {"eval_id": source.eval_id, "on_divergence": self.on_divergence}
         record = EvalRecord(eval_id=self.eval_id, name=self.name, created_at=utc_now(), pins=self.pins, spec=self.spec)
         stored = await self._call(store.create_eval, record, [s.to_dict() for s in self.samples])
         changed = pin_changes(stored.pins, self.pins)
@@ -389,9 +446,8 @@ class EvalRun:
     def composition(self) -> Composition:
         """The composition every sample's session is made from (built once)."""
         if self._composition is None:
-            self._composition = compose(
-                agent=self.agent, store=self.checkpoint_store, model=self.model, **self.engine_kwargs
-            )
+            options = {"lease_ttl": EVAL_LEASE_TTL, **self.engine_kwargs}
+            self._composition = compose(agent=self.agent, store=self.checkpoint_store, model=self.model, **options)
         return self._composition
 
     async def run_unit(self, unit: Unit, prior: list[AttemptRecord]) -> None:
@@ -414,7 +470,15 @@ class EvalRun:
         """Record an attempt; when it is the last (it worked, or no retry is left), the result too.
 
         ``prior`` (the unit's earlier attempts) gains a failed attempt that will be retried."""
-        last = outcome.error is None or outcome.attempt >= self.retries
+        if self._plan is not None and self._plan.source is not None:
+            found = await self._call(
+                self.eval_store.divergence, outcome.eval_id, outcome.sample_id, outcome.epoch, outcome.attempt
+            )
+            if found is not None:
+                outcome = replace(outcome, divergence=found.divergence)
+        # a replay that stopped at its divergence would diverge the same way again: no retry
+        stopped = outcome.divergence is not None and self.on_divergence == "stop"
+        last = outcome.error is None or outcome.attempt >= self.retries or stopped
         result = _totals([*prior, outcome]) if last else None
         await self._call(self.eval_store.put_outcome, outcome, result)
         if not last:
@@ -427,6 +491,7 @@ class EvalRun:
         progress.done += 1
         progress.tokens += result.total_tokens
         progress.retried += result.attempts > 1
+        progress.diverged += result.divergence is not None
         if result.error is not None:
             progress.failed += 1
             self._failed += 1
@@ -438,15 +503,23 @@ class EvalRun:
     async def attempt(self, unit: Unit, attempt_no: int, sid: str) -> AttemptRecord:
         """One attempt in session ``sid``: run it, continue it, or read it when it already finished."""
         store = self.checkpoint_store
+        lost = 0
         while True:
-            head = await store.aget_session_head(sid)
-            if head is not None and await self.finished(sid, head):
-                return await self.from_head(unit, attempt_no, sid, head, None)
             try:
-                session = await self._session(unit, attempt_no, sid, head)
+                async with self._opening:
+                    head = await store.aget_session_head(sid)
+                    if head is not None and await self.finished(sid, head):
+                        return await self.from_head(unit, attempt_no, sid, head, None)
+                    session = await self._session(unit, attempt_no, sid, head)
                 return await self._run(unit, attempt_no, session, fresh=head is None)
             except SessionBusyError:
                 await asyncio.sleep(_BUSY_POLL)  # another runner has it: read it once it is done
+            except LeaseLostError as exc:
+                # This process stalled past the lease (an overloaded machine): its committed steps
+                # stand and nothing uncommitted was written, so the session goes on from its head.
+                lost += 1
+                if lost > _LEASE_LOSSES:
+                    return self._attempt_record(unit, attempt_no, sid, error=f"{type(exc).__name__}: {exc}", wall=0.0)
 
     async def finished(self, sid: str, head: SessionHeadRecord) -> bool:
         """Whether a session is done (a run cancelled midway is not: it goes on from its head)."""
@@ -457,10 +530,18 @@ class EvalRun:
         restored = await arestore(self.checkpoint_store, sid, head.snapshot_id)
         return restored.state_data.get("stop_reason") != "cancelled_immediate"  # cancelled: go on from its head
 
+    def _engine(self, unit: Unit, attempt_no: int, sid: str) -> Engine[Any, Any, Any]:
+        """A fresh engine for one session; under replay or the cache its model answers through the plan."""
+        engine = self.composition().engine()
+        if self._plan is not None:
+            key = UnitKey(self.eval_id, unit.sample.sample_id, unit.epoch, attempt_no)
+            engine.model = self._plan.sample_model(engine.model, key, sid)
+        return engine
+
     async def _session(self, unit: Unit, attempt_no: int, sid: str, head: SessionHeadRecord | None) -> Session:
         composition = self.composition()
         if head is not None:
-            return await composition.arestore(sid)
+            return await arestore_session(self._engine(unit, attempt_no, sid), sid, composition=composition)
         meta = {
             EVAL_METADATA: {
                 "eval_id": self.eval_id,
@@ -472,12 +553,17 @@ class EvalRun:
         }
         try:
             return await anew_session(
-                composition.engine(), unit.sample.task, composition=composition, session_id=sid, metadata=meta
+                self._engine(unit, attempt_no, sid),
+                unit.sample.task,
+                composition=composition,
+                session_id=sid,
+                metadata=meta,
             )
         except CheckpointError:
             if await self.checkpoint_store.aget_session_head(sid) is None:
                 raise
-            return await composition.arestore(sid)  # another runner created it first
+            # another runner created it first
+            return await arestore_session(self._engine(unit, attempt_no, sid), sid, composition=composition)
 
     async def _run(self, unit: Unit, attempt_no: int, session: Session, *, fresh: bool) -> AttemptRecord:
         started = time.perf_counter()
@@ -487,7 +573,7 @@ class EvalRun:
                 result = await session.arun()
             else:
                 result = await asyncio.wait_for(session.arun(), self.sample_timeout)
-        except SessionBusyError:
+        except (SessionBusyError, LeaseLostError):
             raise
         except TimeoutError:
             head = await self.checkpoint_store.aget_session_head(sid)
@@ -607,7 +693,11 @@ class EvalRun:
     # ------------------------------------------------------------------ scoring
 
     async def _score(self, unit: Unit, result: ResultRecord, scorers: Sequence[Scorer]) -> None:
-        records = await score_result(self.eval_id, unit.sample, result, scorers)
+        if self._plan is not None:  # judges answer through the plan too
+            judged, judges = self._plan.judges(scorers, unit.sample.sample_id, unit.epoch)
+            records = self._plan.mark_judged(await score_result(self.eval_id, unit.sample, result, judged), judges)
+        else:
+            records = await score_result(self.eval_id, unit.sample, result, scorers)
         await self._call(self.eval_store.put_scores, records)
         progress = self.progress
         for record in records:
@@ -716,6 +806,7 @@ def _totals(attempts: Sequence[AttemptRecord]) -> ResultRecord:
         wall_seconds=round(sum(a.wall_seconds for a in attempts), 6),
         attempts=len(attempts),
         tool_calls=list(last.tool_calls),
+        divergence=last.divergence,
     )
 
 

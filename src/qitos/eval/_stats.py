@@ -13,7 +13,16 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "bootstrap_ci", "mean", "reduce_epochs", "stderr"]
+__all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "BOOTSTRAP_SEED",
+    "bootstrap_ci",
+    "mcnemar_exact",
+    "mean",
+    "pass_at_k",
+    "reduce_epochs",
+    "stderr",
+]
 
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 20250101
@@ -51,6 +60,30 @@ def bootstrap_ci(
     low = means[max(0, math.ceil((1 - level) / 2 * resamples) - 1)]
     high = means[min(resamples - 1, math.ceil((1 + level) / 2 * resamples) - 1)]
     return (low, high)
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """McNemar's exact test on paired binary outcomes: the two-sided p-value that ``a_only``
+    (samples only the first eval passed) and ``b_only`` (only the second passed) came from a
+    fair coin, ``min(1, 2 * P(X <= min(a_only, b_only)))`` with ``X ~ Binomial(a_only + b_only, 1/2)``.
+    1.0 when no sample is discordant."""
+    if a_only < 0 or b_only < 0:
+        raise ValueError("discordant counts are >= 0")
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+    return min(1.0, float(2 * tail / 2**n))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k from ``n`` samples of which ``c`` passed:
+    ``1 - C(n - c, k) / C(n, k)`` (1.0 when fewer than ``k`` failed)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def reduce_epochs(values: Sequence[Any], numbers: Sequence[float], reducer: str) -> tuple[Any, float]:

@@ -19,6 +19,11 @@ table                 key                                         ``data`` (cano
                                                                   parameters
 ``qitos_eval_scores``  ``eval_id``, ``sample_id``, ``epoch``,      :class:`ScoreRecord`: value, answer,
                       ``scorer_id``                               explanation, metadata or the scoring error
+``qitos_eval_divergences`` ``eval_id``, ``sample_id``, ``epoch``,  :class:`DivergenceRecord`: where a replayed
+                      ``attempt``                                 sample first asked something else than its
+                                                                  recording, and what changed
+``qitos_eval_cache``   ``cache_key``                              :class:`CachedReply`: one model reply of the
+                                                                  response cache (any eval of the store)
 ===================== =========================================== ==========================================
 
 Every row keeps its record's canonical JSON in ``data`` and the SHA-256 of it in ``digest``; a
@@ -46,12 +51,15 @@ from typing import Any, TypeVar
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import open_store
+from qitos.core._install import install_command
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import ConfigurationError, IntegrityError
 
 __all__ = [
     "SCHEMA_VERSION",
     "AttemptRecord",
+    "CachedReply",
+    "DivergenceRecord",
     "EvalRecord",
     "EvalStore",
     "PostgresEvalStore",
@@ -95,6 +103,7 @@ class AttemptRecord:
     total_tokens: int = 0
     wall_seconds: float = 0.0
     tool_calls: Sequence[Mapping[str, Any]] = ()
+    divergence: Mapping[str, Any] | None = None  # under replay: where the run left its recording
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +124,7 @@ class ResultRecord:
     wall_seconds: float = 0.0
     attempts: int = 1
     tool_calls: Sequence[Mapping[str, Any]] = ()
+    divergence: Mapping[str, Any] | None = None  # under replay: where the last attempt left its recording
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,11 +154,39 @@ class ScoreRecord:
     error: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class DivergenceRecord:
+    """Where attempt ``attempt`` of a replayed sample x epoch first asked its model something else
+    than the recording holds (``divergence``: step, model call, digests, diff, what was done)."""
+
+    eval_id: str
+    sample_id: str
+    epoch: int
+    attempt: int
+    divergence: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachedReply:
+    """One reply of the response cache: the model's response to the request ``cache_key`` names
+    (a digest of the model, the parameters, the messages and the tools)."""
+
+    cache_key: str
+    model: Mapping[str, Any]
+    request_digest: str
+    response: Mapping[str, Any]
+    created_at: str
+
+
 _R = TypeVar("_R")
 
 
 class EvalStore(abc.ABC):
     """The eval tables of one database. Sync methods (the runner calls them from a worker thread)."""
+
+    @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether the database holds eval tables (a read: it creates nothing, unlike the other methods)."""
 
     @abc.abstractmethod
     def create_eval(self, record: EvalRecord, samples: Sequence[Mapping[str, Any]]) -> EvalRecord:
@@ -201,6 +239,30 @@ class EvalStore(abc.ABC):
         """Every recorded score of the eval."""
 
     @abc.abstractmethod
+    def put_divergence(self, record: DivergenceRecord) -> bool:
+        """Record where an attempt diverged from its recording (the first record of it stands)."""
+
+    @abc.abstractmethod
+    def divergences(self, eval_id: str) -> list[DivergenceRecord]:
+        """Every recorded divergence of the eval."""
+
+    @abc.abstractmethod
+    def divergence(self, eval_id: str, sample_id: str, epoch: int, attempt: int) -> DivergenceRecord | None:
+        """The recorded divergence of one attempt, if any."""
+
+    @abc.abstractmethod
+    def cached_reply(self, cache_key: str) -> CachedReply | None:
+        """The cached reply to the request ``cache_key`` names, if any."""
+
+    @abc.abstractmethod
+    def put_cached_reply(self, record: CachedReply) -> bool:
+        """Cache a reply (an existing one for the key stands); whether it was new."""
+
+    @abc.abstractmethod
+    def clear_cache(self) -> int:
+        """Drop every cached reply; how many there were."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release the connection (idempotent)."""
 
@@ -214,6 +276,8 @@ _TABLES: dict[str, tuple[str, ...]] = {
     "qitos_eval_results": ("eval_id", "sample_id", "epoch"),
     "qitos_eval_scorers": ("eval_id", "scorer_id"),
     "qitos_eval_scores": ("eval_id", "sample_id", "epoch", "scorer_id"),
+    "qitos_eval_divergences": ("eval_id", "sample_id", "epoch", "attempt"),
+    "qitos_eval_cache": ("cache_key",),
 }
 _INTEGER_KEYS = frozenset({"position", "epoch", "attempt"})
 
@@ -414,6 +478,41 @@ class _SqlEvalStore(EvalStore):
         rows = self._select("qitos_eval_scores", "eval_id = ?", [eval_id], "sample_id, epoch, scorer_id")
         return [_record(ScoreRecord, "qitos_eval_scores", row[:4], row[4], row[5]) for row in rows]
 
+    def put_divergence(self, record: DivergenceRecord) -> bool:
+        self._ensure()
+        key = (record.eval_id, record.sample_id, record.epoch, record.attempt)
+        return self._write([self._insert("qitos_eval_divergences", key, record)])[0] > 0
+
+    def divergences(self, eval_id: str) -> list[DivergenceRecord]:
+        self._ensure()
+        rows = self._select("qitos_eval_divergences", "eval_id = ?", [eval_id], "sample_id, epoch, attempt")
+        return [_record(DivergenceRecord, "qitos_eval_divergences", row[:4], row[4], row[5]) for row in rows]
+
+    def divergence(self, eval_id: str, sample_id: str, epoch: int, attempt: int) -> DivergenceRecord | None:
+        self._ensure()
+        key = [eval_id, sample_id, epoch, attempt]
+        rows = self._select(
+            "qitos_eval_divergences", "eval_id = ? AND sample_id = ? AND epoch = ? AND attempt = ?", key, "attempt"
+        )
+        if not rows:
+            return None
+        return _record(DivergenceRecord, "qitos_eval_divergences", rows[0][:4], rows[0][4], rows[0][5])
+
+    def cached_reply(self, cache_key: str) -> CachedReply | None:
+        self._ensure()
+        rows = self._select("qitos_eval_cache", "cache_key = ?", [cache_key], "cache_key")
+        if not rows:
+            return None
+        return _record(CachedReply, "qitos_eval_cache", rows[0][:1], rows[0][1], rows[0][2])
+
+    def put_cached_reply(self, record: CachedReply) -> bool:
+        self._ensure()
+        return self._write([self._insert("qitos_eval_cache", (record.cache_key,), record)])[0] > 0
+
+    def clear_cache(self) -> int:
+        self._ensure()
+        return self._write([(f"DELETE FROM {self._t('qitos_eval_cache')}", [])])[0]
+
 
 class SqliteEvalStore(_SqlEvalStore):
     """The eval tables in a SQLite file (the sessions' file), or in memory (``":memory:"``)."""
@@ -459,6 +558,11 @@ class SqliteEvalStore(_SqlEvalStore):
         self._write([(statement, []) for statement in ddl])
         _check_version(self, self._t("qitos_eval_meta"))
 
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        return bool(self._read("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'qitos_evals'", []))
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
@@ -467,7 +571,7 @@ class SqliteEvalStore(_SqlEvalStore):
 
 
 class PostgresEvalStore(_SqlEvalStore):
-    """The eval tables in a PostgreSQL schema (the sessions' schema; extra ``qitos[postgres]``)."""
+    """The eval tables in a PostgreSQL schema (the sessions' schema; extra ``qitos-kernel[postgres]``)."""
 
     placeholder = "%s"
 
@@ -486,7 +590,7 @@ class PostgresEvalStore(_SqlEvalStore):
                 import psycopg
             except ImportError as exc:
                 raise ConfigurationError(
-                    f"a PostgreSQL eval store needs: pip install 'qitos[postgres]' ({exc})"
+                    f"a PostgreSQL eval store needs the postgres extra: {install_command('postgres')} ({exc})"
                 ) from exc
             self._conn = psycopg.connect(self.dsn, autocommit=True)
             self._pid = os.getpid()
@@ -521,6 +625,12 @@ class PostgresEvalStore(_SqlEvalStore):
                 for statement in ddl:
                     cur.execute(statement)
         _check_version(self, self._t("qitos_eval_meta"))
+
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        rows = self._read("SELECT to_regclass(%s) IS NOT NULL", [f'"{self.schema}".qitos_evals'])
+        return bool(rows and rows[0][0])
 
     def close(self) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ raises while scoring records a scoring error for that sample (never a silent 0).
 from __future__ import annotations
 
 import abc
+import copy
 import inspect
 import math
 import re
@@ -374,6 +375,13 @@ class _ModelGraded(Scorer):
         self.model = model
         self.template = template
         self.grades = {k.upper(): float(v) for k, v in grades.items()}
+
+    def with_judge(self, model: ModelAdapter) -> _ModelGraded:
+        """The same scorer (id, version, template, grades) asking ``model`` (a replaying or caching
+        judge: ``qitos.eval._replay``)."""
+        other = copy.copy(self)
+        other.model = model
+        return other
 
     def to_number(self, value: ScoreValue) -> float:
         if isinstance(value, str) and value.upper() in self.grades:
