@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import datetime
 import enum
 import inspect
 import json
@@ -60,6 +62,7 @@ __all__ = [
     "ToolSpec",
     "compile_validator",
     "schema_for_function",
+    "schema_for_type",
     "tool",
     "validate_arguments",
 ]
@@ -300,33 +303,69 @@ def schema_for_function(fn: Callable[..., Any], param_docs: Mapping[str, str] | 
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def _schema_for_hint(hint: Any) -> dict[str, Any]:
+def schema_for_type(hint: Any) -> dict[str, Any]:
+    """JSON schema of a type: what a tool parameter may be, and also dataclasses (an object of their
+    fields, nested dataclasses inline) and dates (ISO strings), as the strict codec decodes them.
+    Raises ToolDefinitionError naming an unsupported (or recursive) type."""
+    return _schema_for_hint(hint, records=())
+
+
+def _schema_for_hint(hint: Any, records: tuple[type, ...] | None = None) -> dict[str, Any]:
+    # records: None for a tool parameter (plain JSON types only); else the dataclasses being described
     if hint is Any:
         return {}
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is Union or origin is types.UnionType:
         arms = [a for a in args if a is not type(None)]
-        inner = _schema_for_hint(arms[0]) if len(arms) == 1 else {"anyOf": [_schema_for_hint(a) for a in arms]}
+        inner = (
+            _schema_for_hint(arms[0], records)
+            if len(arms) == 1
+            else {"anyOf": [_schema_for_hint(a, records) for a in arms]}
+        )
         if type(None) in args:
             return {"anyOf": [inner, {"type": "null"}]}
         return inner
     if origin is Literal:
         return {"enum": list(args)}
     if origin in (list, tuple, set, frozenset) or hint in (list, tuple, set, frozenset):
-        item = _schema_for_hint(args[0]) if args and args[0] is not Ellipsis else {}
+        item = _schema_for_hint(args[0], records) if args and args[0] is not Ellipsis else {}
         return {"type": "array", "items": item}
     if origin is dict or hint is dict:
         schema: dict[str, Any] = {"type": "object"}
         if len(args) == 2:
-            schema["additionalProperties"] = _schema_for_hint(args[1])
+            schema["additionalProperties"] = _schema_for_hint(args[1], records)
         return schema
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return {"enum": [m.value for m in hint]}
     simple = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
     if hint in simple:
         return {"type": simple[hint]}
+    if records is not None:
+        if hint is datetime.datetime or hint is datetime.date:
+            return {"type": "string", "format": "date-time" if hint is datetime.datetime else "date"}
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            return _record_schema(hint, records)
     raise ToolDefinitionError(f"unsupported type {hint!r}; use str, int, float, bool, list, dict, Literal, Enum")
+
+
+def _record_schema(cls: type, records: tuple[type, ...]) -> dict[str, Any]:
+    if cls in records:
+        raise ToolDefinitionError(f"{cls.__qualname__} contains itself; a recursive dataclass has no inline schema")
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception as exc:
+        raise ToolDefinitionError(f"{cls.__qualname__}: cannot resolve type hints: {exc}") from exc
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for item in dataclasses.fields(cls):
+        try:
+            properties[item.name] = _schema_for_hint(hints.get(item.name, Any), (*records, cls))
+        except ToolDefinitionError as exc:
+            raise ToolDefinitionError(f"{cls.__qualname__}.{item.name}: {exc}") from exc
+        if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING:
+            required.append(item.name)
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")

@@ -102,8 +102,8 @@ _RESUMABLE = frozenset(
         StopReason.CANCELLED_IMMEDIATE,
         StopReason.BUDGET_TIME,
         StopReason.BUDGET_TOKENS,
-        StopReason.BUDGET_STEPS,
         StopReason.MAX_STEPS_REACHED,
+        "budget_steps",  # the same stop, as sessions stored by earlier versions name it
         StopReason.UNRECOVERABLE_ERROR,
     }
 )
@@ -252,7 +252,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         """Run ``task`` to a stop and return the EngineResult.
 
         ``journal``/``resume`` are how durable sessions drive the loop; ``on_event`` receives each
-        event as it is emitted. Effects are performed in the calling thread (the sync driver).
+        event as it is emitted (and makes the model stream, unless it has ``wants_model_deltas =
+        False``, as ``qitos.engine.progress.ProgressPrinter`` has). Effects are performed in the
+        calling thread (the sync driver).
         """
         return drive(
             self._execute(
@@ -349,7 +351,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
-        run.live = on_event is not None or bool(self._delta_listeners)
+        run.live = (on_event is not None and getattr(on_event, "wants_model_deltas", True)) or bool(
+            self._delta_listeners
+        )
         stop: StopReason | None = None
         raised: BaseException | None = None
         self._active.add(run)
@@ -417,7 +421,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 )
             if not state.task:
                 state.task = task.objective
-        limit, from_budget = self._step_limit(task, max_steps, state)
+        limit = self._step_limit(task, max_steps, state)
         if limit < state.current_step:
             limit = state.current_step
         state.max_steps = limit
@@ -431,7 +435,6 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             workspace=workspace,
             started=time.monotonic(),
             max_steps=limit,
-            steps_from_budget=from_budget,
             max_runtime=task.budget.max_runtime_seconds or self.budget.max_runtime_seconds,
             max_tokens=task.budget.max_tokens or self.budget.max_tokens,
             log=resume.log if resume else None,
@@ -450,15 +453,15 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             self._call_hooks("on_run_start", run, ctx)
         return run
 
-    def _step_limit(self, task: Task, max_steps: int | None, state: StateSchema) -> tuple[int, bool]:
+    def _step_limit(self, task: Task, max_steps: int | None, state: StateSchema) -> int:
         # One step limit per run: the task budget, else the engine budget, else the state's own.
         if task.budget.max_steps is not None:
-            return task.budget.max_steps, True
+            return task.budget.max_steps
         if max_steps is not None:
-            return max_steps, True
+            return max_steps
         if self.budget.max_steps is not None:
-            return self.budget.max_steps, True
-        return state.max_steps, False
+            return self.budget.max_steps
+        return state.max_steps
 
     def _preflight(self, run: RunContext) -> Loop[StopReason | None]:
         state = run.state
@@ -511,7 +514,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if run.pending is not None:
             return None  # finish the interrupted step before any budget check (steering waits for DECIDE)
         if step_id >= run.max_steps:
-            return StopReason.BUDGET_STEPS if run.steps_from_budget else StopReason.MAX_STEPS_REACHED
+            return StopReason.MAX_STEPS_REACHED
         if run.max_runtime is not None and self._elapsed(run) >= run.max_runtime:
             return StopReason.BUDGET_TIME
         if run.max_tokens is not None and run.tokens_used >= run.max_tokens:

@@ -47,7 +47,7 @@ import asyncio
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
@@ -79,6 +79,7 @@ from qitos.core.task import Task
 from qitos.engine._agent_ref import agent_reference
 from qitos.engine.events import EngineResult
 from qitos.engine.loop import EngineLoop
+from qitos.engine.progress import progress_printer
 from qitos.sessions.control import (
     ApprovalReceipt,
     PauseReceipt,
@@ -242,13 +243,16 @@ class Session:
 
     # ---- running
 
-    def run(self, *, steering: str | None = None) -> EngineResult[Any]:
+    def run(self, *, steering: str | None = None, progress: bool | TextIO = False) -> EngineResult[Any]:
         """Run or resume through the one canonical Engine loop (the sync driver, this thread).
 
         The run takes the session's lease first: if another runner holds it, SessionBusyError
         names that runner and nothing executes. The lease is renewed while the run goes on and
-        released when it ends (see ``qitos.sessions.lease``).
+        released when it ends (see ``qitos.sessions.lease``). ``progress=True`` prints a line per
+        step to stderr (or to the text stream given), rendered from the run's events
+        (``qitos.engine.progress``).
         """
+        printer = progress_printer(progress)
         if steering is not None:
             self.steer(steering)
         store = self.store
@@ -261,18 +265,21 @@ class Session:
             restored = restore(store, sid, head.snapshot_id)
             journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_heartbeat()
-            return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
+            return self.engine.run(
+                self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value, on_event=printer
+            )
         finally:
             lease.release()
 
-    async def arun(self, *, steering: str | None = None) -> EngineResult[Any]:
+    async def arun(self, *, steering: str | None = None, progress: bool | TextIO = False) -> EngineResult[Any]:
         """``run`` through the async driver, on the running event loop.
 
         The lease, the journal's store operations and the model/tool calls are awaited, so many
         sessions run at once in one process. Cancelling the awaiting task stops the run as
         ``Engine.cancel(immediate=True)`` would, commits its last boundary, releases the lease and
-        raises ``CancelledError``.
+        raises ``CancelledError``. ``progress`` as for :meth:`run`.
         """
+        printer = progress_printer(progress)
         if steering is not None:
             await self.asteer(steering)
         store = self.store
@@ -287,7 +294,9 @@ class Session:
             journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_async_heartbeat()
             task = self._task_or_load()
-            return await self.engine.arun(task, journal=journal, resume=resume, run_id=self.run_id.value)
+            return await self.engine.arun(
+                task, journal=journal, resume=resume, run_id=self.run_id.value, on_event=printer
+            )
         finally:
             await lease.arelease()
 
@@ -532,7 +541,10 @@ def _resolve_state_type(name: str, engine: EngineLoop[Any, Any, Any]) -> type[St
     probe = engine.agent.init_state("")
     if type(probe).__qualname__ == qualname:
         return type(probe)
-    raise ConfigurationError(f"cannot import the session's state type {name!r} in this process")
+    raise ConfigurationError(
+        f"cannot import the session's state type {name!r} in this process, and the agent given makes "
+        f"{type(probe).__qualname__}: restore with the agent the session was made with"
+    )
 
 
 def _agent_identity(engine: EngineLoop[Any, Any, Any]) -> AgentIdentity:
