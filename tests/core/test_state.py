@@ -137,7 +137,7 @@ def test_stop_reason_is_a_str_enum_with_every_spec_value() -> None:
 
 
 def test_running_out_of_steps_has_one_name_and_the_old_one_still_reads() -> None:
-    assert StopReason.BUDGET_STEPS is StopReason.MAX_STEPS_REACHED  # the name stays importable
+    assert StopReason.BUDGET_STEPS is StopReason.MAX_STEPS_REACHED  # type: ignore[comparison-overlap]  # the name stays importable
     assert "budget_steps" not in {r.value for r in StopReason}
     assert StopReason("budget_steps") is StopReason.MAX_STEPS_REACHED  # as earlier versions stored it
     state = StateSchema()

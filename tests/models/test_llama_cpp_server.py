@@ -387,12 +387,13 @@ def test_a_typed_answer_from_the_server_is_a_validated_object(llama_server: Llam
         model = model_for(llama_server, max_tokens=48, response_format="json_object")
         engine = Engine(Agent(model, instructions="Give the two numbers as JSON.", output_type=Pair, max_steps=3))
     result = engine.run("The numbers are 2 and 3.")
+    state: Any = result.state  # the typed state built for output_type
 
     assert result.state.stop_reason == StopReason.FINAL.value, [r.decision.meta for r in result.records]
-    assert isinstance(result.state.output, Pair)
-    assert json.loads(result.state.final_result) == {
-        "first": result.state.output.first,
-        "second": result.state.output.second,
+    assert isinstance(state.output, Pair)
+    assert json.loads(state.final_result) == {
+        "first": state.output.first,
+        "second": state.output.second,
     }
 
 
@@ -402,5 +403,7 @@ def test_token_counts_against_this_server_are_labelled_estimates(
     # SmolLM2's tokenizer is not cl100k: the request view's counts say they are an estimate, by which tokenizer.
     agent = policy_agent(lambda state, obs: None, llm=model_for(llama_server, extra_body={"stop": ["\n"]}))
     result = Engine(agent).run("Say hello.")
-    units = result.records[0].request_view["units"]
+    request_view = result.records[0].request_view
+    assert request_view is not None
+    units = request_view["units"]
     assert units["estimated"] is True and units["tokenizer"] == "cl100k_base"
