@@ -571,6 +571,20 @@ def test_a_restores_reads_are_the_chain_and_the_writes_on_its_head(store: Checkp
         store.load_chain_with_writes("s", "0" * 64)
 
 
+def test_the_commit_that_moves_a_head_ends_its_steps_writes(store: CheckpointStore) -> None:
+    snaps = chain_of(store, "s", 1)
+    head, earlier = snaps[-1], snaps[0]
+    other = create(store, "t")
+    store.put_writes([_write(head, "decision", "step", {"mode": "act"}), _write(earlier, "tool_result", "old", {})])
+    store.put_writes([_write(other, "decision", "step", {"mode": "act"})])
+    moved = advance(store, head, {"ops": ["next"]})
+    assert store.get_writes("s", head.snapshot_id) == []  # its outcome is in the snapshot now
+    assert [w.key for w in store.get_writes("s", earlier.snapshot_id)] == ["old"]  # not the head's: kept
+    assert [w.key for w in store.get_writes("t", other.snapshot_id)] == ["step"]  # another session's: kept
+    assert store.put_writes([_write(moved, "tool_started", "c1", {})]) == [True]
+    assert store.load_chain_with_writes("s", moved.snapshot_id)[1] == store.get_writes("s", moved.snapshot_id)
+
+
 def test_a_write_batch_with_a_bad_write_stores_none_of_it(store: CheckpointStore) -> None:
     head = create(store, "s")
     other = create(store, "other")
@@ -904,9 +918,10 @@ def test_prune_drops_the_blobs_only_pruned_snapshots_mentioned_and_keeps_every_o
     )
     doomed = advance(store, snaps[1], {"state": {"chunks": {"notes": [[only_pruned, 1, 9], [shared, 1, 9]]}}},
                      blobs={only_pruned: d1, shared: d2})  # fmt: skip
-    store.put_writes([_write(doomed, "decision", "step", {"view": in_write})])
     store.put_blobs({in_write: d5, orphan: d4})
     advance(store, doomed, {"log": {"chunks": [shared, only_kept]}}, parent=snaps[1], blobs={only_kept: d3})
+    # A write on doomed after the head left it (one made while it was the head ended with that commit).
+    store.put_writes([_write(doomed, "decision", "step", {"view": in_write})])
 
     report = store.prune()
 

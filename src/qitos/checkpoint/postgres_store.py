@@ -76,6 +76,7 @@ from qitos.checkpoint._rules import (
     stored_text,
     verified_head,
     verified_position,
+    verified_step_writes,
     verified_write,
     write_digest,
 )
@@ -608,8 +609,9 @@ class PostgresCheckpointStore(CheckpointStore):
         rows = yield self.sql.chain_with_writes, {"snap": snapshot_id, "max": MAX_CHAIN, "sid": session_id}
         chain = [row[1:] for row in rows if row[0] == "chain"]
         writes = sorted((row for row in rows if row[0] == "write"), key=lambda row: row[15])
+        tally = next(((row[11], row[14]) for row in rows if row[0] == "head"), None)
         return _chain_of(snapshot_id, chain), _writes_of(
-            session_id, snapshot_id, [(row[11], row[12], row[13], row[8], row[14]) for row in writes]
+            session_id, snapshot_id, [(row[11], row[12], row[13], row[8], row[14]) for row in writes], tally
         )
 
     def _plan_get_heads(self, session_ids: Iterable[str]) -> Plan[dict[str, SessionHeadRecord]]:
@@ -698,8 +700,12 @@ class PostgresCheckpointStore(CheckpointStore):
         return out
 
     def _plan_get_writes(self, session_id: str, base_snapshot_id: str) -> Plan[list[StepWrite]]:
-        rows = yield self.sql.writes_list, (session_id, base_snapshot_id)
-        return _writes_of(session_id, base_snapshot_id, rows)
+        rows = yield self.sql.writes_list, {"sid": session_id, "base": base_snapshot_id}
+        tally = None
+        if rows and rows[0][0] == 0:  # the base is the session's head: its tally (count, digest)
+            head = rows.pop(0)
+            tally = (head[1], head[5])
+        return _writes_of(session_id, base_snapshot_id, [row[1:] for row in rows], tally)
 
     def _plan_append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> Plan[ControlItem]:
         payload_json = check_control(session_id, kind, payload)
@@ -1266,10 +1272,23 @@ def _chain_of(snapshot_id: str, rows: list[Any]) -> list[SessionSnapshot]:
     return SessionSnapshot.from_stored_rows([_stored_row(row) for row in chain_oldest_first(snapshot_id, rows)])
 
 
-def _writes_of(session_id: str, base_snapshot_id: str, rows: Iterable[Any]) -> list[StepWrite]:
+def _writes_of(
+    session_id: str, base_snapshot_id: str, rows: list[Any], tally: tuple[Any, Any] | None
+) -> list[StepWrite]:
     """The verified pending writes on ``base_snapshot_id`` from their rows (step, kind, key, payload,
-    digest), in the order they were written."""
-    return [verified_write(session_id, base_snapshot_id, *row) for row in rows]
+    digest), in the order they were written; with the head's ``tally`` (count, digest as a bit
+    string) when ``base_snapshot_id`` is the session's head, checked against it too."""
+    writes = [verified_write(session_id, base_snapshot_id, *row) for row in rows]
+    if tally is not None:
+        count, bits = tally
+        try:
+            fold = int(bits, 2)
+        except (TypeError, ValueError) as exc:
+            raise IntegrityError(
+                "heads", session_id, f"its tally of pending writes is unreadable: {exc}", session_id=session_id
+            ) from exc
+        verified_step_writes(session_id, base_snapshot_id, int(count), fold, writes, [row[4] for row in rows])
+    return writes
 
 
 def _payload_or_empty(row: Any) -> bytes:

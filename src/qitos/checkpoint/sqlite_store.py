@@ -57,6 +57,7 @@ from qitos.checkpoint._records import (
 )
 from qitos.checkpoint._rules import (
     MAX_CHAIN,
+    NO_WRITES_DIGEST,
     chain_oldest_first,
     check_after,
     check_blobs,
@@ -65,6 +66,7 @@ from qitos.checkpoint._rules import (
     check_lease_ttl,
     check_write_base,
     control_digest,
+    fold_write_digests,
     head_digest,
     mentioned_digests,
     metadata_digest,
@@ -74,6 +76,7 @@ from qitos.checkpoint._rules import (
     stored_object,
     stored_text,
     verified_head,
+    verified_step_writes,
     verified_write,
     write_digest,
 )
@@ -122,6 +125,20 @@ def _backfill_digests(cur: sqlite3.Cursor) -> None:
         digest = control_digest(session_id, position, kind, payload, created_at)
         cur.execute(
             "UPDATE control SET digest = ? WHERE session_id = ? AND position = ?", (digest, session_id, position)
+        )
+
+
+def _backfill_tallies(cur: sqlite3.Cursor) -> None:
+    """Migration 4: the tally of the pending writes on each head, from the rows written before it was kept."""
+    rows = cur.execute(
+        "SELECT h.session_id, COUNT(w.digest), GROUP_CONCAT(w.digest) FROM heads h JOIN writes w"
+        " ON w.session_id = h.session_id AND w.base_snapshot_id = h.snapshot_id GROUP BY h.session_id"
+    ).fetchall()
+    for session_id, count, digests in rows:
+        fold = fold_write_digests(NO_WRITES_DIGEST, digests.split(","))
+        cur.execute(
+            "UPDATE heads SET writes_count = ?, writes_digest = ? WHERE session_id = ?",
+            (count, _hex(fold), session_id),
         )
 
 
@@ -174,6 +191,24 @@ _MIGRATIONS: Final[tuple[_Migration, ...]] = (
         ),
         _backfill_digests,
     ),
+    _Migration(
+        4,
+        "the head's tally of its unfinished step's pending writes; a step's writes end with it",
+        (
+            # How many pending writes the head's unfinished step has and the XOR of their digests
+            # (qitos.checkpoint._rules): a write that is lost, or whose key columns were altered, is
+            # detected. A commit that moves the head resets them, and the trigger deletes the rows of
+            # the step the commit ended (restore reads only the head's): they no longer grow the file.
+            "ALTER TABLE heads ADD COLUMN writes_count INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE heads ADD COLUMN writes_digest TEXT NOT NULL DEFAULT ''",
+            "DELETE FROM writes WHERE NOT EXISTS (SELECT 1 FROM heads h"
+            " WHERE h.session_id = writes.session_id AND h.snapshot_id = writes.base_snapshot_id)",
+            "CREATE TRIGGER step_writes_done AFTER UPDATE OF snapshot_id ON heads"
+            " WHEN OLD.writes_count > 0 AND NEW.snapshot_id IS NOT OLD.snapshot_id BEGIN"
+            " DELETE FROM writes WHERE session_id = OLD.session_id AND base_snapshot_id = OLD.snapshot_id; END",
+        ),
+        _backfill_tallies,
+    ),
 )
 SCHEMA_VERSION: Final[int] = _MIGRATIONS[-1].version
 """The schema version this code writes; older files are migrated to it on open."""
@@ -191,8 +226,8 @@ _SQL_HEAD_CREATE = (
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
 )
 _HEAD_ADVANCE = (
-    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, digest = ? "
-    "WHERE session_id = ? AND snapshot_id = ?"
+    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, digest = ?, "
+    "writes_count = 0, writes_digest = '' WHERE session_id = ? AND snapshot_id = ?"
 )
 _SQL_HEAD_ADVANCE = f"{_HEAD_ADVANCE} RETURNING control_seq"
 _SQL_HEAD_ADVANCE_FENCED = (
@@ -270,9 +305,19 @@ _SQL_WRITE_INSERT = (
     "INSERT OR IGNORE INTO writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+# The head's tally when the base is the session's head (row 0), then the writes in write order.
 _SQL_WRITE_LIST = (
-    "SELECT step_id, CAST(kind AS BLOB), CAST(key AS BLOB), CAST(payload AS BLOB), digest FROM writes "
-    "WHERE session_id = ? AND base_snapshot_id = ? ORDER BY rowid"
+    "SELECT 0, writes_count, NULL, NULL, NULL, writes_digest FROM heads WHERE session_id = ?1 AND snapshot_id = ?2"
+    " UNION ALL SELECT rowid, step_id, CAST(kind AS BLOB), CAST(key AS BLOB), CAST(payload AS BLOB), digest"
+    " FROM writes WHERE session_id = ?1 AND base_snapshot_id = ?2 ORDER BY 1"
+)
+# A write's base snapshot: its session, and that session's head with the tally of its writes.
+_SQL_WRITE_BASE = (
+    "SELECT s.session_id, h.snapshot_id, h.writes_digest FROM snapshots s"
+    " LEFT JOIN heads h ON h.session_id = ?1 WHERE s.snapshot_id = ?2"
+)
+_SQL_WRITE_TALLY = (
+    "UPDATE heads SET writes_count = writes_count + ?, writes_digest = ? WHERE session_id = ? AND snapshot_id = ?"
 )
 # Control positions come from a counter in the head row (never MAX()+1 over the items).
 _SQL_CONTROL_NEXT = "UPDATE heads SET control_seq = control_seq + 1 WHERE session_id = ? RETURNING control_seq"
@@ -618,32 +663,48 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             return []
 
         def put(cur: sqlite3.Cursor) -> list[bool]:
-            checked: set[tuple[str, str]] = set()
+            # The tally of each (session, base) whose base is its session's head: the digest so far.
+            tallies: dict[tuple[str, str], str | None] = {}
             fenced: set[str] = set()
             now = time.time()
             for write in writes:
                 pair = (write.session_id, write.base_snapshot_id)
-                if pair not in checked:
-                    base = _one(cur.execute(_SQL_SNAPSHOT_SESSION, (write.base_snapshot_id,)))
+                if pair not in tallies:
+                    base = _one(cur.execute(_SQL_WRITE_BASE, pair))
                     check_write_base(write, None if base is None else base[0])
-                    checked.add(pair)
+                    tallies[pair] = base[2] if base[1] == write.base_snapshot_id else None
                 if write.session_id not in fenced:
                     check_fence(write.session_id, _lease(cur, write.session_id), write.lease_token, now)
                     fenced.add(write.session_id)
-            return [cur.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
+            stored = [cur.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
+            for pair, tally in tallies.items():
+                if tally is None:
+                    continue
+                new = [row[6] for row, is_new in zip(rows, stored, strict=True) if is_new and row[:2] == pair]
+                if new:
+                    fold = fold_write_digests(_unhex(tally, pair[0]), new)
+                    cur.execute(_SQL_WRITE_TALLY, (len(new), _hex(fold), *pair))
+            return stored
 
         return self._run(put, write=True)
 
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
-        """Pending writes of the step that started at ``base_snapshot_id``, in write order, verified."""
+        """Pending writes of the step that started at ``base_snapshot_id``, in write order, verified
+        (on the session's head: against the head's tally of them too)."""
         rows = self._run(
             lambda cur: cur.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall(), write=False
         )
+        tally = rows.pop(0) if rows and rows[0][0] == 0 else None
         out = []
-        for step_id, kind_raw, key_raw, payload_raw, digest in rows:
+        for _, step_id, kind_raw, key_raw, payload_raw, digest in rows:
             kind = stored_text(kind_raw, "writes", "?", session_id)
             key = stored_text(key_raw, "writes", kind, session_id)
             out.append(verified_write(session_id, base_snapshot_id, step_id, kind, key, payload_raw, digest))
+        if tally is not None:
+            digests = [row[5] for row in rows]
+            verified_step_writes(
+                session_id, base_snapshot_id, int(tally[1]), _unhex(tally[5], session_id), out, digests
+            )
         return out
 
     # ---- control items
@@ -851,6 +912,21 @@ def _drop_blobs(cur: sqlite3.Cursor, candidates: set[str]) -> int:
     if present:
         cur.execute(_SQL_BLOB_DELETE, (json.dumps(sorted(present)),))
     return len(present)
+
+
+def _hex(fold: int) -> str:
+    """A tally's digest as stored: 64 hex digits, or '' for none."""
+    return f"{fold:064x}" if fold else ""
+
+
+def _unhex(stored: Any, session_id: str) -> int:
+    """A stored tally digest ('' for none); IntegrityError names the head row when it is damaged."""
+    try:
+        return int(stored, 16) if stored else NO_WRITES_DIGEST
+    except (TypeError, ValueError) as exc:
+        raise IntegrityError(
+            "heads", session_id, f"its tally of pending writes is unreadable: {exc}", session_id=session_id
+        ) from exc
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
