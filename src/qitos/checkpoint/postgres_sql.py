@@ -148,8 +148,14 @@ class StoreSql:
         # Every statement below finds its rows by key, so one plan fits all parameter values. Left to
         # choose, PostgreSQL keeps re-planning some of them for every call (a custom plan for the
         # pending-write statement took 0.23 ms to plan, longer than it took to run), so the store's
-        # connections keep the generic plan of every statement they have prepared.
-        self.generic_plans = "SET plan_cache_mode = force_generic_plan"
+        # connections keep the generic plan of every statement they have prepared. A generic plan made
+        # while a table is (nearly) empty would scan it for as long as the connection lives, and the
+        # `writes` table is often empty (a step's writes end with its commit), so those connections
+        # take an index wherever there is one.
+        self.generic_plans = (
+            "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
+            " set_config('enable_seqscan', 'off', false)"
+        )
 
         # ---- heads and commits (one statement each; see PostgresCheckpointStore.commit_session_snapshot)
         now = "extract(epoch FROM clock_timestamp())::float8"

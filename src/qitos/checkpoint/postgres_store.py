@@ -36,10 +36,11 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from qitos.checkpoint._groups import GroupWriter, Pending
 from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
@@ -255,6 +256,7 @@ class PostgresCheckpointStore(CheckpointStore):
         self._apools_opening: dict[asyncio.AbstractEventLoop, asyncio.Future[Any]] = {}  # pools being opened
         self._migrated = False
         self._closed = False
+        self._groups: GroupWriter[_Work] = self._group_writer()
         _LIVE.add(self)
 
     def __repr__(self) -> str:
@@ -263,11 +265,15 @@ class PostgresCheckpointStore(CheckpointStore):
     # ---- pools
 
     def _forget_parent_pools(self) -> None:
-        """In a forked child: drop the parent's pools without touching their threads or sockets."""
+        """In a forked child: drop the parent's pools and writer without touching their threads or sockets."""
         self._lock = threading.Lock()
         self._pool = None
         self._apools = {}
         self._apools_opening = {}
+        self._groups = self._group_writer()
+
+    def _group_writer(self) -> GroupWriter[_Work]:
+        return GroupWriter(self._write_group, awrite_group=self._awrite_group, name=f"qitos-pg-{self.schema}")
 
     def _pool_sizes(self) -> dict[str, Any]:
         """What the sync and the async pools share: sizes, wait for a connection, connection options."""
@@ -455,6 +461,97 @@ class PostgresCheckpointStore(CheckpointStore):
             raise self._error(exc) from exc
         finally:
             pool.putconn(conn)
+
+    # ---- group commit (see qitos.checkpoint._groups): one transaction, one round trip, per group
+
+    def _write_group(self, group: list[Pending[_Work]]) -> None:
+        """Write a group on a sync pooled connection (see :meth:`_awrite_group`)."""
+        self._ensure_open()
+        psycopg, pool = self._psycopg, self._sync_pool()
+        try:
+            conn = pool.getconn()
+        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            plans = _start_plans(group)
+            if not plans:
+                return
+            try:
+                with conn.pipeline() as pipeline:
+                    cursors = _spare_cursors(conn, len(plans))
+                    conn.execute(_BEGIN)
+                    for cursor, (_, _, query) in zip(cursors, plans, strict=True):
+                        cursor.execute(*query)
+                    conn.execute(_COMMIT)
+                    pipeline.sync()
+                    rows = [c.fetchall() if c.rownumber is not None else [] for c in cursors]
+            except psycopg.OperationalError as exc:
+                self._check_pool()
+                raise self._error(exc) from exc
+            except psycopg.Error:  # a statement failed: nothing was written; each piece alone instead
+                conn.rollback()
+                for pending, _, _ in plans:
+                    try:
+                        pending.result = self._run(pending.work())
+                    except Exception as exc:
+                        pending.error = exc
+                return
+            for (pending, plan, _), answer in zip(plans, rows, strict=True):
+                try:
+                    pending.result = _finish(conn.statements, plan, answer)
+                except psycopg.Error as exc:
+                    pending.error = self._error(exc)
+                except Exception as exc:
+                    pending.error = exc
+            self._stamp(conn)
+        finally:
+            pool.putconn(conn)
+
+    async def _awrite_group(self, group: list[Pending[_Work]]) -> None:
+        """Write a group on this event loop's pool: every piece's first statement in one transaction,
+        sent with BEGIN and COMMIT in one pipeline (one round trip, one WAL flush). A piece that needs
+        more (a refused commit looks up why) goes on alone after the group is durable; a statement
+        error rolls the group back and each piece is written alone, so a bad piece fails by itself."""
+        self._ensure_open()
+        psycopg, pool = self._psycopg, await self._async_pool()
+        try:
+            conn = await pool.getconn()
+        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            plans = _start_plans(group)
+            if not plans:
+                return
+            try:
+                async with conn.pipeline() as pipeline:
+                    cursors = _spare_cursors(conn, len(plans))
+                    await conn.execute(_BEGIN)
+                    for cursor, (_, _, query) in zip(cursors, plans, strict=True):
+                        await cursor.execute(*query)
+                    await conn.execute(_COMMIT)
+                    await pipeline.sync()
+                    rows = [await c.fetchall() if c.rownumber is not None else [] for c in cursors]
+            except psycopg.OperationalError as exc:
+                await self._acheck_pool()
+                raise self._error(exc) from exc
+            except psycopg.Error:
+                await conn.rollback()
+                for pending, _, _ in plans:
+                    try:
+                        pending.result = await self._arun(pending.work())
+                    except Exception as exc:
+                        pending.error = exc
+                return
+            for (pending, plan, _), answer in zip(plans, rows, strict=True):
+                try:
+                    pending.result = await _afinish(conn.statements, plan, answer)
+                except psycopg.Error as exc:
+                    pending.error = self._error(exc)
+                except Exception as exc:
+                    pending.error = exc
+            self._stamp(conn)
+        finally:
+            await pool.putconn(conn)
 
     def _check_pool(self) -> None:
         """After a lost connection, check the idle ones too: the server may have ended them all at once
@@ -900,7 +997,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS), in one statement."""
-        return self._run(self._plan_commit(request))
+        return self._groups.run(functools.partial(self._plan_commit, request))  # type: ignore[no-any-return]
 
     def find_session_by_operation(self, operation_id: str) -> str | None:
         """The session a commit with this ``operation_id`` created, or None."""
@@ -936,7 +1033,11 @@ class PostgresCheckpointStore(CheckpointStore):
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes (one statement, or one transaction for a large batch); per write,
         whether it was new (first wins)."""
-        return self._run(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
+        if not writes:
+            return []
+        if len(writes) > _WRITES_PER_STATEMENT:  # several statements: a transaction of their own
+            return self._run(self._plan_put_writes(writes), transaction=True)
+        return self._groups.run(functools.partial(self._plan_put_writes, writes))  # type: ignore[no-any-return]
 
     def load_chain_with_writes(
         self, session_id: str, snapshot_id: str
@@ -1041,6 +1142,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def close(self) -> None:
         """Close the pools; later calls raise CheckpointError. Idempotent."""
+        self._groups.close()
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -1066,7 +1168,7 @@ class PostgresCheckpointStore(CheckpointStore):
         return await self._arun(self._plan_get_positions(session_ids, lifecycles))
 
     async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
-        return await self._arun(self._plan_commit(request))
+        return await self._groups.arun(functools.partial(self._plan_commit, request))  # type: ignore[no-any-return]
 
     async def afind_session_by_operation(self, operation_id: str) -> str | None:
         return await self._arun(self._plan_find_operation(operation_id))
@@ -1084,7 +1186,11 @@ class PostgresCheckpointStore(CheckpointStore):
         return await self._arun(self._plan_session_snapshots(session_id))
 
     async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
-        return await self._arun(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
+        if not writes:
+            return []
+        if len(writes) > _WRITES_PER_STATEMENT:
+            return await self._arun(self._plan_put_writes(writes), transaction=True)
+        return await self._groups.arun(functools.partial(self._plan_put_writes, writes))  # type: ignore[no-any-return]
 
     async def aload_chain_with_writes(
         self, session_id: str, snapshot_id: str
@@ -1177,6 +1283,7 @@ class PostgresCheckpointStore(CheckpointStore):
         return conn
 
     async def aclose(self) -> None:
+        self._groups.close()
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -1211,6 +1318,71 @@ async def _close_with_loop(pool: Any, made: weakref.WeakSet[Any]) -> None:
         for conn in list(made):
             if not conn.closed:
                 await conn.close()
+
+
+_Work = Callable[[], Plan[Any]]  # a write: makes its plan, whose first statement joins a group
+_BEGIN: Final = "BEGIN"
+_COMMIT: Final = "COMMIT"
+
+
+_Started = list[tuple[Pending[_Work], Plan[Any], Query]]
+
+
+def _start_plans(group: list[Pending[_Work]]) -> _Started:
+    """Each piece with its plan and the plan's first statement; a piece whose plan fails before it
+    (a bad request) gets its error and leaves the group."""
+    started = []
+    for pending in group:
+        plan = pending.work()
+        try:
+            query = next(plan)
+        except StopIteration as done:
+            pending.result = done.value
+            continue
+        except Exception as exc:
+            pending.error = exc
+            continue
+        started.append((pending, plan, query))
+    return started
+
+
+def _finish(cur: Any, plan: Plan[Any], rows: Rows) -> Any:
+    """Send a piece's plan its first statement's rows and drive what else it asks for (alone)."""
+    try:
+        query = plan.send(rows)
+    except StopIteration as done:
+        return done.value
+    return _drive(cur, _prepended(query, plan), Exception)
+
+
+async def _afinish(cur: Any, plan: Plan[Any], rows: Rows) -> Any:
+    """Async twin of :func:`_finish`."""
+    try:
+        query = plan.send(rows)
+    except StopIteration as done:
+        return done.value
+    return await _adrive(cur, _prepended(query, plan), Exception)
+
+
+def _prepended(query: Query, plan: Plan[_T]) -> Plan[_T]:
+    """``plan`` already past ``next``, as a plan that yields ``query`` first."""
+    rows = yield query
+    try:
+        query = plan.send(rows)
+        while True:
+            rows = yield query
+            query = plan.send(rows)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+
+
+def _spare_cursors(conn: Any, count: int) -> list[Any]:
+    """``count`` cursors of ``conn`` for one pipeline (kept on the connection between groups)."""
+    spare: list[Any] = conn.spare
+    while len(spare) < count:
+        spare.append(conn.cursor())
+    return spare[:count]
 
 
 def _drive(cur: Any, plan: Plan[_T], errors: type[Exception]) -> _T:

@@ -26,6 +26,7 @@ corrupt the file). ``synchronous="FULL"`` makes each commit durable against powe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -38,8 +39,9 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, ParamSpec, TypeVar
 
+from qitos.checkpoint._groups import GroupWriter, Pending
 from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
@@ -63,6 +65,7 @@ from qitos.checkpoint._rules import (
     check_blobs,
     check_control,
     check_fence,
+    check_lease_owner,
     check_lease_ttl,
     check_write_base,
     control_digest,
@@ -90,11 +93,14 @@ from qitos.core.errors import (
     IntegrityError,
     SessionNotFoundError,
     SnapshotIntegrityError,
+    UsageError,
 )
 
 __all__ = ["SCHEMA_VERSION", "SqliteCheckpointStore"]
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
+_Work = Callable[[sqlite3.Cursor], Any]  # a write, run in a group transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,10 +418,14 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         if page_size not in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
             raise ConfigurationError(f"page_size must be a power of two from 1024 to 65536, got {page_size!r}")
         self._page_size = page_size
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # the reading connection (and opening connections)
+        self._write_lock = threading.Lock()  # the writing connection: held by a group's writer
+        self._conn: sqlite3.Connection | None = None  # writes, one group at a time
         self._cursor: sqlite3.Cursor | None = None
+        self._reader: sqlite3.Connection | None = None  # reads (WAL: they never wait for a writer)
+        self._rcursor: sqlite3.Cursor | None = None
         self._checkpointer: WalCheckpointer | None = None
+        self._groups: GroupWriter[_Work] = GroupWriter(self._write_group, name="qitos-sqlite-writer")
         self._pid = os.getpid()
         self._closed = False
         _LIVE.add(self)
@@ -423,28 +433,43 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def __repr__(self) -> str:
         return f"SqliteCheckpointStore({self.path!r}, synchronous={self.synchronous!r})"
 
-    # ---- connection, transactions, retries
+    # ---- connections, group transactions, retries
 
     def _forget_parent_connection(self) -> None:
-        """In a forked child: drop the parent's lock and connection without touching them."""
+        """In a forked child: drop the parent's locks, connections and writer without touching them."""
         self._lock = threading.Lock()
-        if self._conn is not None:
-            _INHERITED.append(self._conn)
-        self._conn = self._cursor = None
+        self._write_lock = threading.Lock()
+        _INHERITED.extend(c for c in (self._conn, self._reader) if c is not None)
+        self._conn = self._cursor = self._reader = self._rcursor = None
         self._checkpointer = None  # the parent's thread does not exist here; _open starts a new one
+        self._groups = GroupWriter(self._write_group, name="qitos-sqlite-writer")
         self._pid = os.getpid()
 
-    def _connection(self) -> sqlite3.Cursor:
+    def _check_usable(self) -> None:
         if self._closed:
             raise CheckpointError(f"{self!r} is closed")
         if self._pid != os.getpid():  # forked without os.register_at_fork hooks running
             self._forget_parent_connection()
+
+    def _writer_cursor(self) -> sqlite3.Cursor:
+        """The writing connection's one reused cursor (cheaper than ``conn.execute``'s new one)."""
+        self._check_usable()
         if self._cursor is None:
             self._conn = self._open()
-            self._cursor = self._conn.cursor()  # one reused cursor: cheaper than conn.execute's new one
+            self._cursor = self._conn.cursor()
             if self.path != ":memory:":
                 self._checkpointer = WalCheckpointer(self._connect)
         return self._cursor
+
+    def _reader_cursor(self) -> sqlite3.Cursor:
+        """The reading connection's cursor (the writing one for ``:memory:``, a database of its own)."""
+        self._check_usable()
+        if self.path == ":memory:":
+            return self._writer_cursor()
+        if self._rcursor is None:
+            self._reader = self._open()
+            self._rcursor = self._reader.cursor()
+        return self._rcursor
 
     def _connect(self) -> sqlite3.Connection:
         # ``timeout`` is SQLite's busy timeout (sqlite3_busy_timeout), for this and the checkpointer's connection.
@@ -476,37 +501,70 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             raise
         return conn
 
-    def _run(self, fn: Callable[[sqlite3.Cursor], _T], *, write: bool) -> _T:
-        """Run ``fn`` on this process's connection (in a BEGIN IMMEDIATE transaction if ``write``),
-        retrying the whole call while the database is busy or locked."""
+    def _read(self, fn: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Run ``fn`` on the reading connection, retrying while the database is busy (rare in WAL)."""
+        lock = self._write_lock if self.path == ":memory:" else self._lock
         deadline: float | None = None
         attempt = 0
         while True:
-            with self._lock:
+            with lock:
                 try:
-                    cur = self._connection()
-                    if not write:
-                        return fn(cur)
-                    result = _in_transaction(cur, fn)
-                    if self._checkpointer is not None:
-                        self._checkpointer.committed()
-                    return result
+                    return fn(self._reader_cursor())
                 except sqlite3.OperationalError as exc:
                     if not _is_busy(exc):
                         raise self._error(exc) from exc
                     busy = exc
                 except sqlite3.Error as exc:
                     raise self._error(exc) from exc
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + self._retry_timeout
-            if now >= deadline:
-                raise CheckpointError(
-                    f"{self.path}: the database stayed locked by other writers for {self._retry_timeout:g} s "
-                    f"({attempt + 1} attempts); last SQLite error: {busy}"
-                ) from busy
-            time.sleep(0.001 * 2 ** min(attempt, 6) * random.uniform(0.5, 1.0))  # 1 ms .. 64 ms
+            deadline = self._backoff(busy, deadline, attempt)
             attempt += 1
+
+    def _write(self, work: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Write ``work`` in the next group transaction (see ``qitos.checkpoint._groups``)."""
+        result: _T = self._groups.run(work)
+        return result
+
+    async def _awrite(self, work: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Async twin of :meth:`_write`: the group is written on the store's writer thread."""
+        result: _T = await self._groups.arun(work)
+        return result
+
+    def _write_group(self, group: list[Pending[_Work]]) -> None:
+        """One ``BEGIN IMMEDIATE`` transaction for the whole group, each piece of work in a savepoint
+        of its own (a refused one is rolled back alone), retried whole while the database is busy or
+        locked by another process."""
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            with self._write_lock:
+                try:
+                    cur = self._writer_cursor()
+                    _write_in_transaction(cur, group, self._error)
+                    if self._checkpointer is not None:
+                        self._checkpointer.committed()
+                    return
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc):
+                        raise self._error(exc) from exc
+                    busy = exc
+                except sqlite3.Error as exc:
+                    raise self._error(exc) from exc
+            deadline = self._backoff(busy, deadline, attempt)
+            attempt += 1
+
+    def _backoff(self, busy: sqlite3.OperationalError, deadline: float | None, attempt: int) -> float:
+        """Sleep before the next attempt on a busy database (1 ms .. 64 ms, jittered); CheckpointError
+        once it has stayed locked for ``retry_timeout`` seconds. Returns the deadline."""
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + self._retry_timeout
+        if now >= deadline:
+            raise CheckpointError(
+                f"{self.path}: the database stayed locked by other writers for {self._retry_timeout:g} s "
+                f"({attempt + 1} attempts); last SQLite error: {busy}"
+            ) from busy
+        time.sleep(0.001 * 2 ** min(attempt, 6) * random.uniform(0.5, 1.0))
+        return deadline
 
     def _error(self, exc: sqlite3.Error) -> CheckpointError:
         return CheckpointError(f"SQLite error on {self.path}: {exc}")
@@ -523,11 +581,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
         """Read the current mutable head for one session (None if there is no such session)."""
-        row = self._run(lambda cur: _one(cur.execute(_SQL_HEAD_GET, (session_id,))), write=False)
+        row = self._read(lambda cur: _one(cur.execute(_SQL_HEAD_GET, (session_id,))))
         return None if row is None else verified_head(*row)
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS)."""
+        return self._write(self._commit_work(request))
+
+    async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        return await self._awrite(self._commit_work(request))
+
+    def _commit_work(self, request: SessionSnapshotCommit) -> Callable[[sqlite3.Cursor], SessionCommitReceipt]:
+        """A head commit's work in a group transaction (validated and encoded here, before it)."""
         payload_json = request.validate()
         metadata = request.session_metadata
         metadata_json = None if metadata is None else json_text(metadata, "session_metadata")
@@ -538,7 +603,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         expected = request.expected_head
         operation_id = request.operation_id
 
-        def commit(cur: sqlite3.Cursor) -> tuple[str, int]:
+        def commit(cur: sqlite3.Cursor) -> SessionCommitReceipt:
             execute = cur.execute
             control_seq = 0
             now = utc_now()
@@ -598,33 +663,32 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 cur.executemany(_SQL_BLOB_INSERT, blobs)
             if operation_id is not None:
                 execute(_SQL_OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
-            return now, control_seq
+            return SessionCommitReceipt(
+                session_id=session_id,
+                snapshot_id=snapshot.snapshot_id,
+                previous_head=expected,
+                sequence=snapshot.sequence,
+                committed_at=now,
+                control_seq=control_seq,
+            )
 
-        committed_at, control_seq = self._run(commit, write=True)
-        return SessionCommitReceipt(
-            session_id=session_id,
-            snapshot_id=snapshot.snapshot_id,
-            previous_head=expected,
-            sequence=snapshot.sequence,
-            committed_at=committed_at,
-            control_seq=control_seq,
-        )
+        return commit
 
     def find_session_by_operation(self, operation_id: str) -> str | None:
         """The session a commit with this ``operation_id`` created, or None."""
-        row = self._run(lambda cur: _one(cur.execute(_SQL_OPERATION_GET, (operation_id,))), write=False)
+        row = self._read(lambda cur: _one(cur.execute(_SQL_OPERATION_GET, (operation_id,))))
         return None if row is None else str(row[0])
 
     def get_snapshot(self, snapshot_id: str) -> SessionSnapshot:
         """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
-        rows = self._run(lambda cur: _snapshot_rows(cur, _SQL_SNAPSHOT_GET, (snapshot_id,), snapshot_id), write=False)
+        rows = self._read(lambda cur: _snapshot_rows(cur, _SQL_SNAPSHOT_GET, (snapshot_id,), snapshot_id))
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
         return _snapshot(rows[0])
 
     def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
-        rows, _ = self._run(lambda cur: _chain_rows(cur, snapshot_id), write=False)
+        rows, _ = self._read(lambda cur: _chain_rows(cur, snapshot_id))
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
         return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
@@ -636,7 +700,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             return []
         statement = _SQL_HEAD_LIST if wanted is None else _sql_head_list_in(len(wanted))
         params = sorted(wanted or ())
-        rows = self._run(lambda cur: cur.execute(statement, params).fetchall(), write=False)
+        rows = self._read(lambda cur: cur.execute(statement, params).fetchall())
         return [verified_head(*row) for row in rows]
 
     def list_session_snapshots(self, session_id: str) -> list[str]:
@@ -648,19 +712,28 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 raise SessionNotFoundError(session_id)
             return ids
 
-        return self._run(read, write=False)
+        return self._read(read)
 
     # ---- pending writes
 
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes in one transaction; per write, whether it was new (first wins)."""
+        work = self._put_work(writes)
+        return [] if work is None else self._write(work)
+
+    async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        work = self._put_work(writes)
+        return [] if work is None else await self._awrite(work)
+
+    def _put_work(self, writes: Sequence[StepWrite]) -> Callable[[sqlite3.Cursor], list[bool]] | None:
+        """Pending writes' work in a group transaction (None: nothing to write)."""
         rows = []
         for w in writes:
             payload_json = w.payload_json()
             digest = write_digest(w, payload_json)
             rows.append((w.session_id, w.base_snapshot_id, w.kind, w.key, w.step_id, payload_json, digest))
         if not rows:
-            return []
+            return None
 
         def put(cur: sqlite3.Cursor) -> list[bool]:
             # The tally of each (session, base) whose base is its session's head: the digest so far.
@@ -686,14 +759,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                     cur.execute(_SQL_WRITE_TALLY, (len(new), _hex(fold), *pair))
             return stored
 
-        return self._run(put, write=True)
+        return put
 
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
         """Pending writes of the step that started at ``base_snapshot_id``, in write order, verified
         (on the session's head: against the head's tally of them too)."""
-        rows = self._run(
-            lambda cur: cur.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall(), write=False
-        )
+        rows = self._read(lambda cur: cur.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall())
         tally = rows.pop(0) if rows and rows[0][0] == 0 else None
         out = []
         for _, step_id, kind_raw, key_raw, payload_raw, digest in rows:
@@ -711,9 +782,17 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
         """Durably append one control item; the store assigns its position (a counter in the head row)."""
+        return self._write(self._append_work(session_id, kind, payload))
+
+    async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        return await self._awrite(self._append_work(session_id, kind, payload))
+
+    def _append_work(
+        self, session_id: str, kind: str, payload: Mapping[str, Any]
+    ) -> Callable[[sqlite3.Cursor], ControlItem]:
         payload_json = check_control(session_id, kind, payload)
 
-        def append(cur: sqlite3.Cursor) -> tuple[int, str]:
+        def append(cur: sqlite3.Cursor) -> ControlItem:
             row = _one(cur.execute(_SQL_CONTROL_NEXT, (session_id,)))
             if row is None:
                 raise SessionNotFoundError(session_id)
@@ -721,16 +800,15 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             now = utc_now()
             digest = control_digest(session_id, position, kind, payload_json, now)
             cur.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now, digest))
-            return position, now
+            return ControlItem(
+                session_id=session_id,
+                position=position,
+                kind=kind,
+                payload=stored_object(payload_json, "control", str(position), session_id),
+                created_at=now,
+            )
 
-        position, created_at = self._run(append, write=True)
-        return ControlItem(
-            session_id=session_id,
-            position=position,
-            kind=kind,
-            payload=stored_object(payload_json, "control", str(position), session_id),
-            created_at=created_at,
-        )
+        return append
 
     def list_control(self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[ControlItem]:
         """Control items with position > ``after`` (optionally only ``kinds``), by position, verified.
@@ -747,7 +825,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 raise SessionNotFoundError(session_id)
             return int(seq[0]), cur.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
 
-        count, rows = self._run(read, write=False)
+        count, rows = self._read(read)
         items = []
         expected = start
         for position, kind_raw, payload_raw, created_raw, digest in rows:
@@ -782,7 +860,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
     ) -> SessionLease:
         """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
+        return self._write(self._acquire_work(session_id, owner, ttl_seconds, take_over_from))
+
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return await self._awrite(self._acquire_work(session_id, owner, ttl_seconds, take_over_from))
+
+    def _acquire_work(
+        self, session_id: str, owner: str, ttl_seconds: float, take_over_from: str | None
+    ) -> Callable[[sqlite3.Cursor], SessionLease]:
         ttl = check_lease_ttl(ttl_seconds)
+        check_lease_owner(owner, take_over_from)
 
         def acquire(cur: sqlite3.Cursor) -> SessionLease:
             head = _one(cur.execute(_SQL_HEAD_AND_CONTROL_SEQ, (session_id,)))
@@ -792,10 +881,16 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             cur.execute(_SQL_LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
             return replace(lease, head_snapshot_id=head[0], control_seq=int(head[1]))
 
-        return self._run(acquire, write=True)
+        return acquire
 
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         """Extend a held lease; LeaseLostError if it expired or was taken over."""
+        return self._write(self._renew_work(lease, ttl_seconds))
+
+    async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        return await self._awrite(self._renew_work(lease, ttl_seconds))
+
+    def _renew_work(self, lease: SessionLease, ttl_seconds: float) -> Callable[[sqlite3.Cursor], SessionLease]:
         ttl = check_lease_ttl(ttl_seconds)
 
         def renew(cur: sqlite3.Cursor) -> SessionLease:
@@ -803,15 +898,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             cur.execute(_SQL_LEASE_PUT, (renewed.session_id, renewed.owner, renewed.token, renewed.expires_at))
             return renewed
 
-        return self._run(renew, write=True)
+        return renew
 
     def release_lease(self, lease: SessionLease) -> None:
         """Give the lease up now (a no-op if it is no longer current); its token stays used."""
-        self._run(lambda cur: cur.execute(_SQL_LEASE_RELEASE, (lease.session_id, lease.token, lease.owner)), write=True)
+        self._write(_release_work(lease))
+
+    async def arelease_lease(self, lease: SessionLease) -> None:
+        await self._awrite(_release_work(lease))
 
     def get_lease(self, session_id: str) -> SessionLease | None:
         """The session's current lease row (possibly lapsed), or None if it never had one."""
-        return self._run(lambda cur: _lease(cur, session_id), write=False)
+        return self._read(lambda cur: _lease(cur, session_id))
 
     # ---- blobs
 
@@ -819,12 +917,17 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
         checked = check_blobs(blobs)
         if checked:
-            self._run(lambda cur: cur.executemany(_SQL_BLOB_INSERT, checked), write=True)
+            self._write(lambda cur: cur.executemany(_SQL_BLOB_INSERT, checked))
+
+    async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        checked = check_blobs(blobs)
+        if checked:
+            await self._awrite(lambda cur: cur.executemany(_SQL_BLOB_INSERT, checked))
 
     def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
         """The stored blobs among ``digests`` (absent digests are absent from the result); verified."""
         wanted = json.dumps(sorted(name_set(digests, "digests") or ()))
-        rows = self._run(lambda cur: cur.execute(_SQL_BLOB_GET, (wanted,)).fetchall(), write=False)
+        rows = self._read(lambda cur: cur.execute(_SQL_BLOB_GET, (wanted,)).fetchall())
         found = {str(digest): bytes(data) for digest, data in rows}
         check_blobs(found)  # BlobIntegrityError if stored bytes were altered
         return found
@@ -835,6 +938,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Delete snapshots not reachable from a head or ``keep`` (with their writes), then the
         blobs that only they mentioned (see ``mentioned_digests``). One write transaction: no
         commit can start to reference a blob while it is being judged unreferenced."""
+        return self._write(self._prune_work(keep))
+
+    async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        return await self._awrite(self._prune_work(keep))
+
+    def _prune_work(self, keep: Iterable[str]) -> Callable[[sqlite3.Cursor], PruneReport]:
         named = sorted(name_set(keep, "keep") or ())
 
         def prune(cur: sqlite3.Cursor) -> PruneReport:
@@ -857,27 +966,43 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             dropped = _drop_blobs(cur, candidates)
             return PruneReport(deleted_snapshots=len(doomed), kept_snapshots=kept, deleted_blobs=dropped)
 
-        return self._run(prune, write=True)
+        return prune
 
     def vacuum(self) -> None:
-        """Rebuild the file to reclaim space freed by pruning, then truncate the WAL."""
+        """Rebuild the file to reclaim space freed by pruning, then truncate the WAL (on the writing
+        connection, between two groups: VACUUM runs outside any transaction)."""
+        with self._write_lock:
+            try:
+                cur = self._writer_cursor()
+                cur.execute("VACUUM")
+                cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
 
-        def vacuum(cur: sqlite3.Cursor) -> None:
-            cur.execute("VACUUM")
-            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-        self._run(vacuum, write=False)
+    async def avacuum(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.vacuum)
 
     def close(self) -> None:
-        """Close this process's connection; later calls raise CheckpointError. Idempotent."""
-        with self._lock:
+        """Close this process's connections; later calls raise CheckpointError. Idempotent."""
+        with self._write_lock, self._lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
                 self._checkpointer = None
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = self._cursor = None
+            if self._pid == os.getpid():
+                for conn in (self._conn, self._reader):
+                    if conn is not None:
+                        conn.close()
+            self._conn = self._cursor = self._reader = self._rcursor = None
             self._closed = True
+        self._groups.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def _offload(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Reads run inline on the event loop (WAL readers never wait for a writer); writes have
+        async twins of their own that join a group (:meth:`_awrite`)."""
+        return fn(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -942,6 +1067,32 @@ def _one(cur: sqlite3.Cursor) -> Any:
     is finished and holds no read snapshot between calls (``fetchone`` would leave it open)."""
     rows = cur.fetchall()
     return rows[0] if rows else None
+
+
+def _write_in_transaction(
+    cur: sqlite3.Cursor, group: list[Pending[_Work]], error: Callable[[sqlite3.Error], CheckpointError]
+) -> None:
+    """Run each piece of ``group``'s work in a savepoint of one transaction, setting its outcome."""
+    execute = cur.execute
+    execute("BEGIN IMMEDIATE")
+    try:
+        for pending in group:
+            pending.error = None
+            execute("SAVEPOINT work")
+            try:
+                pending.result = pending.work(cur)
+            except (CheckpointError, UsageError, sqlite3.Error) as exc:
+                if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                    raise  # the group is retried whole
+                execute("ROLLBACK TO work")
+                pending.error = error(exc) if isinstance(exc, sqlite3.Error) else exc
+            execute("RELEASE work")
+        execute("COMMIT")
+    except BaseException:
+        if cur.connection.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # SQLite already rolled back; keep the first error
+                execute("ROLLBACK")
+        raise
 
 
 def _in_transaction(cur: sqlite3.Cursor, fn: Callable[[sqlite3.Cursor], _T]) -> _T:
@@ -1049,6 +1200,13 @@ def _stored_row(row: Any) -> StoredSnapshotRow:
     if not isinstance(payload, bytes):
         raise SnapshotIntegrityError(snapshot_id, f"stored payload is a {type(payload).__name__}, not bytes")
     return (snapshot_id, session_id, parent_id, base_id, sequence, created_at, payload)
+
+
+def _release_work(lease: SessionLease) -> Callable[[sqlite3.Cursor], None]:
+    def release(cur: sqlite3.Cursor) -> None:
+        cur.execute(_SQL_LEASE_RELEASE, (lease.session_id, lease.token, lease.owner))
+
+    return release
 
 
 def _lease(cur: sqlite3.Cursor, session_id: str) -> SessionLease | None:
