@@ -425,7 +425,8 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         self._reader: sqlite3.Connection | None = None  # reads (WAL: they never wait for a writer)
         self._rcursor: sqlite3.Cursor | None = None
         self._checkpointer: WalCheckpointer | None = None
-        self._groups: GroupWriter[_Work] = GroupWriter(self._write_group, name="qitos-sqlite-writer")
+        self._groups: GroupWriter[_Work] = self._group_writer()
+        self._busy_ms = busy_timeout_ms  # the writing connection's busy timeout now (see _try_group)
         self._pid = os.getpid()
         self._closed = False
         _LIVE.add(self)
@@ -442,8 +443,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         _INHERITED.extend(c for c in (self._conn, self._reader) if c is not None)
         self._conn = self._cursor = self._reader = self._rcursor = None
         self._checkpointer = None  # the parent's thread does not exist here; _open starts a new one
-        self._groups = GroupWriter(self._write_group, name="qitos-sqlite-writer")
+        self._groups = self._group_writer()
+        self._busy_ms = self._busy_timeout_ms
         self._pid = os.getpid()
+
+    def _group_writer(self) -> GroupWriter[_Work]:
+        return GroupWriter(self._write_group, awrite_group=self._awrite_group, name="qitos-sqlite-writer")
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -516,7 +521,8 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                     busy = exc
                 except sqlite3.Error as exc:
                     raise self._error(exc) from exc
-            deadline = self._backoff(busy, deadline, attempt)
+            deadline, delay = self._retry_delay(busy, deadline, attempt)
+            time.sleep(delay)
             attempt += 1
 
     def _write(self, work: Callable[[sqlite3.Cursor], _T]) -> _T:
@@ -525,36 +531,62 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         return result
 
     async def _awrite(self, work: Callable[[sqlite3.Cursor], _T]) -> _T:
-        """Async twin of :meth:`_write`: the group is written on the store's writer thread."""
+        """Async twin of :meth:`_write`: the group is written on the event loop (:meth:`_awrite_group`)."""
         result: _T = await self._groups.arun(work)
         return result
 
     def _write_group(self, group: list[Pending[_Work]]) -> None:
         """One ``BEGIN IMMEDIATE`` transaction for the whole group, each piece of work in a savepoint
         of its own (a refused one is rolled back alone), retried whole while the database is busy or
-        locked by another process."""
+        locked by another process (SQLite's busy timeout first, then the store's backoff)."""
         deadline: float | None = None
         attempt = 0
         while True:
-            with self._write_lock:
-                try:
-                    cur = self._writer_cursor()
-                    _write_in_transaction(cur, group, self._error)
-                    if self._checkpointer is not None:
-                        self._checkpointer.committed()
-                    return
-                except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc):
-                        raise self._error(exc) from exc
-                    busy = exc
-                except sqlite3.Error as exc:
-                    raise self._error(exc) from exc
-            deadline = self._backoff(busy, deadline, attempt)
+            busy = self._try_group(group, wait=True)
+            if busy is None:
+                return
+            deadline, delay = self._retry_delay(busy, deadline, attempt)
+            time.sleep(delay)
             attempt += 1
 
-    def _backoff(self, busy: sqlite3.OperationalError, deadline: float | None, attempt: int) -> float:
-        """Sleep before the next attempt on a busy database (1 ms .. 64 ms, jittered); CheckpointError
-        once it has stayed locked for ``retry_timeout`` seconds. Returns the deadline."""
+    async def _awrite_group(self, group: list[Pending[_Work]]) -> None:
+        """:meth:`_write_group` on the event loop of the sessions waiting for it: a group is a few
+        hundred microseconds of work, and done here it needs no thread (a writer thread would wait for
+        the event loop's GIL at every statement). When another process holds the database, the
+        group does not wait inside SQLite: the event loop goes on and the group is tried again."""
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            busy = self._try_group(group, wait=False)
+            if busy is None:
+                return
+            deadline, delay = self._retry_delay(busy, deadline, attempt)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    def _try_group(self, group: list[Pending[_Work]], *, wait: bool) -> sqlite3.OperationalError | None:
+        """Write ``group`` once; the busy error when the database was locked (nothing written)."""
+        with self._write_lock:
+            try:
+                cur = self._writer_cursor()
+                busy_ms = self._busy_timeout_ms if wait else 0
+                if self._busy_ms != busy_ms:
+                    cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                    self._busy_ms = busy_ms
+                _write_in_transaction(cur, group, self._error)
+                if self._checkpointer is not None:
+                    self._checkpointer.committed()
+                return None
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise self._error(exc) from exc
+                return exc
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+
+    def _retry_delay(self, busy: sqlite3.OperationalError, deadline: float | None, attempt: int) -> tuple[float, float]:
+        """The deadline and how long to wait before the next attempt on a busy database (1 ms .. 64 ms,
+        jittered); CheckpointError once it has stayed locked for ``retry_timeout`` seconds."""
         now = time.monotonic()
         if deadline is None:
             deadline = now + self._retry_timeout
@@ -563,8 +595,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 f"{self.path}: the database stayed locked by other writers for {self._retry_timeout:g} s "
                 f"({attempt + 1} attempts); last SQLite error: {busy}"
             ) from busy
-        time.sleep(0.001 * 2 ** min(attempt, 6) * random.uniform(0.5, 1.0))
-        return deadline
+        return deadline, 0.001 * 2 ** min(attempt, 6) * random.uniform(0.5, 1.0)
 
     def _error(self, exc: sqlite3.Error) -> CheckpointError:
         return CheckpointError(f"SQLite error on {self.path}: {exc}")
