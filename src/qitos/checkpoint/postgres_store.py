@@ -485,10 +485,12 @@ class PostgresCheckpointStore(CheckpointStore):
                     conn.execute(_COMMIT)
                     pipeline.sync()
                     rows = [c.fetchall() if c.rownumber is not None else [] for c in cursors]
-            except psycopg.OperationalError as exc:
-                self._check_pool()
-                raise self._error(exc) from exc
-            except psycopg.Error:  # a statement failed: nothing was written; each piece alone instead
+            except psycopg.Error as exc:
+                if exc.sqlstate is None:  # the connection failed: what the server did is not known
+                    self._check_pool()
+                    raise self._error(exc) from exc
+                # A statement failed (or a deadlock with another process's group was broken): the
+                # group was rolled back, nothing of it is written. Each piece alone instead.
                 conn.rollback()
                 for pending, _, _ in plans:
                     try:
@@ -531,10 +533,10 @@ class PostgresCheckpointStore(CheckpointStore):
                     await conn.execute(_COMMIT)
                     await pipeline.sync()
                     rows = [await c.fetchall() if c.rownumber is not None else [] for c in cursors]
-            except psycopg.OperationalError as exc:
-                await self._acheck_pool()
-                raise self._error(exc) from exc
-            except psycopg.Error:
+            except psycopg.Error as exc:
+                if exc.sqlstate is None:
+                    await self._acheck_pool()
+                    raise self._error(exc) from exc
                 await conn.rollback()
                 for pending, _, _ in plans:
                     try:
@@ -582,6 +584,12 @@ class PostgresCheckpointStore(CheckpointStore):
             raise self._error(exc) from exc
         finally:
             await pool.putconn(conn)
+
+    async def _agrouped(self, plan: Callable[[], Plan[_T]]) -> _T:
+        """Run ``plan`` in this event loop's next group: its first statement goes with those of every
+        other session's operation waiting now, in one round trip (see :meth:`_awrite_group`)."""
+        result: _T = await self._groups.arun(plan)
+        return result
 
     async def _acheck_pool(self) -> None:
         """Async twin of :meth:`_check_pool` (this loop's pool)."""
@@ -1157,7 +1165,7 @@ class PostgresCheckpointStore(CheckpointStore):
     # ---- the contract: async twins (native, on the AsyncConnectionPool)
 
     async def aget_session_head(self, session_id: str) -> SessionHeadRecord | None:
-        return await self._arun(self._plan_get_head(session_id))
+        return await self._agrouped(lambda: self._plan_get_head(session_id))
 
     async def aget_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
         return await self._arun(self._plan_get_heads(session_ids))
@@ -1168,16 +1176,16 @@ class PostgresCheckpointStore(CheckpointStore):
         return await self._arun(self._plan_get_positions(session_ids, lifecycles))
 
     async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
-        return await self._groups.arun(functools.partial(self._plan_commit, request))  # type: ignore[no-any-return]
+        return await self._agrouped(lambda: self._plan_commit(request))
 
     async def afind_session_by_operation(self, operation_id: str) -> str | None:
         return await self._arun(self._plan_find_operation(operation_id))
 
     async def aget_snapshot(self, snapshot_id: str) -> SessionSnapshot:
-        return await self._arun(self._plan_get_snapshot(snapshot_id))
+        return await self._agrouped(lambda: self._plan_get_snapshot(snapshot_id))
 
     async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
-        return await self._arun(self._plan_load_chain(snapshot_id))
+        return await self._agrouped(lambda: self._plan_load_chain(snapshot_id))
 
     async def alist_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
         return await self._arun(self._plan_list_sessions(lifecycles))
@@ -1190,43 +1198,43 @@ class PostgresCheckpointStore(CheckpointStore):
             return []
         if len(writes) > _WRITES_PER_STATEMENT:
             return await self._arun(self._plan_put_writes(writes), transaction=True)
-        return await self._groups.arun(functools.partial(self._plan_put_writes, writes))  # type: ignore[no-any-return]
+        return await self._agrouped(lambda: self._plan_put_writes(writes))
 
     async def aload_chain_with_writes(
         self, session_id: str, snapshot_id: str
     ) -> tuple[list[SessionSnapshot], list[StepWrite]]:
-        return await self._arun(self._plan_chain_with_writes(session_id, snapshot_id))
+        return await self._agrouped(lambda: self._plan_chain_with_writes(session_id, snapshot_id))
 
     async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
-        return await self._arun(self._plan_get_writes(session_id, base_snapshot_id))
+        return await self._agrouped(lambda: self._plan_get_writes(session_id, base_snapshot_id))
 
     async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
-        return await self._arun(self._plan_append_control(session_id, kind, payload))
+        return await self._agrouped(lambda: self._plan_append_control(session_id, kind, payload))
 
     async def alist_control(
         self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
     ) -> list[ControlItem]:
-        return await self._arun(self._plan_list_control(session_id, after=after, kinds=kinds))
+        return await self._agrouped(lambda: self._plan_list_control(session_id, after=after, kinds=kinds))
 
     async def aacquire_lease(
         self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
     ) -> SessionLease:
-        return await self._arun(self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
+        return await self._agrouped(lambda: self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
 
     async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
-        return await self._arun(self._plan_renew_lease(lease, ttl_seconds))
+        return await self._agrouped(lambda: self._plan_renew_lease(lease, ttl_seconds))
 
     async def arelease_lease(self, lease: SessionLease) -> None:
-        await self._arun(self._plan_release_lease(lease))
+        await self._agrouped(lambda: self._plan_release_lease(lease))
 
     async def aget_lease(self, session_id: str) -> SessionLease | None:
-        return await self._arun(self._plan_get_lease(session_id))
+        return await self._agrouped(lambda: self._plan_get_lease(session_id))
 
     async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
         await self._arun(self._plan_put_blobs(blobs))
 
     async def aget_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
-        return await self._arun(self._plan_get_blobs(digests))
+        return await self._agrouped(lambda: self._plan_get_blobs(digests))
 
     async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
         return await self._arun(self._plan_prune(keep), transaction=True)
