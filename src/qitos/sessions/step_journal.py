@@ -46,10 +46,12 @@ __all__ = [
     "RestoredSession",
     "SessionJournal",
     "arestore",
+    "arestore_created",
     "first_payload",
     "fork_payload",
     "materialize",
     "restore",
+    "restore_created",
 ]
 
 _T = TypeVar("_T")
@@ -324,9 +326,25 @@ async def arestore(store: CheckpointStore, session_id: str, head_id: str) -> Res
     return await _aread(store, _restore(session_id, head_id))
 
 
+def restore_created(store: CheckpointStore, snapshot: SessionSnapshot) -> RestoredSession:
+    """A session at the first snapshot it was created with, while that is still its head and nothing
+    was written on it: rebuilt from ``snapshot`` itself, without reading it back."""
+    return _read(store, _restored(snapshot.session_id, [snapshot], []))
+
+
+async def arestore_created(store: CheckpointStore, snapshot: SessionSnapshot) -> RestoredSession:
+    """Async twin of :func:`restore_created`."""
+    return await _aread(store, _restored(snapshot.session_id, [snapshot], []))
+
+
 def _restore(session_id: str, head_id: str) -> _ReadPlan[RestoredSession]:
     read: tuple[list[SessionSnapshot], list[StepWrite]] = yield "load_chain_with_writes", (session_id, head_id)
     chain, writes = read
+    return (yield from _restored(session_id, chain, writes))
+
+
+def _restored(session_id: str, chain: list[SessionSnapshot], writes: list[StepWrite]) -> _ReadPlan[RestoredSession]:
+    """The session at the end of ``chain`` with the pending ``writes`` of its unfinished step folded in."""
     restored = yield from _rebuild(chain)
     recorded = restored.payload.pending
     # A copy: the calls started and finished since are added to it, never to the payload record.
