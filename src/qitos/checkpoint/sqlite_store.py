@@ -2,14 +2,21 @@
 
 Design (STYLE practice 6, SPEC sections 3 and 7):
 
-- stdlib ``sqlite3``; one connection per store per process, opened lazily, shared by threads
-  behind a ``threading.Lock`` and re-opened in a child after ``fork()`` (a connection inherited
-  across ``fork()`` is never used nor closed by the child);
+- stdlib ``sqlite3``; per store and process one writing connection and one reading connection
+  (WAL readers never wait for the writer), opened lazily, shared by threads behind locks and
+  re-opened in a child after ``fork()`` (a connection inherited across ``fork()`` is never used
+  nor closed by the child);
+- group commit (:mod:`qitos.checkpoint._groups`): the writes of every session waiting are one
+  transaction, each write in a savepoint of its own, so a refused compare-and-swap or fence rolls
+  back that write alone; a write is acknowledged once its group has committed. A sync caller
+  writes its group in its own thread; an async caller's group is written on its event loop, and
+  its reads run there too (no thread hop);
 - WAL journal, ``synchronous=NORMAL`` by default (``FULL`` on request), ``busy_timeout``; WAL
   checkpoints run on a background thread (:mod:`qitos.checkpoint.wal_checkpointer`), not inside
   whichever commit crosses the log's size limit;
-- every write is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
-  any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff, so
+- every group is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
+  any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff (an async
+  group waits on its event loop, not inside SQLite), so
   "database is locked" never reaches the caller unless the file stays locked for
   ``retry_timeout`` seconds (then a :class:`~qitos.core.errors.CheckpointError` says so);
 - a ``schema_version`` table and ordered migrations, each applied in one transaction together
