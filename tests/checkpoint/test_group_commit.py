@@ -187,3 +187,22 @@ def test_a_group_that_does_not_commit_acknowledges_nothing(tmp_path: Path) -> No
         assert store.get_session_head("lost") is None
         store.commit_session_snapshot(_first("after"))  # the writer goes on
         assert store.get_session_head("after") is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_sync_write_inside_the_event_loop_of_a_group_in_progress_does_not_wait_for_it(
+    store: CheckpointStore,
+) -> None:
+    """A synchronous call made on an event loop whose task writes the group in progress (a steer from
+    async code while that loop's sessions commit) cannot wait for that task: it is written alone."""
+
+    async def main() -> tuple[list[Any], int]:
+        await store.acommit_session_snapshot(_first("steered"))
+        commits = [asyncio.ensure_future(store.acommit_session_snapshot(_first(f"s{i}"))) for i in range(20)]
+        await asyncio.sleep(0)  # the commits are queued, their group's writer is a task of this loop
+        item = store.append_control("steered", "steer", {"text": "now"})  # sync, on this very loop
+        return await asyncio.gather(*commits), item.position
+
+    receipts, position = asyncio.run(main())
+    assert len(receipts) == 20 and position == 1
+    assert [item.payload for item in store.list_control("steered")] == [{"text": "now"}]

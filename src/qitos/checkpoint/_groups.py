@@ -63,15 +63,14 @@ class GroupWriter(Generic[_W]):
     ``write_group`` writes a list of :class:`Pending` in one transaction, setting each one's
     ``result`` or ``error`` (an error of its own work leaves the others unaffected; an error raised
     by ``write_group`` itself fails the whole group). ``awrite_group`` is its coroutine twin, which
-    writes the groups of asynchronous callers on their event loop; without it they are written by
-    ``write_group`` on the writer thread.
+    writes the groups of asynchronous callers on their event loop.
     """
 
     def __init__(
         self,
         write_group: Callable[[list[Pending[_W]]], None],
         *,
-        awrite_group: Callable[[list[Pending[_W]]], Awaitable[None]] | None = None,
+        awrite_group: Callable[[list[Pending[_W]]], Awaitable[None]],
         name: str = "qitos-store",
     ) -> None:
         self._write_group = write_group
@@ -94,7 +93,21 @@ class GroupWriter(Generic[_W]):
         pending: Pending[_W] = Pending(work)
         pending.event = threading.Event()
         if self._enqueue(pending):
-            self._lead(until=pending)
+            self._write(self._take())  # the group holding this work; then the writer thread goes on
+            with self._lock:
+                handed_over = bool(self._waiting)
+                self._leading = handed_over
+            if handed_over:
+                self._executor().submit(self._lead)
+        elif _in_event_loop():
+            # The group in progress may be a task of this very event loop, which cannot go on while
+            # this call waits: this work is written alone, now.
+            with self._lock:
+                alone = pending in self._waiting
+                if alone:
+                    self._waiting.remove(pending)
+            if alone:
+                self._write([pending])
         pending.event.wait()
         return pending.outcome()
 
@@ -105,10 +118,7 @@ class GroupWriter(Generic[_W]):
         pending.loop = loop
         future = pending.future = loop.create_future()
         if self._enqueue(pending):
-            if self._awrite_group is not None:
-                self._task = loop.create_task(self._alead(), name=f"{self._name}-group")
-            else:
-                loop.run_in_executor(self._executor(), self._lead)
+            self._task = loop.create_task(self._alead(), name=f"{self._name}-group")
         # The work is written whatever happens to the caller: a cancelled caller does not wait for it.
         return await future
 
@@ -131,21 +141,13 @@ class GroupWriter(Generic[_W]):
 
     # ---- leading
 
-    def _lead(self, until: Pending[_W] | None = None) -> None:
-        """Write groups until nothing waits (or, for a synchronous caller, until its own work is
-        written: then the writer thread takes over what waits, so the caller is not kept)."""
-        while True:
-            group = self._take()
-            if not group:
-                return
+    def _lead(self) -> None:
+        """On the writer thread: write groups until nothing waits (what queued behind a synchronous
+        caller's group, which that caller does not stay to write)."""
+        group = self._take()
+        while group:
             self._write(group)
-            if until is not None and until.event is not None and until.event.is_set():
-                with self._lock:
-                    if not self._waiting:
-                        self._leading = False
-                        return
-                self._executor().submit(self._lead)
-                return
+            group = self._take()
 
     def _write(self, group: list[Pending[_W]]) -> None:
         try:
@@ -156,14 +158,12 @@ class GroupWriter(Generic[_W]):
         self._done(group)
 
     async def _alead(self) -> None:
-        awrite = self._awrite_group
-        assert awrite is not None
         while True:
             group = self._take()
             if not group:
                 return
             try:
-                await awrite(group)
+                await self._awrite_group(group)
             except BaseException as exc:
                 for pending in group:
                     pending.error = exc
@@ -222,6 +222,14 @@ class GroupWriter(Generic[_W]):
         known, self._thread = self._thread, None
         if known is not None and known[0] == os.getpid():
             known[1].shutdown(wait=False)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _resolve(group: list[Pending[Any]]) -> None:
