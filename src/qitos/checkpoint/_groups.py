@@ -30,6 +30,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
+from qitos.core.errors import CheckpointError
+
 __all__ = ["GroupWriter", "Pending"]
 
 _T = TypeVar("_T")
@@ -178,7 +180,7 @@ class GroupWriter(Generic[_W]):
         group = self._take()
         while group:
             for pending in group:
-                pending.error = RuntimeError("the store's writer stopped with its event loop")
+                pending.error = CheckpointError("the store's writer stopped with its event loop: not written")
             self._done(group)
             group = self._take()
 
