@@ -44,10 +44,11 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
+from qitos.checkpoint import sqlite_sql as sql
 from qitos.checkpoint._groups import GroupWriter, Pending
 from qitos.checkpoint._records import (
     ControlItem,
@@ -105,272 +106,13 @@ from qitos.core.errors import (
 
 __all__ = ["SCHEMA_VERSION", "SqliteCheckpointStore"]
 
+SCHEMA_VERSION: Final[int] = sql.SCHEMA_VERSION
+"""The schema version this code writes; older files are migrated to it on open."""
+
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 _Work = Callable[[sqlite3.Cursor], Any]  # a write, run in a group transaction
 
-
-@dataclass(frozen=True, slots=True)
-class _Migration:
-    version: int
-    name: str
-    statements: tuple[str, ...]
-    # Run after the statements, in the same transaction: rewrites rows SQL alone cannot compute.
-    backfill: Callable[[sqlite3.Cursor], None] | None = None
-
-
-def _backfill_digests(cur: sqlite3.Cursor) -> None:
-    """Migration 3: digests for the rows written before rows carried them."""
-    for session_id, metadata in cur.execute("SELECT session_id, metadata FROM sessions").fetchall():
-        cur.execute(
-            "UPDATE sessions SET digest = ? WHERE session_id = ?", (metadata_digest(session_id, metadata), session_id)
-        )
-    rows = cur.execute("SELECT session_id, snapshot_id, sequence, lifecycle, updated_at FROM heads").fetchall()
-    for session_id, snapshot_id, sequence, lifecycle, updated_at in rows:
-        digest = head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at)
-        cur.execute("UPDATE heads SET digest = ? WHERE session_id = ?", (digest, session_id))
-    rows = cur.execute("SELECT rowid, session_id, base_snapshot_id, step_id, kind, key, payload FROM writes").fetchall()
-    for rowid, session_id, base, step_id, kind, key, payload in rows:
-        write = StepWrite(session_id=session_id, base_snapshot_id=base, step_id=step_id, kind=kind, key=key, payload={})
-        cur.execute("UPDATE writes SET digest = ? WHERE rowid = ?", (write_digest(write, payload), rowid))
-    rows = cur.execute("SELECT session_id, position, kind, payload, created_at FROM control").fetchall()
-    for session_id, position, kind, payload, created_at in rows:
-        digest = control_digest(session_id, position, kind, payload, created_at)
-        cur.execute(
-            "UPDATE control SET digest = ? WHERE session_id = ? AND position = ?", (digest, session_id, position)
-        )
-
-
-def _backfill_tallies(cur: sqlite3.Cursor) -> None:
-    """Migration 4: the tally of the pending writes on each head, from the rows written before it was kept."""
-    rows = cur.execute(
-        "SELECT h.session_id, COUNT(w.digest), GROUP_CONCAT(w.digest) FROM heads h JOIN writes w"
-        " ON w.session_id = h.session_id AND w.base_snapshot_id = h.snapshot_id GROUP BY h.session_id"
-    ).fetchall()
-    for session_id, count, digests in rows:
-        fold = fold_write_digests(NO_WRITES_DIGEST, digests.split(","))
-        cur.execute(
-            "UPDATE heads SET writes_count = ?, writes_digest = ? WHERE session_id = ?",
-            (count, _hex(fold), session_id),
-        )
-
-
-# Ordered schema history. Never edit an applied migration: append a new one.
-_MIGRATIONS: Final[tuple[_Migration, ...]] = (
-    _Migration(
-        1,
-        "initial schema",
-        (
-            "CREATE TABLE snapshots (snapshot_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
-            "parent_id TEXT, base_id TEXT, sequence INTEGER NOT NULL, created_at TEXT NOT NULL, "
-            "payload TEXT NOT NULL)",
-            "CREATE TABLE heads (session_id TEXT PRIMARY KEY, snapshot_id TEXT NOT NULL, "
-            "sequence INTEGER NOT NULL, lifecycle TEXT NOT NULL, updated_at TEXT NOT NULL, "
-            "metadata TEXT NOT NULL)",
-            "CREATE TABLE writes (session_id TEXT NOT NULL, base_snapshot_id TEXT NOT NULL, "
-            "kind TEXT NOT NULL, key TEXT NOT NULL, step_id INTEGER NOT NULL, payload TEXT NOT NULL, "
-            "PRIMARY KEY (session_id, base_snapshot_id, kind, key))",
-            "CREATE TABLE control (session_id TEXT NOT NULL, position INTEGER NOT NULL, "
-            "kind TEXT NOT NULL, payload TEXT NOT NULL, created_at TEXT NOT NULL, "
-            "PRIMARY KEY (session_id, position)) WITHOUT ROWID",
-            "CREATE TABLE blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL)",
-        ),
-    ),
-    _Migration(
-        2,
-        "compressed payloads and creation operation ids",
-        (
-            "ALTER TABLE snapshots ADD COLUMN encoding TEXT NOT NULL DEFAULT 'json'",
-            "CREATE TABLE operations (operation_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
-            "snapshot_id TEXT NOT NULL, created_at TEXT NOT NULL)",
-        ),
-    ),
-    _Migration(
-        3,
-        "session leases, verified rows, metadata written once",
-        (
-            # The metadata (with the task) moves out of the head row, which every commit rewrites.
-            "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, metadata TEXT NOT NULL, digest TEXT NOT NULL)",
-            "INSERT INTO sessions (session_id, metadata, digest) SELECT session_id, metadata, '' FROM heads",
-            "ALTER TABLE heads DROP COLUMN metadata",
-            "ALTER TABLE heads ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
-            "ALTER TABLE heads ADD COLUMN control_seq INTEGER NOT NULL DEFAULT 0",
-            "UPDATE heads SET control_seq = "
-            "(SELECT COALESCE(MAX(position), 0) FROM control WHERE control.session_id = heads.session_id)",
-            "ALTER TABLE writes ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
-            "ALTER TABLE control ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
-            "CREATE TABLE leases (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL, token INTEGER NOT NULL, "
-            "expires_at REAL NOT NULL)",
-        ),
-        _backfill_digests,
-    ),
-    _Migration(
-        4,
-        "the head's tally of its unfinished step's pending writes; a step's writes end with it",
-        (
-            # How many pending writes the head's unfinished step has and the XOR of their digests
-            # (qitos.checkpoint._rules): a write that is lost, or whose key columns were altered, is
-            # detected. A commit that moves the head resets them, and the trigger deletes the rows of
-            # the step the commit ended (restore reads only the head's): they no longer grow the file.
-            "ALTER TABLE heads ADD COLUMN writes_count INTEGER NOT NULL DEFAULT 0",
-            "ALTER TABLE heads ADD COLUMN writes_digest TEXT NOT NULL DEFAULT ''",
-            "DELETE FROM writes WHERE NOT EXISTS (SELECT 1 FROM heads h"
-            " WHERE h.session_id = writes.session_id AND h.snapshot_id = writes.base_snapshot_id)",
-            "CREATE TRIGGER step_writes_done AFTER UPDATE OF snapshot_id ON heads"
-            " WHEN OLD.writes_count > 0 AND NEW.snapshot_id IS NOT OLD.snapshot_id BEGIN"
-            " DELETE FROM writes WHERE session_id = OLD.session_id AND base_snapshot_id = OLD.snapshot_id; END",
-        ),
-        _backfill_tallies,
-    ),
-)
-SCHEMA_VERSION: Final[int] = _MIGRATIONS[-1].version
-"""The schema version this code writes; older files are migrated to it on open."""
-
-_SQL_SCHEMA_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-_SQL_SCHEMA_TABLE = (
-    "CREATE TABLE IF NOT EXISTS schema_version "
-    "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-)
-_SQL_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM schema_version"
-_SQL_SCHEMA_RECORD = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
-
-_SQL_HEAD_CREATE = (
-    "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
-)
-_HEAD_ADVANCE = (
-    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, digest = ?, "
-    "writes_count = 0, writes_digest = '' WHERE session_id = ? AND snapshot_id = ?"
-)
-_SQL_HEAD_ADVANCE = f"{_HEAD_ADVANCE} RETURNING control_seq"
-_SQL_HEAD_ADVANCE_FENCED = (
-    f"{_HEAD_ADVANCE} AND EXISTS (SELECT 1 FROM leases WHERE session_id = ? AND token = ? AND expires_at > ?)"
-    " RETURNING control_seq"
-)
-_SQL_METADATA_CREATE = "INSERT INTO sessions (session_id, metadata, digest) VALUES (?, ?, ?)"
-_SQL_METADATA_SET = "UPDATE sessions SET metadata = ?, digest = ? WHERE session_id = ?"
-_SQL_HEAD_ID = "SELECT snapshot_id FROM heads WHERE session_id = ?"
-_HEAD_COLUMNS = (
-    "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, "
-    "CAST(m.metadata AS BLOB), m.digest, h.control_seq FROM heads h LEFT JOIN sessions m ON m.session_id = h.session_id"
-)
-_SQL_HEAD_GET = f"SELECT {_HEAD_COLUMNS} WHERE h.session_id = ?"
-_SQL_HEAD_LIST = f"SELECT {_HEAD_COLUMNS} ORDER BY h.rowid"
-
-
-def _sql_head_list_in(count: int) -> str:
-    """The heads in one of ``count`` lifecycles, in creation order."""
-    return f"SELECT {_HEAD_COLUMNS} WHERE h.lifecycle IN ({', '.join('?' * count)}) ORDER BY h.rowid"
-
-
-_SQL_LEASE_GET = "SELECT owner, token, expires_at FROM leases WHERE session_id = ?"
-_SQL_LEASE_PUT = (
-    "INSERT INTO leases (session_id, owner, token, expires_at) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
-    "expires_at = excluded.expires_at"
-)
-_SQL_LEASE_RELEASE = "UPDATE leases SET expires_at = 0 WHERE session_id = ? AND token = ? AND owner = ?"
-_SQL_SNAPSHOT_SESSION = "SELECT session_id FROM snapshots WHERE snapshot_id = ?"
-_SQL_SNAPSHOT_INSERT = (
-    "INSERT OR IGNORE INTO snapshots "
-    "(snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_SNAPSHOT_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload"
-_SQL_SNAPSHOT_GET = (
-    "SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, "
-    "CAST(payload AS BLOB) FROM snapshots WHERE snapshot_id = ?"
-)
-# The snapshot and its ancestors up to its base (``stop``), in one recursive query.
-_SQL_CHAIN = (
-    f"WITH RECURSIVE chain({_SNAPSHOT_COLUMNS}, stop, depth) AS ("
-    f" SELECT {_SNAPSHOT_COLUMNS}, base_id, 0 FROM snapshots WHERE snapshot_id = ?"
-    " UNION ALL"
-    " SELECT p.snapshot_id, p.session_id, p.parent_id, p.base_id, p.sequence, p.created_at, p.encoding,"
-    " p.payload, chain.stop, chain.depth + 1"
-    " FROM chain JOIN snapshots p ON p.snapshot_id = chain.parent_id"
-    " WHERE chain.stop IS NOT NULL AND chain.snapshot_id != chain.stop AND chain.depth < ?)"
-    " SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding,"
-    " CAST(payload AS BLOB), stop, depth FROM chain"
-)
-# The chain's two ends: the snapshot's rowid and session, its base and the base's rowid.
-_SQL_CHAIN_ENDS = (
-    "SELECT s.rowid, s.session_id, s.base_id, b.rowid FROM snapshots s "
-    "LEFT JOIN snapshots b ON b.snapshot_id = s.base_id WHERE s.snapshot_id = ?"
-)
-_SQL_CHAIN_RANGE = (
-    "SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, "
-    "CAST(payload AS BLOB) FROM snapshots WHERE rowid BETWEEN ? AND ? AND session_id = ?"
-)
-# A session's head chain, newest first, staying within the session.
-_SQL_SESSION_CHAIN = (
-    "WITH RECURSIVE chain(snapshot_id, parent_id, depth) AS ("
-    " SELECT s.snapshot_id, s.parent_id, 0 FROM heads h JOIN snapshots s ON s.snapshot_id = h.snapshot_id"
-    " WHERE h.session_id = ?1"
-    " UNION ALL"
-    " SELECT p.snapshot_id, p.parent_id, chain.depth + 1 FROM chain"
-    " JOIN snapshots p ON p.snapshot_id = chain.parent_id WHERE p.session_id = ?1)"
-    " SELECT snapshot_id FROM chain ORDER BY depth"
-)
-_SQL_OPERATION_GET = "SELECT session_id FROM operations WHERE operation_id = ?"
-_SQL_OPERATION_INSERT = "INSERT INTO operations (operation_id, session_id, snapshot_id, created_at) VALUES (?, ?, ?, ?)"
-_SQL_WRITE_INSERT = (
-    "INSERT OR IGNORE INTO writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-# The head's tally when the base is the session's head (row 0), then the writes in write order.
-_SQL_WRITE_LIST = (
-    "SELECT 0, writes_count, NULL, NULL, NULL, writes_digest FROM heads WHERE session_id = ?1 AND snapshot_id = ?2"
-    " UNION ALL SELECT rowid, step_id, CAST(kind AS BLOB), CAST(key AS BLOB), CAST(payload AS BLOB), digest"
-    " FROM writes WHERE session_id = ?1 AND base_snapshot_id = ?2 ORDER BY 1"
-)
-# A write's base snapshot: its session, and that session's head with the tally of its writes.
-_SQL_WRITE_BASE = (
-    "SELECT s.session_id, h.snapshot_id, h.writes_digest FROM snapshots s"
-    " LEFT JOIN heads h ON h.session_id = ?1 WHERE s.snapshot_id = ?2"
-)
-_SQL_WRITE_TALLY = (
-    "UPDATE heads SET writes_count = writes_count + ?, writes_digest = ? WHERE session_id = ? AND snapshot_id = ?"
-)
-# Control positions come from a counter in the head row (never MAX()+1 over the items).
-_SQL_CONTROL_NEXT = "UPDATE heads SET control_seq = control_seq + 1 WHERE session_id = ? RETURNING control_seq"
-_SQL_CONTROL_SEQ = "SELECT control_seq FROM heads WHERE session_id = ?"
-_SQL_HEAD_AND_CONTROL_SEQ = "SELECT snapshot_id, control_seq FROM heads WHERE session_id = ?"
-_SQL_CONTROL_INSERT = (
-    "INSERT INTO control (session_id, position, kind, payload, created_at, digest) VALUES (?, ?, ?, ?, ?, ?)"
-)
-_SQL_CONTROL_LIST = (
-    "SELECT position, CAST(kind AS BLOB), CAST(payload AS BLOB), CAST(created_at AS BLOB), digest FROM control "
-    "WHERE session_id = ? AND position > ? ORDER BY position"
-)
-_SQL_BLOB_INSERT = "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)"
-# One statement for any number of digests: they travel as one JSON array parameter.
-_SQL_BLOB_GET = "SELECT digest, data FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
-_SQL_KEEP_TABLE = "CREATE TEMP TABLE IF NOT EXISTS prune_keep (snapshot_id TEXT PRIMARY KEY)"
-_SQL_KEEP_CLEAR = "DELETE FROM temp.prune_keep"
-_SQL_KEEP_INSERT = "INSERT OR IGNORE INTO temp.prune_keep (snapshot_id) VALUES (?)"
-_SQL_KEEP_MISSING = (
-    "SELECT k.snapshot_id FROM temp.prune_keep k LEFT JOIN snapshots s ON s.snapshot_id = k.snapshot_id "
-    "WHERE s.snapshot_id IS NULL ORDER BY k.snapshot_id LIMIT 1"
-)
-# Rows as _stored_row reads them (the payload as bytes).
-_STORED_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, CAST(payload AS BLOB)"
-# The snapshots no head and no kept snapshot reaches through parent links.
-_SQL_PRUNE_DOOMED = (
-    "WITH RECURSIVE reach(snapshot_id) AS ("
-    " SELECT snapshot_id FROM heads UNION SELECT snapshot_id FROM temp.prune_keep"
-    " UNION SELECT s.parent_id FROM snapshots s JOIN reach r ON s.snapshot_id = r.snapshot_id"
-    " WHERE s.parent_id IS NOT NULL)"
-    f" SELECT {_STORED_COLUMNS} FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
-)
-_SQL_PRUNE = "DELETE FROM snapshots WHERE snapshot_id IN (SELECT value FROM json_each(?))"
-_SQL_DOOMED_WRITES = "SELECT payload FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
-_SQL_ALL_SNAPSHOTS = f"SELECT {_STORED_COLUMNS} FROM snapshots"
-_SQL_ALL_WRITES = "SELECT payload FROM writes"
-_SQL_BLOB_PRESENT = "SELECT digest FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
-_SQL_BLOB_DELETE = "DELETE FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
-_SQL_PRUNE_WRITES = "DELETE FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
-_SQL_SNAPSHOT_COUNT = "SELECT COUNT(*) FROM snapshots"
 
 _BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
@@ -619,7 +361,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
         """Read the current mutable head for one session (None if there is no such session)."""
-        row = self._read(lambda cur: _one(cur.execute(_SQL_HEAD_GET, (session_id,))))
+        row = self._read(lambda cur: _one(cur.execute(sql.HEAD_GET, (session_id,))))
         return None if row is None else verified_head(*row)
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
@@ -648,32 +390,32 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             digest = head_digest(session_id, snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
             head = (snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now, digest)
             if expected is None:
-                if execute(_SQL_HEAD_CREATE, (session_id, *head)).rowcount != 1:
-                    actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
+                if execute(sql.HEAD_CREATE, (session_id, *head)).rowcount != 1:
+                    actual = _one(execute(sql.HEAD_ID, (session_id,)))
                     raise HeadConflictError(session_id, None, None if actual is None else actual[0])
                 meta = metadata_json or "{}"
-                execute(_SQL_METADATA_CREATE, (session_id, meta, metadata_digest(session_id, meta)))
+                execute(sql.METADATA_CREATE, (session_id, meta, metadata_digest(session_id, meta)))
             else:
                 now_s = time.time()
                 token = request.lease_token
                 if token is None:
                     check_fence(session_id, _lease(cur, session_id), None, now_s)
-                    row = _one(execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected)))
+                    row = _one(execute(sql.HEAD_ADVANCE, (*head, session_id, expected)))
                 else:  # the fence is checked by the UPDATE itself: one statement on the hot path
                     fenced = (*head, session_id, expected, session_id, token, now_s)
-                    row = _one(execute(_SQL_HEAD_ADVANCE_FENCED, fenced))
+                    row = _one(execute(sql.HEAD_ADVANCE_FENCED, fenced))
                 if row is not None:
                     control_seq = int(row[0])
                 else:
-                    actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
+                    actual = _one(execute(sql.HEAD_ID, (session_id,)))
                     if actual is None:
                         raise SessionNotFoundError(session_id)
                     check_fence(session_id, _lease(cur, session_id), token, now_s)
                     raise HeadConflictError(session_id, expected, actual[0])
                 if metadata_json is not None:
-                    execute(_SQL_METADATA_SET, (metadata_json, metadata_digest(session_id, metadata_json), session_id))
+                    execute(sql.METADATA_SET, (metadata_json, metadata_digest(session_id, metadata_json), session_id))
             if operation_id is not None:
-                owner = _one(execute(_SQL_OPERATION_GET, (operation_id,)))
+                owner = _one(execute(sql.OPERATION_GET, (operation_id,)))
                 if owner is not None:
                     raise DuplicateOperationError(operation_id, owner[0])
             parent_id = snapshot.parent_id
@@ -681,11 +423,11 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             if (
                 parent_id is not None
                 and parent_id != expected
-                and _one(execute(_SQL_SNAPSHOT_SESSION, (parent_id,))) is None
+                and _one(execute(sql.SNAPSHOT_SESSION, (parent_id,))) is None
             ):
                 raise SnapshotNotFoundError(parent_id)
             execute(
-                _SQL_SNAPSHOT_INSERT,
+                sql.SNAPSHOT_INSERT,
                 (
                     snapshot.snapshot_id,
                     session_id,
@@ -698,9 +440,9 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 ),
             )
             if blobs:
-                cur.executemany(_SQL_BLOB_INSERT, blobs)
+                cur.executemany(sql.BLOB_INSERT, blobs)
             if operation_id is not None:
-                execute(_SQL_OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
+                execute(sql.OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
             return SessionCommitReceipt(
                 session_id=session_id,
                 snapshot_id=snapshot.snapshot_id,
@@ -714,12 +456,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def find_session_by_operation(self, operation_id: str) -> str | None:
         """The session a commit with this ``operation_id`` created, or None."""
-        row = self._read(lambda cur: _one(cur.execute(_SQL_OPERATION_GET, (operation_id,))))
+        row = self._read(lambda cur: _one(cur.execute(sql.OPERATION_GET, (operation_id,))))
         return None if row is None else str(row[0])
 
     def get_snapshot(self, snapshot_id: str) -> SessionSnapshot:
         """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
-        rows = self._read(lambda cur: _snapshot_rows(cur, _SQL_SNAPSHOT_GET, (snapshot_id,), snapshot_id))
+        rows = self._read(lambda cur: _snapshot_rows(cur, sql.SNAPSHOT_GET, (snapshot_id,), snapshot_id))
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
         return _snapshot(rows[0])
@@ -736,7 +478,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         wanted = name_set(lifecycles, "lifecycles")
         if wanted is not None and not wanted:
             return []
-        statement = _SQL_HEAD_LIST if wanted is None else _sql_head_list_in(len(wanted))
+        statement = sql.HEAD_LIST if wanted is None else sql.head_list_in(len(wanted))
         params = sorted(wanted or ())
         rows = self._read(lambda cur: cur.execute(statement, params).fetchall())
         return [verified_head(*row) for row in rows]
@@ -745,8 +487,8 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """The session's head chain within the session, newest first."""
 
         def read(cur: sqlite3.Cursor) -> list[str]:
-            ids = [row[0] for row in cur.execute(_SQL_SESSION_CHAIN, (session_id,))]
-            if not ids and _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
+            ids = [row[0] for row in cur.execute(sql.SESSION_CHAIN, (session_id,))]
+            if not ids and _one(cur.execute(sql.HEAD_ID, (session_id,))) is None:
                 raise SessionNotFoundError(session_id)
             return ids
 
@@ -781,20 +523,20 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             for write in writes:
                 pair = (write.session_id, write.base_snapshot_id)
                 if pair not in tallies:
-                    base = _one(cur.execute(_SQL_WRITE_BASE, pair))
+                    base = _one(cur.execute(sql.WRITE_BASE, pair))
                     check_write_base(write, None if base is None else base[0])
                     tallies[pair] = base[2] if base[1] == write.base_snapshot_id else None
                 if write.session_id not in fenced:
                     check_fence(write.session_id, _lease(cur, write.session_id), write.lease_token, now)
                     fenced.add(write.session_id)
-            stored = [cur.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
+            stored = [cur.execute(sql.WRITE_INSERT, row).rowcount == 1 for row in rows]
             for pair, tally in tallies.items():
                 if tally is None:
                     continue
                 new = [row[6] for row, is_new in zip(rows, stored, strict=True) if is_new and row[:2] == pair]
                 if new:
                     fold = fold_write_digests(_unhex(tally, pair[0]), new)
-                    cur.execute(_SQL_WRITE_TALLY, (len(new), _hex(fold), *pair))
+                    cur.execute(sql.WRITE_TALLY, (len(new), sql.tally_hex(fold), *pair))
             return stored
 
         return put
@@ -802,7 +544,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
         """Pending writes of the step that started at ``base_snapshot_id``, in write order, verified
         (on the session's head: against the head's tally of them too)."""
-        rows = self._read(lambda cur: cur.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall())
+        rows = self._read(lambda cur: cur.execute(sql.WRITE_LIST, (session_id, base_snapshot_id)).fetchall())
         tally = rows.pop(0) if rows and rows[0][0] == 0 else None
         out = []
         for _, step_id, kind_raw, key_raw, payload_raw, digest in rows:
@@ -831,13 +573,13 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         payload_json = check_control(session_id, kind, payload)
 
         def append(cur: sqlite3.Cursor) -> ControlItem:
-            row = _one(cur.execute(_SQL_CONTROL_NEXT, (session_id,)))
+            row = _one(cur.execute(sql.CONTROL_NEXT, (session_id,)))
             if row is None:
                 raise SessionNotFoundError(session_id)
             position = int(row[0])
             now = utc_now()
             digest = control_digest(session_id, position, kind, payload_json, now)
-            cur.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now, digest))
+            cur.execute(sql.CONTROL_INSERT, (session_id, position, kind, payload_json, now, digest))
             return ControlItem(
                 session_id=session_id,
                 position=position,
@@ -858,10 +600,10 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         start = check_after(after)
 
         def read(cur: sqlite3.Cursor) -> tuple[int, list[Any]]:
-            seq = _one(cur.execute(_SQL_CONTROL_SEQ, (session_id,)))
+            seq = _one(cur.execute(sql.CONTROL_SEQ, (session_id,)))
             if seq is None:
                 raise SessionNotFoundError(session_id)
-            return int(seq[0]), cur.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
+            return int(seq[0]), cur.execute(sql.CONTROL_LIST, (session_id, start)).fetchall()
 
         count, rows = self._read(read)
         items = []
@@ -912,11 +654,11 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         check_lease_owner(owner, take_over_from)
 
         def acquire(cur: sqlite3.Cursor) -> SessionLease:
-            head = _one(cur.execute(_SQL_HEAD_AND_CONTROL_SEQ, (session_id,)))
+            head = _one(cur.execute(sql.HEAD_AND_CONTROL_SEQ, (session_id,)))
             if head is None:
                 raise SessionNotFoundError(session_id)
             lease = next_lease(_lease(cur, session_id), session_id, owner, ttl, time.time(), take_over_from)
-            cur.execute(_SQL_LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
+            cur.execute(sql.LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
             return replace(lease, head_snapshot_id=head[0], control_seq=int(head[1]))
 
         return acquire
@@ -933,7 +675,7 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
         def renew(cur: sqlite3.Cursor) -> SessionLease:
             renewed = renewed_lease(_lease(cur, lease.session_id), lease, ttl, time.time())
-            cur.execute(_SQL_LEASE_PUT, (renewed.session_id, renewed.owner, renewed.token, renewed.expires_at))
+            cur.execute(sql.LEASE_PUT, (renewed.session_id, renewed.owner, renewed.token, renewed.expires_at))
             return renewed
 
         return renew
@@ -955,17 +697,17 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
         checked = check_blobs(blobs)
         if checked:
-            self._write(lambda cur: cur.executemany(_SQL_BLOB_INSERT, checked))
+            self._write(lambda cur: cur.executemany(sql.BLOB_INSERT, checked))
 
     async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
         checked = check_blobs(blobs)
         if checked:
-            await self._awrite(lambda cur: cur.executemany(_SQL_BLOB_INSERT, checked))
+            await self._awrite(lambda cur: cur.executemany(sql.BLOB_INSERT, checked))
 
     def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
         """The stored blobs among ``digests`` (absent digests are absent from the result); verified."""
         wanted = json.dumps(sorted(name_set(digests, "digests") or ()))
-        rows = self._read(lambda cur: cur.execute(_SQL_BLOB_GET, (wanted,)).fetchall())
+        rows = self._read(lambda cur: cur.execute(sql.BLOB_GET, (wanted,)).fetchall())
         found = {str(digest): bytes(data) for digest, data in rows}
         check_blobs(found)  # BlobIntegrityError if stored bytes were altered
         return found
@@ -985,22 +727,22 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         named = sorted(name_set(keep, "keep") or ())
 
         def prune(cur: sqlite3.Cursor) -> PruneReport:
-            cur.execute(_SQL_KEEP_TABLE)
-            cur.execute(_SQL_KEEP_CLEAR)
-            cur.executemany(_SQL_KEEP_INSERT, [(snapshot_id,) for snapshot_id in named])
-            missing = _one(cur.execute(_SQL_KEEP_MISSING))
+            cur.execute(sql.KEEP_TABLE)
+            cur.execute(sql.KEEP_CLEAR)
+            cur.executemany(sql.KEEP_INSERT, [(snapshot_id,) for snapshot_id in named])
+            missing = _one(cur.execute(sql.KEEP_MISSING))
             if missing is not None:
                 raise SnapshotNotFoundError(missing[0])
             candidates: set[str] = set()
-            doomed = cur.execute(_SQL_PRUNE_DOOMED).fetchall()
+            doomed = cur.execute(sql.PRUNE_DOOMED).fetchall()
             for row in doomed:
                 candidates |= mentioned_digests(_payload_or_empty(row))
-            cur.execute(_SQL_PRUNE, (json.dumps([row[0] for row in doomed]),))
-            for (payload,) in cur.execute(_SQL_DOOMED_WRITES).fetchall():
+            cur.execute(sql.PRUNE, (json.dumps([row[0] for row in doomed]),))
+            for (payload,) in cur.execute(sql.DOOMED_WRITES).fetchall():
                 candidates |= mentioned_digests(payload)
-            cur.execute(_SQL_PRUNE_WRITES)
-            cur.execute(_SQL_KEEP_CLEAR)
-            kept = int(_one(cur.execute(_SQL_SNAPSHOT_COUNT))[0])
+            cur.execute(sql.PRUNE_WRITES)
+            cur.execute(sql.KEEP_CLEAR)
+            kept = int(_one(cur.execute(sql.SNAPSHOT_COUNT))[0])
             dropped = _drop_blobs(cur, candidates)
             return PruneReport(deleted_snapshots=len(doomed), kept_snapshots=kept, deleted_blobs=dropped)
 
@@ -1062,24 +804,19 @@ def _drop_blobs(cur: sqlite3.Cursor, candidates: set[str]) -> int:
     not decode, nothing is deleted, since what it references cannot be known."""
     if not candidates:
         return 0
-    present = {row[0] for row in cur.execute(_SQL_BLOB_PRESENT, (json.dumps(sorted(candidates)),))}
+    present = {row[0] for row in cur.execute(sql.BLOB_PRESENT, (json.dumps(sorted(candidates)),))}
     if not present:
         return 0
-    for row in cur.execute(_SQL_ALL_SNAPSHOTS).fetchall():
+    for row in cur.execute(sql.ALL_SNAPSHOTS).fetchall():
         payload = _payload_or_empty(row)
         if not payload:
             return 0
         present -= mentioned_digests(payload)
-    for (payload,) in cur.execute(_SQL_ALL_WRITES).fetchall():
+    for (payload,) in cur.execute(sql.ALL_WRITES).fetchall():
         present -= mentioned_digests(payload)
     if present:
-        cur.execute(_SQL_BLOB_DELETE, (json.dumps(sorted(present)),))
+        cur.execute(sql.BLOB_DELETE, (json.dumps(sorted(present)),))
     return len(present)
-
-
-def _hex(fold: int) -> str:
-    """A tally's digest as stored: 64 hex digits, or '' for none."""
-    return f"{fold:064x}" if fold else ""
 
 
 def _unhex(stored: Any, session_id: str) -> int:
@@ -1150,24 +887,24 @@ def _migrate(cur: sqlite3.Cursor, path: str) -> None:
     """Bring the file to SCHEMA_VERSION, one transaction per pending migration."""
     if _schema_version(cur, path) == SCHEMA_VERSION:
         return
-    for migration in _MIGRATIONS:
+    for migration in sql.MIGRATIONS:
 
-        def apply(cur: sqlite3.Cursor, migration: _Migration = migration) -> None:
-            cur.execute(_SQL_SCHEMA_TABLE)
+        def apply(cur: sqlite3.Cursor, migration: sql.Migration = migration) -> None:
+            cur.execute(sql.SCHEMA_TABLE)
             if _schema_version(cur, path) < migration.version:
                 for statement in migration.statements:
                     cur.execute(statement)
                 if migration.backfill is not None:
                     migration.backfill(cur)
-                cur.execute(_SQL_SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
+                cur.execute(sql.SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
 
         _in_transaction(cur, apply)
 
 
 def _schema_version(cur: sqlite3.Cursor, path: str) -> int:
-    if _one(cur.execute(_SQL_SCHEMA_EXISTS)) is None:
+    if _one(cur.execute(sql.SCHEMA_EXISTS)) is None:
         return 0
-    version = int(_one(cur.execute(_SQL_SCHEMA_VERSION))[0])
+    version = int(_one(cur.execute(sql.SCHEMA_VERSION_GET))[0])
     if version > SCHEMA_VERSION:
         raise CheckpointError(
             f"{path} has checkpoint schema version {version}, newer than this qitos supports "
@@ -1203,11 +940,11 @@ def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]
     names what is missing when that walk does not reach the base either.
     """
     with _stored_text_checked(snapshot_id):
-        ends = _one(cur.execute(_SQL_CHAIN_ENDS, (snapshot_id,)))
+        ends = _one(cur.execute(sql.CHAIN_ENDS, (snapshot_id,)))
         if ends is not None:
             rowid, session_id, base_id, base_rowid = ends
             if base_id is not None and base_rowid is not None and base_rowid <= rowid:
-                by_id = {row[0]: row for row in cur.execute(_SQL_CHAIN_RANGE, (base_rowid, rowid, session_id))}
+                by_id = {row[0]: row for row in cur.execute(sql.CHAIN_RANGE, (base_rowid, rowid, session_id))}
                 chain: list[Any] = []
                 current = by_id.get(snapshot_id)
                 while current is not None and len(chain) < len(by_id):
@@ -1216,7 +953,7 @@ def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]
                         chain.reverse()
                         return chain, False
                     current = by_id.get(current[2])
-        rows = cur.execute(_SQL_CHAIN, (snapshot_id, MAX_CHAIN)).fetchall()
+        rows = cur.execute(sql.CHAIN, (snapshot_id, MAX_CHAIN)).fetchall()
     return chain_oldest_first(snapshot_id, rows), True
 
 
@@ -1242,13 +979,13 @@ def _stored_row(row: Any) -> StoredSnapshotRow:
 
 def _release_work(lease: SessionLease) -> Callable[[sqlite3.Cursor], None]:
     def release(cur: sqlite3.Cursor) -> None:
-        cur.execute(_SQL_LEASE_RELEASE, (lease.session_id, lease.token, lease.owner))
+        cur.execute(sql.LEASE_RELEASE, (lease.session_id, lease.token, lease.owner))
 
     return release
 
 
 def _lease(cur: sqlite3.Cursor, session_id: str) -> SessionLease | None:
-    row = _one(cur.execute(_SQL_LEASE_GET, (session_id,)))
+    row = _one(cur.execute(sql.LEASE_GET, (session_id,)))
     if row is None:
         return None
     owner, token, expires_at = row
