@@ -17,7 +17,7 @@ Run: .venv/bin/python bench/model_adapter_bench.py [--calls 300] [--rounds 5] [-
    a change in machine load hits all of them; the median of the per-round means is reported, and
    the adapter's own overhead as the difference to the raw floor.
 
-2. Local model (``qitos[local]``): generation speed (tokens/s over a 120-token free answer, and
+2. Local model (the ``local`` extra): generation speed (tokens/s over a 120-token free answer, and
    the speed inside grammar-constrained tool calls) and the wall time for the Engine to finish the
    small tool task "What is 17 + 25?" with an ``add`` tool (model path: tool call, tool, answer),
    with the adapter's automatic thread choice (or ``--threads N``) and the 1-minute load average

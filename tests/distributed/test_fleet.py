@@ -205,7 +205,7 @@ def test_a_sigkilled_workers_sessions_finish_on_the_other_worker_nothing_lost_or
 ) -> None:
     side_log = tmp_path / "side.log"
     tasks = [f"kill-{n}" for n in range(6)]
-    options = {"concurrency": 8, "lease_ttl": 2.0, "step_sleep": 0.5}
+    options = {"concurrency": 8, "lease_ttl": 2.0, "step_sleep": 1.0}
     procs = [start_worker(fleet_db, side_log, **options)]
     try:
         victim = procs[0]
@@ -216,8 +216,15 @@ def test_a_sigkilled_workers_sessions_finish_on_the_other_worker_nothing_lost_or
             leases = [store.get_lease(sid) for sid in ids]
             return all(lease is not None and f":{victim.pid}:" in lease.owner for lease in leases)
 
+        def a_call_is_open() -> bool:
+            counts = side_counts(side_log)
+            return any(key[0] == "begin" and ("end", *key[1:]) not in counts for key in counts)
+
         until(victim_runs_all, timeout=60, what="the victim worker to run every session")
         procs.append(start_worker(fleet_db, side_log, **options))
+        # Starting the second worker can take seconds on a loaded machine: kill only while the victim
+        # is inside a call, so the kill always lands where nothing may be repeated.
+        until(a_call_is_open, timeout=60, what="the victim to be inside a call")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         outcomes = fleet.wait(ids, timeout=90)

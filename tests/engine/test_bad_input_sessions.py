@@ -108,6 +108,43 @@ def test_cyclic_state_is_a_codec_error_naming_the_field(tmp_path: Path) -> None:
     assert caught.value.path == "state.data['self']"
 
 
+class PoisonAgent(AgentModule[BadState, Any, Action]):
+    """Puts a value the codec cannot encode into its state while deciding."""
+
+    def init_state(self, task: str, **kwargs: Any) -> BadState:
+        return BadState(task=task, max_steps=3)
+
+    def decide(self, state: BadState, observation: Any) -> Decision[Action]:
+        state.seen.append({"handle": object()})
+        return Decision.final("done")
+
+    def reduce(self, state: BadState, observation: Any, decision: Decision[Action]) -> BadState:
+        return state
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_run_whose_state_cannot_be_saved_finishes_its_trace_as_failed(tmp_path: Path, durable: bool) -> None:
+    import json
+
+    from qitos import Engine
+    from qitos.trace import list_runs
+
+    logdir = str(tmp_path / "runs")
+    with pytest.raises(CodecError, match=r"state\.seen\[0\]"):
+        if durable:
+            compose(
+                agent=PoisonAgent, store=SqliteCheckpointStore(str(tmp_path / "s.db")), trace_logdir=logdir
+            ).session("a task").run()
+        else:
+            Engine(PoisonAgent(), trace_logdir=logdir).run("a task")
+    (trace,) = list_runs(logdir)
+    manifest = trace.manifest()
+    assert manifest["status"] == "failed" and manifest["ended_at"]
+    assert "CodecError" in manifest["summary"]["error"]
+    events = [json.loads(line) for line in (Path(trace.run_dir) / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event_type"] == "run_end" and events[-1]["payload"]["status"] == "failed"
+
+
 def test_a_huge_list_output_is_capped_before_it_reaches_the_store(tmp_path: Path) -> None:
     session = _composition(tmp_path, "big").session("a task")
     result = session.run()

@@ -6,8 +6,6 @@ import asyncio
 import threading
 from typing import Any
 
-import pytest
-
 from qitos import Action, AsyncEngine, Decision, Engine, tool
 from qitos.engine.events import EngineEvent, EngineEventType, EventStream
 from qitos.engine.hooks import EngineHook, HookContext
@@ -186,9 +184,34 @@ def test_a_slow_arun_stream_consumer_sees_events_after_the_engine_finished(polic
     assert 0 < at_finish < total // 2
 
 
-def test_subscribe_outside_a_running_loop_is_a_clear_error() -> None:
-    from qitos.core.errors import UsageError
-
+def test_subscribe_outside_a_running_loop_queues_events_for_plain_code() -> None:
     stream = EventStream()
-    with pytest.raises(UsageError, match="needs a running event loop"):
-        stream.subscribe()
+    queue = stream.subscribe()  # plain synchronous code, as the seed's signature allows
+    stream.emit(EngineEvent(EngineEventType.STEP_START, 1))
+    stream.emit(EngineEvent(EngineEventType.STEP_END, 1))
+    stream.close()
+    assert [queue.get_nowait().event_type for _ in range(2)] == [EngineEventType.STEP_START, EngineEventType.STEP_END]
+    assert queue.get_nowait() is None
+
+
+def test_a_queue_subscribed_outside_a_loop_delivers_on_the_loop_that_awaits_it() -> None:
+    stream = EventStream()
+    queue = stream.subscribe()
+    stream.emit(EngineEvent(EngineEventType.RUN_START, 0))  # before anyone awaits: waits in the queue
+
+    def produce() -> None:
+        for step in range(1, 200):
+            stream.emit(EngineEvent(EngineEventType.STEP_START, step))
+        stream.close()
+
+    async def consume() -> list[int]:
+        first = await queue.get()
+        worker = threading.Thread(target=produce)  # events now come from another thread
+        worker.start()
+        steps = [first.step_id]
+        while (item := await queue.get()) is not None:
+            steps.append(item.step_id)
+        worker.join()
+        return steps
+
+    assert asyncio.run(consume()) == list(range(200))

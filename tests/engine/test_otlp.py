@@ -89,3 +89,42 @@ def test_a_protocol_other_than_http_protobuf_is_refused(monkeypatch: pytest.Monk
     monkeypatch.setenv(variable, "grpc")
     with pytest.raises(ConfigurationError, match="http/protobuf only"):
         otlp_tracer_provider()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nothing listens there once the socket is closed
+
+
+def test_without_a_collector_the_exit_neither_waits_for_retries_nor_prints_their_noise(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    import time
+
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    model = ScriptedModel(["done"])
+    with otlp_export(True) as provider:
+        assert Engine(ShoutAgent(model), otel=provider).run("Shout").state.final_result == "done"
+        leaving = time.monotonic()
+    waited = time.monotonic() - leaving
+    # The exporter alone would retry with backoff (about 1 + 2 + 4 s) before giving up.
+    assert waited < 1.0, f"the exit waited {waited:.1f} s"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"qitos: OpenTelemetry spans were not all exported to {endpoint}")
+    assert "retrying" not in err and "Connection refused" in err
+    assert not [r for r in caplog.records if "Transient error" in r.getMessage()]
+
+
+def test_with_a_collector_otlp_export_sends_everything_and_says_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with otlp_receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        with otlp_export(True) as provider:
+            Engine(ShoutAgent(ScriptedModel(["done"])), otel=provider).run("Shout")
+    assert receiver.named("invoke_agent")
+    assert capsys.readouterr().err == ""

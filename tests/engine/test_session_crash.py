@@ -238,6 +238,33 @@ def test_an_interrupted_non_idempotent_call_is_reported_to_the_agent_and_not_rep
     assert len(step3["attempts"]) >= 1
 
 
+def test_a_session_killed_in_its_first_tool_call_reads_running_then_interrupted(tmp_path: Path) -> None:
+    """The head still says ``created`` (no boundary was committed), but a reader sees the run."""
+    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+    from qitos.viewer.data import session_detail, session_summary
+
+    db, side, marker = str(tmp_path / "s.db"), str(tmp_path / "side.log"), str(tmp_path / "hang")
+    composition = sa.make_composition(db, side)
+    sid = composition.session("Index notes", target=2).session_id.value
+    proc = sa.start_cli("run", "--db", db, "--log", side, "--session", sid, "--hang-at", "0", "--hang-marker", marker)
+    _wait_for(lambda: os.path.exists(marker) or proc.poll() is not None, "the hang marker")
+    reader = SqliteCheckpointStore(db)  # another process's view: the store alone
+    try:
+        head = reader.get_session_head(sid)
+        assert head is not None and head.lifecycle == "created"
+        assert composition.restore(sid).inspect().lifecycle == "running"
+        assert session_summary(head, reader)["lifecycle"] == "running"
+        _kill(proc)
+        assert composition.restore(sid).inspect().lifecycle == "interrupted"
+        assert session_summary(head, reader)["lifecycle"] == "interrupted"
+        assert session_detail(reader, sid)["lineage"]["lifecycle"] == "interrupted"
+    finally:
+        reader.close()
+    result = composition.restore(sid).run()
+    assert result.state.steps_done == [0, 1]
+    assert composition.restore(sid).inspect().lifecycle == "completed"
+
+
 def test_an_idempotent_call_interrupted_mid_run_is_run_again(tmp_path: Path) -> None:
     # The kill lands while the idempotent call of the step runs: it is re-run, exactly to its end.
     db, side = str(tmp_path / "s.db"), str(tmp_path / "side.log")

@@ -806,3 +806,24 @@ def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_pa
     events = [e["event_type"] for e in run.events()]
     assert events[0] == "run_start" and events[-1] == "run_end" and events.count("run_end") == 1
     assert "LeaseLostError" in (run.manifest()["summary"]["error"] or "")
+
+
+def test_engine_restore_continues_a_session_beside_engine_session(tmp_path: Path) -> None:
+    from qitos.engine.engine import Engine
+
+    db, side = str(tmp_path / "s.db"), str(tmp_path / "side.log")
+    first = Engine(sa.NotesAgent(side, approval_at=1), checkpoint_store=SqliteCheckpointStore(db))
+    session = first.session("Index notes", target=3)
+    assert session.run().state.stop_reason == "awaiting_approval"
+    (call,) = [c for c in session.inspect().tool_batch.calls if c.status == "awaiting_approval"]  # type: ignore[union-attr]
+    session.approve(call.call_id)
+
+    again = Engine(sa.NotesAgent(side, approval_at=1), checkpoint_store=SqliteCheckpointStore(db))
+    restored = again.restore(session.session_id.value)
+    assert restored.session_id == session.session_id
+    result = restored.run()
+    assert result.state.stop_reason == "final" and result.state.steps_done == [0, 1, 2]
+    with pytest.raises(SessionNotFoundError):
+        again.restore("ses_does_not_exist")
+    with pytest.raises(ConfigurationError, match="checkpoint_store"):
+        Engine(sa.NotesAgent(side)).restore(session.session_id.value)

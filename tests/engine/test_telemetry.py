@@ -19,6 +19,7 @@ from opentelemetry.trace import StatusCode, format_span_id, format_trace_id
 
 from qitos import AgentModule, AsyncEngine, Decision, Engine, StateSchema, ToolRegistry, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.core._install import install_command
 from qitos.core.errors import ConfigurationError, ModelError
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine.composition import compose
@@ -467,7 +468,7 @@ except Exception as exc:
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("ConfigurationError") and "pip install 'qitos[otel]'" in proc.stdout
+    assert proc.stdout.startswith("ConfigurationError") and install_command("otel") in proc.stdout
 
 
 def test_tracing_alone_does_not_make_the_engine_stream_model_replies(traced: Traced) -> None:

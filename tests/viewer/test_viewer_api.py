@@ -155,6 +155,13 @@ def test_session_detail_shows_the_last_request_view_and_its_receipts(api: Any, v
     assert body["runs"], "the runs of a session are linked"
 
 
+def test_a_session_lists_which_of_its_runs_have_a_trace_here(api: Any, viewer_data: ViewerData) -> None:
+    _, _, traced = api(f"/api/sessions/{viewer_data.model_session}")
+    assert traced["runs"] and traced["traced_runs"] == traced["runs"]
+    _, _, untraced = api(f"/api/sessions/{viewer_data.parent_session}")  # run without trace_logdir
+    assert untraced["runs"] and untraced["traced_runs"] == []
+
+
 def test_a_session_whose_agent_cannot_be_imported_is_inspected_from_the_store(
     api: Any, viewer_data: ViewerData
 ) -> None:
@@ -250,14 +257,15 @@ def test_static_files_are_self_contained_and_never_parse_data_as_html() -> None:
     assert "<script>" not in texts["index.html"].replace('<script src="/static/app.js" defer></script>', "")
 
 
-def test_only_get_is_answered(server: ViewerServer) -> None:
+def test_only_get_and_the_controls_post_are_answered(server: ViewerServer) -> None:
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(server.url + "api/runs", method="POST", data=b"{}")
-    with pytest.raises(urllib.error.HTTPError) as info:
-        urllib.request.urlopen(request, timeout=10)
-    assert info.value.code == 501
+    for method, code in (("PUT", 501), ("DELETE", 501), ("OPTIONS", 501), ("POST", 403)):  # POST: no token
+        request = urllib.request.Request(server.url + "api/runs", method=method, data=b"{}")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=10)
+        assert info.value.code == code, method
 
 
 def test_a_port_in_use_is_a_clear_usage_error(server: ViewerServer) -> None:

@@ -12,22 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from viewer_support import HOSTILE, ViewerData
+from viewer_support import CHROMIUM, HOSTILE, LAUNCH_ARGS, ViewerData
 
 from qitos.trace import TraceWriter
 from qitos.viewer.server import ViewerServer
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "viewer"
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 pytestmark = [
@@ -213,6 +203,17 @@ def test_session_page_shows_its_last_request_with_receipts(
     assert page.locator(".request-view .receipt").count() >= 1
     assert page.locator("table.grid tbody tr", has_text="list_files").count() >= 1  # the work graph
     _shot(page, "session-last-request")
+
+
+def test_a_session_page_links_only_to_runs_with_a_trace(
+    page: Any, server: ViewerServer, viewer_data: ViewerData, api: Any
+) -> None:
+    _open(page, server, f"#/sessions/{viewer_data.model_session}", "ol.snapshots")
+    assert page.locator('a[href^="#/runs/"]').count() >= 1
+    _open(page, server, f"#/sessions/{viewer_data.parent_session}", "ol.snapshots")
+    (run_id,) = api(f"/api/sessions/{viewer_data.parent_session}")[2]["runs"]
+    assert page.locator('a[href^="#/runs/"]').count() == 0  # its run wrote no trace: no "Not found" link
+    assert page.locator("span.mono", has_text=run_id).count() == 1
 
 
 def test_a_run_in_progress_updates_live_without_a_reload(

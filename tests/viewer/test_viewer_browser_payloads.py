@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from hostile_support import PAYLOADS, build_hostile_store
-from test_viewer_browser import CHROMIUM, LAUNCH_ARGS
+from viewer_support import CHROMIUM, LAUNCH_ARGS
 
 from qitos.viewer.server import ViewerServer
 

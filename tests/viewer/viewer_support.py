@@ -27,6 +27,17 @@ from qitos.models.scripted import ScriptedModel
 from qitos.trace import TraceWriter
 from qitos.viewer.server import ViewerServer
 
+CHROMIUM = "/usr/bin/chromium"
+"""Debian's Chromium, which the browser tests drive headless through Playwright."""
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><b>bold?</b>'
 
 

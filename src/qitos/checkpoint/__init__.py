@@ -3,7 +3,7 @@
 The ``CheckpointStore`` contract (``qitos.checkpoint.store``) and its implementations: the
 in-process ``InMemoryCheckpointStore`` (``memory_store``, imported eagerly), the
 ``SqliteCheckpointStore`` (``sqlite_store``) and the ``PostgresCheckpointStore`` (``postgres_store``,
-extra ``qitos[postgres]``), which load on first access so ``import qitos`` never imports ``sqlite3``
+extra ``qitos-kernel[postgres]``), which load on first access so ``import qitos`` never imports ``sqlite3``
 or psycopg. ``open_store`` (``targets``) opens a store from the text naming it: a path,
 ``sqlite:///...`` or a ``postgresql://`` DSN::
 

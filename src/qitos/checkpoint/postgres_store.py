@@ -1,6 +1,6 @@
 """``PostgresCheckpointStore``: the checkpoint store in a PostgreSQL schema, for many machines.
 
-Install with the ``qitos[postgres]`` extra (psycopg 3 and psycopg_pool). Design:
+Install with the ``qitos-kernel[postgres]`` extra (psycopg 3 and psycopg_pool). Design:
 
 - sync methods run on psycopg's ``ConnectionPool``, the async twins natively on an
   ``AsyncConnectionPool`` (one per event loop), never ``asyncio.run`` per call and never behind a
@@ -84,6 +84,7 @@ from qitos.checkpoint._rules import (
 from qitos.checkpoint.packing import PackingError, pack, unpack
 from qitos.checkpoint.postgres_sql import SCHEMA_VERSION, StoreSql
 from qitos.checkpoint.store import CheckpointStore
+from qitos.core._install import install_command
 from qitos.core.errors import (
     CheckpointError,
     ConfigurationError,
@@ -112,7 +113,6 @@ Plan = Generator[Query, Rows, _T]
 """A store operation: yields each statement with its parameters, receives its rows, returns the result."""
 
 _COMMIT_ATTEMPTS: Final = 8  # a refused commit whose lookup finds nothing wrong (a race) is retried
-_EXTRA = "PostgresCheckpointStore needs the qitos[postgres] extra: pip install 'qitos[postgres]'"
 
 
 def _psycopg() -> tuple[Any, Any, Any]:
@@ -124,7 +124,9 @@ def _psycopg() -> tuple[Any, Any, Any]:
 
         from qitos.checkpoint import postgres_connections
     except ImportError as exc:
-        raise ConfigurationError(f"{_EXTRA} ({exc})") from exc
+        raise ConfigurationError(
+            f"PostgresCheckpointStore needs the postgres extra: {install_command('postgres')} ({exc})"
+        ) from exc
     return psycopg, psycopg_pool, postgres_connections
 
 

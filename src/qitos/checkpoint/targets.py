@@ -4,7 +4,7 @@ Wherever a store is named by text (``compose(store=...)``, ``--db`` on every ``q
 the viewer), :func:`open_store` maps it:
 
 - ``postgresql://...`` or ``postgres://...``: a :class:`~qitos.checkpoint.postgres_store.PostgresCheckpointStore`
-  (the ``qitos[postgres]`` extra). A ``schema=NAME`` query parameter picks the schema (default
+  (the ``qitos-kernel[postgres]`` extra). A ``schema=NAME`` query parameter picks the schema (default
   ``qitos``) and is not passed on to libpq;
 - ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or any other text: a
   :class:`~qitos.checkpoint.sqlite_store.SqliteCheckpointStore` on that file.

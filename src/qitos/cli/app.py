@@ -3,11 +3,13 @@
 ::
 
     qitos --version
+    qitos init NAME
     qitos demo [--policy scripted|model] [--model local|scripted] [--workspace DIR] [--json]
     qitos run MODULE:Class "task" [--model openai:NAME --base-url URL | local | scripted:FILE.json]
     qitos sessions list|show|resume|steer|pause|approve|reject|fork|prune|vacuum
     qitos trace list|show|export|serve
     qitos memory list|add|delete
+    qitos eval run|list|show|score|resume
 
 Exit codes and error output are described in :mod:`qitos.cli.common`.
 """
@@ -19,8 +21,10 @@ from typing import Annotated
 import typer
 
 from qitos import __version__
+from qitos.cli import eval as eval_cli
 from qitos.cli import memory, sessions, trace, worker
 from qitos.cli.common import set_debug
+from qitos.cli.init import init
 from qitos.cli.running import demo, run
 
 __all__ = ["app", "main"]
@@ -53,12 +57,14 @@ def root(
 
 
 app.command("demo")(demo)
+app.command("init")(init)
 app.command("run")(run)
 app.command("worker")(worker.worker)
 sessions.app.command("submit")(worker.submit)
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(trace.app, name="trace")
 app.add_typer(memory.app, name="memory")
+app.add_typer(eval_cli.app, name="eval")
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -49,6 +50,7 @@ __all__ = [
     "fail",
     "print_json",
     "set_debug",
+    "shown_command",
 ]
 
 EXIT_OK = 0
@@ -141,6 +143,17 @@ def cli_command(fn: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(code) from None
 
     return wrapper
+
+
+def shown_command(*words: str, **options: str | None) -> str:
+    """A command line to print as a hint, quoted so that it runs as printed.
+
+    ``options`` become ``--name value`` flags (underscores as dashes), left out when None."""
+    argv = list(words)
+    for name, value in options.items():
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", value]
+    return shlex.join(argv)
 
 
 def print_json(value: Any) -> None:

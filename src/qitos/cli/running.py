@@ -6,13 +6,13 @@ adapter, the live renderer as an engine hook, a trace directory); the loop is th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from qitos.checkpoint.targets import open_store, sqlite_path
+from qitos.cli.agents import AGENT_FORMS, load_agent
 from qitos.cli.common import (
     DEFAULT_DB,
     DEFAULT_LOGDIR,
@@ -23,6 +23,7 @@ from qitos.cli.common import (
     console,
     fail,
     print_json,
+    shown_command,
 )
 from qitos.cli.models import DEFAULT_OPENAI_WINDOW, MODEL_FORMS, RequestOptions, load_local_model, resolve_model
 from qitos.cli.render import LiveRenderer
@@ -34,8 +35,9 @@ from qitos.engine.engine import Engine
 from qitos.engine.events import EngineResult
 from qitos.engine.model_path import ModelContext
 from qitos.engine.otlp import otlp_export
+from qitos.engine.session_runtime import new_session
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.viewer.data import load_agent
+from qitos.viewer.data import CLI_OPTIONS
 
 __all__ = [
     "DEMO_DEFAULT_MODEL",
@@ -111,7 +113,7 @@ def renderer_hooks(json_out: bool, *, max_tokens: int | None = None) -> tuple[li
     return [renderer], renderer
 
 
-def require_model(factory: Callable[[], AgentModule[Any, Any, Any]], adapter: Any, *, what: str) -> None:
+def require_model(agent: AgentModule[Any, Any, Any], adapter: Any, *, what: str) -> None:
     """Stop before anything runs when the agent decides through a model and none was given.
 
     An agent that does not override ``decide`` (and brings no model of its own) asks its model at
@@ -120,7 +122,6 @@ def require_model(factory: Callable[[], AgentModule[Any, Any, Any]], adapter: An
     """
     if adapter is not None:
         return
-    agent = factory()
     if type(agent).decide is AgentModule.decide and agent.llm is None:
         fail(
             f"{type(agent).__name__} decides through a model (it does not override decide), and {what} was "
@@ -142,9 +143,17 @@ def failure_hint(result: EngineResult[Any], model: Any) -> str | None:
 
 
 def finish(
-    result: EngineResult[Any], json_out: bool, renderer: LiveRenderer | None, *, adapter: Any = None, **extra: Any
+    result: EngineResult[Any],
+    json_out: bool,
+    renderer: LiveRenderer | None,
+    *,
+    adapter: Any = None,
+    db: str = DEFAULT_DB,
+    trace_dir: str = DEFAULT_LOGDIR,
+    **extra: Any,
 ) -> None:
-    """Print the outcome (JSON or a trace hint) and exit with the run's code."""
+    """Print the outcome (JSON, or the commands that show the session and the trace, with the
+    ``--db`` and ``--logdir`` this run used) and exit with the run's code."""
     if renderer is not None:
         renderer.close()
     data = outcome(result, **extra)
@@ -158,9 +167,12 @@ def finish(
         if hint:
             console(stderr=True).print(f"hint: {hint}", soft_wrap=True)
         if data.get("session_id"):
-            out.print(f"session: {data['session_id']}  (qitos sessions show {data['session_id']})", soft_wrap=True)
+            show = shown_command("qitos", "sessions", "show", data["session_id"], db=None if db == DEFAULT_DB else db)
+            out.print(f"session: {data['session_id']}  ({show})", soft_wrap=True)
         if data.get("run_dir"):
-            out.print(f"trace: {data['run_dir']}  (qitos trace show {data['run_id']})", soft_wrap=True)
+            logdir = None if trace_dir == DEFAULT_LOGDIR else trace_dir
+            show = shown_command("qitos", "trace", "show", data["run_id"], logdir=logdir)
+            out.print(f"trace: {data['run_dir']}  ({show})", soft_wrap=True)
     raise typer.Exit(exit_code_for_result(result))
 
 
@@ -235,6 +247,8 @@ def demo(
         result,
         json_out,
         renderer,
+        db=db,
+        trace_dir=trace_dir,
         session_id=session.session_id.value,
         workspace=str(root),
         policy=chosen,
@@ -261,7 +275,7 @@ def compaction_extensions(compact: bool) -> dict[str, Any]:
 
 @cli_command
 def run(
-    agent: Annotated[str, typer.Argument(help="The agent as module:Class (an AgentModule class or factory).")],
+    agent: Annotated[str, typer.Argument(help=f"The agent: {AGENT_FORMS}.")],
     task: Annotated[str, typer.Argument(help="The task objective.")],
     model: Annotated[str | None, typer.Option(help=f"Model: {MODEL_FORMS}.")] = None,
     base_url: Annotated[str | None, typer.Option(help="API root for --model openai:NAME (ends in /v1).")] = None,
@@ -301,6 +315,7 @@ def run(
 ) -> None:
     """Run an agent on a task (API key from $QITOS_API_KEY or $OPENAI_API_KEY)."""
     factory = load_agent(agent)
+    instance = factory()
     adapter = resolve_model(
         model,
         base_url=base_url,
@@ -312,7 +327,7 @@ def run(
             timeout=request_timeout,
         ),
     )
-    require_model(factory, adapter, what="qitos run")
+    require_model(instance, adapter, what="qitos run")
     the_task = Task(objective=task, budget=TaskBudget(max_steps=max_steps, max_tokens=max_run_tokens))
     hooks, renderer = renderer_hooks(json_out, max_tokens=max_run_tokens)
     with otlp_export(otel) as provider:
@@ -328,13 +343,23 @@ def run(
                 otel=provider,
                 **compaction_extensions(compact),
             )
-            session = composition.session(the_task)
+            # what `qitos sessions resume` needs again, so the commands it prints run as printed
+            options = {"model": model, "base_url": base_url, "max_input_units": max_input_units, "compact": compact}
+            metadata = {CLI_OPTIONS: {k: v for k, v in options.items() if v not in (None, False)}}
+            session = new_session(composition.engine(), the_task, composition=composition, metadata=metadata)
             try:
                 result = session.run()
             finally:
                 store.close()
-            finish(result, json_out, renderer, adapter=adapter, session_id=session.session_id.value)
-        instance = factory()
+            finish(
+                result,
+                json_out,
+                renderer,
+                adapter=adapter,
+                db=session_db,
+                trace_dir=trace_dir,
+                session_id=session.session_id.value,
+            )
         context = ModelContext(compaction_policy=ClosedExchangeWindowCompactor() if compact else None)
         engine = Engine(instance, model=adapter, hooks=hooks, trace_logdir=trace_dir, context=context, otel=provider)
-        finish(engine.run(the_task), json_out, renderer, adapter=adapter)
+        finish(engine.run(the_task), json_out, renderer, adapter=adapter, trace_dir=trace_dir)

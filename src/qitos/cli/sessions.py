@@ -2,8 +2,8 @@
 
 Every command takes ``--db``: a SQLite file (default ``./.qitos/sessions.db``) or a ``postgresql://``
 URL. Commands that act on a session restore it through ``compose(...).restore(id)``, which needs its
-agent: the ``"module:qualname"`` recorded in the session's metadata is imported, or ``--agent`` names
-another one.
+agent: the reference recorded in the session's metadata (``module:qualname``, or a script's path
+and the name in it; see :mod:`qitos.cli.agents`) is imported, or ``--agent`` names another one.
 """
 
 from __future__ import annotations
@@ -22,14 +22,22 @@ from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import describe_target, store_exists
 from qitos.checkpoint.targets import open_store as open_target
-from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, EXIT_NOT_FOUND, cli_command, console, fail, print_json
+from qitos.cli.agents import AGENT_FORMS, session_agent
+from qitos.cli.common import (
+    DEFAULT_DB,
+    DEFAULT_LOGDIR,
+    EXIT_NOT_FOUND,
+    cli_command,
+    console,
+    fail,
+    print_json,
+)
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
-from qitos.distributed.naming import fleet_queue
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
-from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
-from qitos.viewer.data import load_agent, session_detail, session_summary, to_jsonable
+from qitos.sessions.control import answer_approval, pause_session, steer_session
+from qitos.viewer.data import how_it_continues, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]
 
@@ -37,7 +45,7 @@ app = typer.Typer(help="Durable sessions in a SQLite store: list, show, resume, 
 
 DbOption = Annotated[str, typer.Option("--db", help="The session store: a SQLite file or a postgresql:// URL.")]
 AgentOption = Annotated[
-    str | None, typer.Option("--agent", help="module:Class to restore with (default: the one recorded).")
+    str | None, typer.Option("--agent", help=f"The agent to restore with: {AGENT_FORMS} (default: the one recorded).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
@@ -66,13 +74,10 @@ def composition_for(
     head = store.get_session_head(session_id)
     if head is None:
         fail(f"session {session_id!r} not found", EXIT_NOT_FOUND)
-    spec = agent or (head.metadata or {}).get("agent")
-    if not spec:
-        fail(f"session {session_id} does not record its agent; pass --agent module:Class", 2)
-    factory = load_agent(str(spec))
+    instance = session_agent(session_id, head.metadata or {}, agent)
     if needs_model:
-        require_model(factory, kwargs.get("model"), what=f"qitos sessions resume {session_id}")
-    return compose(agent=factory, checkpoint_store=store, **kwargs)
+        require_model(instance, kwargs.get("model"), what=f"qitos sessions resume {session_id}")
+    return compose(agent=instance, checkpoint_store=store, **kwargs)
 
 
 def _lifecycle_style(lifecycle: str) -> str:
@@ -89,12 +94,9 @@ def _lifecycle_style(lifecycle: str) -> str:
 @app.command("list")
 @cli_command
 def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
-    """List the sessions in the store (newest last)."""
-    if not store_exists(db):
-        rows: list[dict[str, Any]] = []
-    else:
-        with open_store(db) as store:
-            rows = [session_summary(h) for h in store.list_sessions()]
+    """List the sessions in the store (newest last); a store that does not exist is an error (exit 3)."""
+    with open_store(db) as store:
+        rows = [session_summary(h, store) for h in store.list_sessions()]
     if json_out:
         print_json({"db": describe_target(db), "sessions": rows})
         return
@@ -241,7 +243,7 @@ def resume(
         )
         session = composition.restore(session_id)
         result = session.run(steering=steer)
-    finish(result, json_out, renderer, adapter=adapter, session_id=session_id)
+    finish(result, json_out, renderer, adapter=adapter, db=db, trace_dir=trace_dir, session_id=session_id)
 
 
 def _receipt(receipt: Any, json_out: bool, message: str) -> None:
@@ -249,15 +251,6 @@ def _receipt(receipt: Any, json_out: bool, message: str) -> None:
         print_json(to_jsonable(receipt))
     else:
         console().print(message, highlight=False)
-
-
-def _what_next(store: CheckpointStore, session_id: str) -> str:
-    """How the answered session goes on: a fleet's workers continue their sessions by themselves."""
-    root = store.get_session_head(delegation_root(store, session_id))
-    queue = fleet_queue(root.metadata if root is not None else None)
-    if queue is not None:
-        return f"a fleet worker on queue {queue!r} continues the session"
-    return f"run: qitos sessions resume {session_id}"
 
 
 @app.command("steer")
@@ -274,7 +267,7 @@ def steer(
     """
     with open_store(db) as store:
         receipt = steer_session(store, session_id, text)
-        then = _what_next(store, session_id)
+        then = how_it_continues(store, session_id, db)
     _receipt(receipt, json_out, f"steering queued at position {receipt.position}; {then}")
 
 
@@ -302,7 +295,7 @@ def approve(
     """Approve a tool call awaiting approval; the next resume runs it (a fleet's workers resume by themselves)."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=True)
-        then = _what_next(store, session_id)
+        then = how_it_continues(store, session_id, db)
     _receipt(receipt, json_out, f"approved {call_id}; {then}")
 
 
@@ -318,7 +311,7 @@ def reject(
     """Reject a tool call awaiting approval; the next resume (a fleet's workers: by themselves) tells the agent."""
     with open_store(db) as store:
         receipt = answer_approval(store, session_id, call_id, approved=False, reason=reason)
-        then = _what_next(store, session_id)
+        then = how_it_continues(store, session_id, db)
     _receipt(receipt, json_out, f"rejected {call_id}; {then}")
 
 

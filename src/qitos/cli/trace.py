@@ -158,11 +158,13 @@ def serve(
     ] = DEFAULT_DB,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0 picks a free one).")] = 8765,
 ) -> None:
-    """Serve the viewer on 127.0.0.1 (runs, steps, request inspector, sessions and forks)."""
+    """Serve the viewer on 127.0.0.1 (runs, steps, request inspector, sessions and forks, and controls
+    for sessions: approve, reject, steer, pause, resume, at the printed address with its token)."""
     from qitos.viewer.server import ViewerServer
 
     server = ViewerServer(logdir, db=db, port=port)
     typer.echo(f"qitos viewer on {server.url}  (traces: {os.path.abspath(logdir)}; sessions: {describe_target(db)})")
+    typer.echo(f"open {server.control_url} to approve, steer, pause and resume (this start's token)")
     typer.echo("press Ctrl-C to stop")
     try:
         server.serve_forever()

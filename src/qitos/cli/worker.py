@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from qitos.cli.common import cli_command, console, print_json
+from qitos.core._install import install_command
 from qitos.core.errors import ConfigurationError
 from qitos.distributed.fleet import Fleet
 from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engine_options
@@ -131,7 +132,7 @@ def use_event_loop(kind: str) -> str:
     """Make event loops created from now on ``kind``'s (one of :data:`EVENT_LOOPS`); the one in use.
 
     DBOS runs a worker's sessions on an event loop of its own, made when it starts. ``auto`` is
-    uvloop when it is installed (``qitos[fleet]`` installs it where it builds: not on Windows),
+    uvloop when it is installed (``qitos-kernel[fleet]`` installs it where it builds: not on Windows),
     else asyncio's. uvloop's loop does the same work in C: measured on the fleet agent in one
     process, 4.40-4.50 ms of CPU per ten-step session against 4.68-4.90 ms on asyncio's loop.
     """
@@ -143,7 +144,7 @@ def use_event_loop(kind: str) -> str:
         import uvloop
     except ImportError:
         if kind == "uvloop":
-            raise ConfigurationError("--loop uvloop needs uvloop: pip install 'qitos[fleet]'") from None
+            raise ConfigurationError(f"--loop uvloop needs uvloop: {install_command('fleet')}") from None
         return "asyncio"
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return "uvloop"

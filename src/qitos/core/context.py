@@ -9,10 +9,10 @@ model name).
 
 Units: every budget is counted in one unit. ``characters`` (:class:`CharacterCounter`, the
 :data:`default_unit_counter`) counts characters; ``tokens`` (:class:`TokenCounter`) counts tokens
-with the offline ``quicktok-v1`` tokenizer (the ``qitos[tokens]`` extra). The units of a message
+with the offline ``quicktok-v1`` tokenizer (the ``qitos-kernel[tokens]`` extra). The units of a message
 are the units of its canonical JSON text, so what is counted is what is sent.
 
-Without the extra (a core ``pip install qitos``), :func:`unit_counter_for` ``("tokens")`` falls back
+Without the extra (a core ``pip install qitos-kernel``), :func:`unit_counter_for` ``("tokens")`` falls back
 to :class:`EstimatedTokenCounter`: one token per 3 bytes of UTF-8, rounded up. That over-counts
 English and JSON (about 4 to 4.5 bytes per ``cl100k_base`` token) and matches CJK text, so a
 budget counted with it errs on the side of sending less. A request view built with it says so:
@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from qitos.core._install import install_command
 from qitos.core.codec import canonical_json, sha256_hex
 from qitos.core.errors import ContextError, UsageError
 
@@ -134,7 +135,7 @@ class TokenCounter:
     """Counts tokens with an offline tokenizer (``quicktok-v1``; same ids as tiktoken).
 
     Encodings: ``cl100k_base`` (default), ``o200k_base``, ``o200k_harmony``, ``llama3``, ``qwen3``.
-    Needs the ``qitos[tokens]`` extra; nothing is downloaded.
+    Needs the ``qitos-kernel[tokens]`` extra; nothing is downloaded.
     """
 
     unit = "tokens"
@@ -145,10 +146,10 @@ class TokenCounter:
         except ImportError as exc:  # pragma: no cover - exercised only without the extra
             raise ImportError(
                 "TokenCounter needs the optional tokenizer package 'quicktok-v1'; "
-                "install it with: pip install 'qitos[tokens]'"
+                f"install it with: {install_command('tokens')}"
             ) from exc
         try:
-            self._encoding = quicktok.get_encoding(encoding)
+            self._encoding = _encoding(quicktok, encoding)
         except (RuntimeError, KeyError, ValueError) as exc:
             raise ValueError(f"TokenCounter: unknown encoding {encoding!r} ({exc})") from exc
         self.encoding = encoding
@@ -164,6 +165,18 @@ class TokenCounter:
 
     def __repr__(self) -> str:
         return f"TokenCounter(encoding={self.encoding!r})"
+
+
+_ENCODINGS: dict[str, Any] = {}
+
+
+def _encoding(quicktok: Any, name: str) -> Any:
+    """The tokenizer of ``name``, loaded once per process (loading one takes ~10 ms; an engine is
+    made per session, so many sessions would each pay it)."""
+    loaded = _ENCODINGS.get(name)
+    if loaded is None:
+        loaded = _ENCODINGS[name] = quicktok.get_encoding(name)
+    return loaded
 
 
 class EstimatedTokenCounter:
@@ -195,7 +208,7 @@ default_unit_counter: UnitCounter = CharacterCounter()
 
 
 def tokenizer_available() -> bool:
-    """Whether the offline tokenizer (``quicktok-v1``, the ``qitos[tokens]`` extra) can be imported."""
+    """Whether the offline tokenizer (``quicktok-v1``, the ``qitos-kernel[tokens]`` extra) can be imported."""
     try:
         import quicktok  # noqa: F401
     except ImportError:

@@ -1,4 +1,4 @@
-"""A fleet of worker processes running sessions from a shared PostgreSQL store, on DBOS (``qitos[fleet]``)."""
+"""A fleet of worker processes running sessions from a shared PostgreSQL store, on DBOS (``qitos-kernel[fleet]``)."""
 
 from qitos.distributed.fleet import Fleet, SessionOutcome
 from qitos.distributed.naming import load_composition

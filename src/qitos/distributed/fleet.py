@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,10 +134,23 @@ class Fleet:
         for session_id in session_ids:
             self._enqueued_at[session_id] = 0  # a new session's head is its first snapshot
 
-    def _create(self, task: str | Task, state_kwargs: dict[str, Any]) -> Session:
+    def _create(
+        self,
+        task: str | Task,
+        state_kwargs: dict[str, Any],
+        session_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Session:
         """A new session of the composition, marked as this fleet's (``fleet_queue`` reads the mark)."""
-        mark = {FLEET_METADATA: {"queue": self.queue}}
-        return new_session(self.composition.engine(), task, composition=self.composition, metadata=mark, **state_kwargs)
+        mark = {**(metadata or {}), FLEET_METADATA: {"queue": self.queue}}
+        return new_session(
+            self.composition.engine(),
+            task,
+            composition=self.composition,
+            session_id=session_id,
+            metadata=mark,
+            **state_kwargs,
+        )
 
     def submit(self, task: str | Task, **state_kwargs: Any) -> str:
         """Create a session for ``task`` and enqueue its first run; the session id."""
@@ -145,8 +158,18 @@ class Fleet:
         self._enqueue(session.session_id.value, 0, sequence=0)  # a new session's head is its first snapshot
         return session.session_id.value
 
-    def submit_many(self, tasks: Iterable[str | Task], **state_kwargs: Any) -> list[str]:
+    def submit_many(
+        self,
+        tasks: Iterable[str | Task],
+        *,
+        session_ids: Sequence[str] | None = None,
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+        **state_kwargs: Any,
+    ) -> list[str]:
         """:meth:`submit` for each task, in order; their session ids.
+
+        ``session_ids`` gives each session its id (one per task; ``qitos.eval`` derives them from
+        the eval, sample and epoch) and ``metadata`` extra session metadata (one mapping per task).
 
         Batches of sessions are created a few at once and their runs enqueued in one transaction,
         so submitting many is not one commit wait after another. The first batch is small and each
@@ -155,12 +178,17 @@ class Fleet:
         it leaves sessions ``created`` and unqueued: ``resume`` them.
         """
         pending = list(tasks)
+        given_ids = list(session_ids) if session_ids is not None else [None] * len(pending)
+        extra = list(metadata) if metadata is not None else [None] * len(pending)
+        if len(given_ids) != len(pending) or len(extra) != len(pending):
+            raise ConfigurationError("submit_many: session_ids and metadata need one entry per task")
         ids: list[str] = []
         size = _FIRST_BATCH
         with concurrent.futures.ThreadPoolExecutor(_SUBMIT_THREADS, thread_name_prefix="qitos-submit") as pool:
             while len(ids) < len(pending):
-                batch = pending[len(ids) : len(ids) + size]
-                created = pool.map(lambda task: self._create(task, state_kwargs), batch)
+                start = len(ids)
+                batch = list(zip(pending[start : start + size], given_ids[start:], extra[start:], strict=False))
+                created = pool.map(lambda item: self._create(item[0], state_kwargs, item[1], item[2]), batch)
                 session_ids = [session.session_id.value for session in created]
                 self._enqueue_first_runs(session_ids)
                 ids.extend(session_ids)

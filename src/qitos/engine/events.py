@@ -20,7 +20,6 @@ from enum import StrEnum
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from qitos.core.decision import Decision, Observation
-from qitos.core.errors import UsageError
 from qitos.core.task import TaskResult
 
 __all__ = [
@@ -218,12 +217,45 @@ _DROPPABLE = frozenset({EngineEventType.MODEL_DELTA})
 _CLOSED = object()
 
 
+class _UnboundQueue(asyncio.Queue[Any]):
+    """The queue of a subscription made outside a running event loop.
+
+    It learns its consumer's loop when first awaited; until then there is no waiter to wake, so
+    an event is put straight in (from any thread, under the subscriber's lock), and afterwards it
+    is delivered on that loop like any other subscription's.
+    """
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__()
+        self.lock = lock
+        self.consumer: asyncio.AbstractEventLoop | None = None
+
+    async def get(self) -> Any:
+        with self.lock:
+            if self.consumer is None:
+                self.consumer = asyncio.get_running_loop()
+        return await super().get()
+
+
 class _Subscriber:
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, max_queue: int) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.unbound = _UnboundQueue(threading.Lock()) if loop is None else None
+        self.queue: asyncio.Queue[Any] = self.unbound if self.unbound is not None else asyncio.Queue()
         self.max_queue = max_queue
         self.dropped = 0
+
+    def send(self, item: Any) -> None:
+        """Deliver ``item`` from any thread: on the consumer's loop once there is one."""
+        consumer = self.loop
+        if self.unbound is not None:
+            with self.unbound.lock:
+                consumer = self.unbound.consumer
+                if consumer is None:
+                    self.deliver(item)
+                    return
+        if consumer is not None:
+            _call_on_loop(consumer, self.deliver, item)
 
     def deliver(self, item: Any) -> None:
         # Runs on the consumer's loop thread.
@@ -259,17 +291,14 @@ class EventStream:
     def subscribe(self) -> asyncio.Queue[Any]:
         """A new queue receiving every event emitted from now on; ``None`` marks the end.
 
-        Must be called from a running event loop (the consumer's): the queue delivers on that loop.
-        Called outside one it raises UsageError (an ``async for event in stream`` or a call inside
-        an ``async def`` is the way to consume a stream).
+        Called from a running event loop, the queue delivers on that loop. Called outside one (plain
+        synchronous code), events wait in the queue (``get_nowait`` reads them) until the queue is
+        first awaited, and from then on are delivered on the loop that awaited it.
         """
         try:
-            loop = asyncio.get_running_loop()
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
-            raise UsageError(
-                "EventStream.subscribe() needs a running event loop: call it from async code (inside an "
-                "async def, e.g. `async for event in stream`); its queue delivers events on that loop"
-            ) from None
+            loop = None
         sub = _Subscriber(loop, self._max_queue)
         with self._lock:
             if self._closed:
@@ -293,7 +322,7 @@ class EventStream:
             self._history.append(event)
             subscribers = list(self._subscribers)
         for sub in subscribers:
-            _call_on_loop(sub.loop, sub.deliver, event)
+            sub.send(event)
 
     emit_sync = emit
 
@@ -305,7 +334,7 @@ class EventStream:
             self._closed = True
             subscribers = list(self._subscribers)
         for sub in subscribers:
-            _call_on_loop(sub.loop, sub.deliver, None)
+            sub.send(None)
 
     async def __aiter__(self) -> AsyncIterator[EngineEvent]:
         queue = self.subscribe()

@@ -1062,10 +1062,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             state.stop_reason = reason.value
         status = status_for_stop_reason(reason)
         lifecycle = _lifecycle_for(reason)
-        changes = run.step_changes + state.drain_changes()
-        run.step_changes = []
         commit_error: Exception | None = None
         try:
+            # Inside the try: a state the codec cannot encode (CodecError) fails here too, and the
+            # run must still end with run_end and a finished trace.
+            changes = run.step_changes + state.drain_changes()
+            run.step_changes = []
             if run.journal.durable:
                 boundary = self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending)
                 if not _repeats(run.last_commit, boundary, run.log):

@@ -9,16 +9,26 @@ comes from ``OTEL_SERVICE_NAME`` (default ``qitos``) and ``OTEL_RESOURCE_ATTRIBU
 ``http/protobuf`` protocol is built in: any other ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL`` is refused
 rather than ignored.
 
-Needs the ``otel`` extra (``pip install 'qitos[otel]'``); nothing here is imported by ``import qitos``.
+At the end of ``otlp_export`` the spans still buffered are sent. A collector that cannot be
+reached does not hold the exit up for the exporter's retries (about 8 s of backoff): the export is
+given up on as soon as it fails (a slow collector that answers gets a few seconds), and the
+exporter's retry warnings are replaced by one line on stderr saying what was not sent where.
+
+Needs the ``otel`` extra (``pip install 'qitos-kernel[otel]'``); nothing here is imported by ``import qitos``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from qitos.core._install import install_command
 from qitos.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -27,10 +37,15 @@ if TYPE_CHECKING:
 __all__ = ["otlp_export", "otlp_tracer_provider"]
 
 _PROTOCOL_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_EXIT_GRACE_S = 5.0  # how long the last export may take at exit when the collector answers, slowly
 
 
 def otlp_tracer_provider(*, service_name: str | None = None) -> TracerProvider:
     """A new TracerProvider exporting spans over OTLP/HTTP (see the module docstring)."""
+    return _exporting_provider(service_name)[0]
+
+
+def _exporting_provider(service_name: str | None) -> tuple[TracerProvider, Any]:
     for variable in _PROTOCOL_VARIABLES:
         protocol = os.environ.get(variable)
         if protocol:
@@ -44,12 +59,13 @@ def otlp_tracer_provider(*, service_name: str | None = None) -> TracerProvider:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         raise ConfigurationError(
-            f"exporting OpenTelemetry spans needs the otel extra: pip install 'qitos[otel]' ({exc})"
+            f"exporting OpenTelemetry spans needs the otel extra: {install_command('otel')} ({exc})"
         ) from exc
     name = service_name or os.environ.get("OTEL_SERVICE_NAME") or "qitos"
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
+    exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider, exporter
 
 
 @contextmanager
@@ -58,8 +74,57 @@ def otlp_export(enabled: bool) -> Iterator[TracerProvider | None]:
     if not enabled:
         yield None
         return
-    provider = otlp_tracer_provider()
+    provider, exporter = _exporting_provider(None)
+    watch = _ExportWatch()
+    logger = logging.getLogger(type(exporter).__module__)
+    logger.addFilter(watch)
     try:
         yield provider
     finally:
-        provider.shutdown()
+        try:
+            _shut_down(provider, exporter, watch)
+        finally:
+            logger.removeFilter(watch)
+        if watch.first is not None:
+            sys.stderr.write(f"qitos: OpenTelemetry spans were not all exported to {_endpoint()}: {watch.first}\n")
+
+
+class _ExportWatch(logging.Filter):
+    """Keeps the exporter's warnings (one per retry) off the terminal and notes that an export failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = threading.Event()
+        self.first: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            if self.first is None:
+                args = record.args if isinstance(record.args, tuple) else ()
+                transient = str(record.msg).startswith("Transient error") and len(args) > 0
+                self.first = str(args[0]) if transient else record.getMessage()
+            self.failed.set()
+        return False
+
+
+def _shut_down(provider: TracerProvider, exporter: Any, watch: _ExportWatch) -> None:
+    """``provider.shutdown()`` (the last export), given up on once an export has failed."""
+    worker = threading.Thread(target=provider.shutdown, name="qitos-otlp-shutdown", daemon=True)
+    worker.start()
+    deadline = time.monotonic() + _EXIT_GRACE_S
+    while worker.is_alive() and time.monotonic() < deadline:
+        if watch.failed.wait(0.02):
+            break
+    if worker.is_alive():
+        if watch.first is None:
+            watch.first = f"the collector did not answer within {_EXIT_GRACE_S:g} s"
+        exporter.shutdown()  # ends the exporter's retry wait at once
+        worker.join(timeout=1.0)
+
+
+def _endpoint() -> str:
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return traces
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+    return base.rstrip("/") + "/v1/traces"

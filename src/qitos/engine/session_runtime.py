@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -76,6 +76,7 @@ from qitos.core.identity import (
 from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
+from qitos.engine._agent_ref import agent_reference
 from qitos.engine.events import EngineResult
 from qitos.engine.loop import EngineLoop
 from qitos.sessions.control import (
@@ -170,6 +171,9 @@ class SessionHost(Protocol):
 
     @property
     def runtime(self) -> SessionSettings: ...
+
+    @property
+    def agent_factory(self) -> Callable[[], Any]: ...
 
     def restore(self, session_id: str) -> Session: ...
 
@@ -625,6 +629,10 @@ def _first_snapshot(
     metadata = {
         "agent_id": agent_id.value,
         "agent": f"{type(engine.agent).__module__}:{type(engine.agent).__qualname__}",
+        # what another process imports to rebuild the agent (qitos.engine._agent_ref)
+        "agent_ref": agent_reference(
+            *((composition.agent_factory,) if composition is not None else ()), type(engine.agent)
+        ),
         "state_type": _state_type_name(type(state)),
         "task": redactor.redact_value(the_task.to_dict()),
         "created_at": created_at,

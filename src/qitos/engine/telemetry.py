@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for engine runs, with the GenAI semantic conventions (extra ``qitos[otel]``).
+"""OpenTelemetry spans for engine runs, with the GenAI semantic conventions (extra ``qitos-kernel[otel]``).
 
 Off unless asked for: ``Engine(agent, otel=...)`` (also ``compose(..., otel=...)`` and
 ``agent.run(..., otel=...)``) takes ``True`` (the global tracer provider), a ``TracerProvider``, or
@@ -60,6 +60,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+from qitos.core._install import DISTRIBUTION, install_command
 from qitos.core.errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.engine.hooks import EngineHook, HookContext
@@ -93,7 +94,6 @@ INSTRUMENTATION_NAME = "qitos"
 """The instrumentation scope name of every span qitos makes."""
 
 E = EngineEventType
-_INSTALL_HINT = "OpenTelemetry support needs the otel extra: pip install 'qitos[otel]'"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +164,7 @@ class OtelHook(EngineHook):
             from opentelemetry import context as otel_context
             from opentelemetry import trace
         except ImportError as exc:
-            raise ConfigurationError(_INSTALL_HINT) from exc
+            raise ConfigurationError(f"OpenTelemetry support needs the otel extra: {install_command('otel')}") from exc
         self.settings = settings
         self.engine = engine
         self.wants_model_content = settings.capture_content
@@ -602,6 +602,6 @@ def _redactor(model: Any, extra: Iterable[str]) -> Redactor:
 
 def _qitos_version() -> str:
     try:
-        return importlib.metadata.version("qitos")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"

@@ -207,7 +207,9 @@ class ModelResponse:
     unique ids. ``text`` is the assistant's text (None when it only called tools); ``tool_calls`` the native
     tool calls in order; ``finish_reason`` as the provider reported it (``stop``, ``tool_calls``,
     ``length``...); ``model`` the model that answered; ``raw`` the provider's decoded payload
-    (JSON-native for the built-in adapters).
+    (JSON-native for the built-in adapters); ``served_from`` is set when no model was called for
+    it: ``"cache"`` (an eval's response cache) or ``"replay"`` (a recorded reply), so the request
+    record says so.
     """
 
     text: str | None = None
@@ -216,6 +218,7 @@ class ModelResponse:
     finish_reason: str | None = None
     model: str = ""
     raw: Any = field(default=None, repr=False, compare=False)
+    served_from: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # Tool-call ids must be unique and non-empty: results are matched to calls by id.
@@ -249,8 +252,9 @@ class ModelResponse:
         return msg
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native form for traces and replay (``raw`` is kept when it is JSON-native)."""
-        return {
+        """JSON-native form for traces and replay (``raw`` is kept when it is JSON-native;
+        ``served_from`` only when set)."""
+        out = {
             "text": self.text,
             "tool_calls": [c.to_dict() for c in self.tool_calls],
             "usage": self.usage.to_dict(),
@@ -258,6 +262,9 @@ class ModelResponse:
             "model": self.model,
             "raw": _json_native(self.raw),
         }
+        if self.served_from is not None:
+            out["served_from"] = self.served_from
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelResponse:
@@ -269,6 +276,7 @@ class ModelResponse:
             finish_reason=data.get("finish_reason"),
             model=str(data.get("model") or ""),
             raw=data.get("raw"),
+            served_from=data.get("served_from"),
         )
 
 

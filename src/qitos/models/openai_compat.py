@@ -30,7 +30,7 @@ by index, usage is taken from the final chunk (``stream_options.include_usage``)
 Usage: when a response (streamed or not) carries no ``usage``, the adapter counts the tokens
 itself, prompt (the canonical JSON of the messages and tool schemas sent) and completion (text,
 tool names and arguments), with :func:`~qitos.core.context.unit_counter_for` ``("tokens")``
-(exact ``cl100k_base`` counts with the ``qitos[tokens]`` extra, else its documented estimate),
+(exact ``cl100k_base`` counts with the ``qitos-kernel[tokens]`` extra, else its documented estimate),
 and marks the usage ``estimated``. A token budget is therefore enforced on every server.
 
 Failures: 408/409/429/5xx responses and connection errors or timeouts are retried up to
@@ -45,6 +45,15 @@ says the request failed validation (some servers answer a schema error with 500)
 :class:`~qitos.core.errors.ModelError` at once with ``status_code``, the provider's message and
 ``body``. A body that is not the expected JSON raises ModelError naming what is wrong.
 
+Concurrency: at most ``max_connections`` requests are open to the server at once (default
+:data:`DEFAULT_MAX_CONNECTIONS`, httpx's pool size; :meth:`~OpenAICompatibleModel.fit_connections`
+raises the default, as ``qitos.eval`` does for its ``max_samples``). Under the async driver a 429
+answer lowers that limit for a while instead of failing: the limit halves, the request waits the
+server's ``Retry-After`` (or ``backoff_base``) and goes again without using up a retry, and each
+success after the pause raises the limit by one, back to ``max_connections``. Such a retry is
+reported like any other (``model_retry``), with ``concurrency``: the limit now. Only at a limit
+of one do 429 answers count against ``max_retries``.
+
 Secrets: the API key (and any header value whose name mentions key, token, auth or secret) is
 replaced by ``***`` in every error message, error body, event payload and ``repr``.
 """
@@ -52,12 +61,14 @@ replaced by ``***`` in every error message, error body, event payload and ``repr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import random
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -84,6 +95,9 @@ if TYPE_CHECKING:
 __all__ = ["OpenAICompatibleModel", "to_openai_messages", "to_openai_tools"]
 
 _RETRY_STATUS = frozenset({408, 409, 429})
+DEFAULT_MAX_CONNECTIONS = 100
+"""Concurrent requests to the server without ``max_connections`` (httpx's pool size), until
+:meth:`OpenAICompatibleModel.fit_connections` raises it."""
 # A 5xx body in which the server says it rejected the request itself (pydantic, FastAPI, OpenAI).
 _VALIDATION_BODY = re.compile(
     r"validation error|validationerror|failed validation|field required|input should be|"
@@ -134,6 +148,7 @@ class OpenAICompatibleModel(ModelAdapter):
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
         max_retry_after: float = 60.0,
+        max_connections: int | None = None,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -148,6 +163,10 @@ class OpenAICompatibleModel(ModelAdapter):
             raise ConfigurationError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if backoff_base < 0 or backoff_max < 0 or max_retry_after < 0:
             raise ConfigurationError("backoff_base, backoff_max and max_retry_after must be >= 0")
+        if max_connections is not None and (
+            isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1
+        ):
+            raise ConfigurationError(f"max_connections must be an int >= 1 or None, got {max_connections!r}")
         self.model_id = model
         self.max_input_units = max_input_units
         self.unit = unit
@@ -173,7 +192,9 @@ class OpenAICompatibleModel(ModelAdapter):
         self._transport = transport
         self._async_transport = async_transport
         self._client: httpx.Client | None = None
-        self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        self._fixed_connections = max_connections is not None
+        self.max_connections = max_connections if max_connections is not None else DEFAULT_MAX_CONNECTIONS
+        self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, _Shards, _Gate]] = {}
         self._client_lock = threading.Lock()
         self._tokens: UnitCounter | None = None
 
@@ -207,25 +228,69 @@ class OpenAICompatibleModel(ModelAdapter):
         """Async twin of :meth:`complete` over ``httpx.AsyncClient``."""
         check_allow_model_requests()
         body, headers, estimator = self._prepare(view, stream=on_delta is not None)
-        client = self._async_client()
+        client, gate = self._async_client()
         attempt = 0
         while True:
+            await gate.acquire()
             try:
                 if on_delta is None:
                     response = await client.post(self.url, content=body, headers=headers)
                     if response.status_code < 300:
+                        gate.succeeded()
                         return estimator.complete(self._parse_body(response.content))
                     failure = self._http_failure(response.status_code, response.headers, response.content)
                 else:
                     async with client.stream("POST", self.url, content=body, headers=headers) as response:
                         if response.status_code < 300:
+                            gate.succeeded()
                             return estimator.complete(await self._aread_stream(response.aiter_lines(), on_delta))
                         failure = self._http_failure(response.status_code, response.headers, await response.aread())
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc)
+            finally:
+                gate.release()
+            if failure.status_code == 429 and gate.limit > 1:
+                # Too many at once: fewer requests in flight for a while, and this one waits its turn
+                # again without using up a retry (at one request in flight, retries count again).
+                pause = min(gate.throttled(failure.retry_after or self.backoff_base), self.max_retry_after)
+                self.emit(
+                    "model_retry",
+                    {
+                        "model": self.model_id,
+                        "attempt": attempt + 1,
+                        "max_retries": self.max_retries,
+                        "delay_s": round(pause, 4),
+                        "reason": failure.reason,
+                        "status_code": 429,
+                        "error": failure.message[:500],
+                        "concurrency": gate.limit,
+                    },
+                )
+                await asyncio.sleep(pause)
+                continue
             delay = self._retry_delay(failure, attempt)
             attempt += 1
             await asyncio.sleep(delay)
+
+    def fit_connections(self, in_flight: int) -> None:
+        """Allow at least ``in_flight`` concurrent requests, unless ``max_connections`` was given.
+
+        ``qitos.eval`` calls it with its ``max_samples``, so every sample in flight can have its
+        request open; a cap given to the constructor is kept as it is.
+        """
+        if self._fixed_connections or in_flight <= self.max_connections:
+            return
+        self.max_connections = in_flight
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        # Async clients are sized when made: the next request of each event loop makes a new one.
+        stale = [client for entry in self._aclients.values() for client in entry[1].clients]
+        self._aclients.clear()
+        for old in stale:
+            with contextlib.suppress(RuntimeError):  # no loop running here: nothing left to close
+                asyncio.get_running_loop().create_task(old.aclose())
 
     def close(self) -> None:
         """Close the sync HTTP client (async clients: :meth:`aclose`)."""
@@ -239,7 +304,8 @@ class OpenAICompatibleModel(ModelAdapter):
         loop = asyncio.get_running_loop()
         entry = self._aclients.pop(id(loop), None)
         if entry is not None:
-            await entry[1].aclose()
+            for client in entry[1].clients:
+                await client.aclose()
         self.close()
 
     def __enter__(self) -> OpenAICompatibleModel:
@@ -319,22 +385,51 @@ class OpenAICompatibleModel(ModelAdapter):
         if client is None:
             with self._client_lock:
                 if self._client is None:
-                    self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), transport=self._transport)
+                    self._client = httpx.Client(
+                        timeout=httpx.Timeout(self.timeout), transport=self._transport, limits=self._limits()
+                    )
                 client = self._client
         return client
 
-    def _async_client(self) -> httpx.AsyncClient:
-        # An AsyncClient belongs to the loop it was first used on; keep one per live loop.
+    def _async_client(self) -> tuple[httpx.AsyncClient, _Gate]:
+        # An AsyncClient belongs to the loop it was first used on; keep them per live loop, with
+        # the gate that holds the loop's requests in flight to the (adaptive) concurrency limit.
+        # Many connections are split over several clients of at most _SHARD each, taken in turn:
+        # httpcore's pool scans all its connections for every request it places, so one pool of
+        # a thousand connections costs far more CPU per request than many small ones.
         loop = asyncio.get_running_loop()
         entry = self._aclients.get(id(loop))
         if entry is None or entry[0] is not loop:
-            for key, (old_loop, _) in list(self._aclients.items()):
+            for key, (old_loop, _, _) in list(self._aclients.items()):
                 if old_loop.is_closed():
                     del self._aclients[key]
-            client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), transport=self._async_transport)
-            entry = (loop, client)
+            shards = -(-self.max_connections // _SHARD)
+            per_shard = -(-self.max_connections // shards)
+            limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+            clients = _Shards(
+                [
+                    httpx.AsyncClient(
+                        timeout=httpx.Timeout(self.timeout), transport=self._async_transport, limits=limits
+                    )
+                    for _ in range(shards)
+                ]
+            )
+            entry = (loop, clients, _Gate(self.max_connections))
             self._aclients[id(loop)] = entry
-        return entry[1]
+        return entry[1].next(), entry[2]
+
+    def _limits(self) -> httpx.Limits:
+        return httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+
+    @property
+    def concurrency(self) -> int:
+        """Requests allowed in flight now on this thread's event loop (below ``max_connections`` for
+        a while after the server answered 429); ``max_connections`` outside a loop."""
+        try:
+            entry = self._aclients.get(id(asyncio.get_running_loop()))
+        except RuntimeError:
+            return self.max_connections
+        return entry[2].limit if entry is not None else self.max_connections
 
     # ------------------------------------------------------------------ failures and retries
 
@@ -782,3 +877,72 @@ def _retry_after(headers: httpx.Headers) -> float | None:
 def _looks_secret(header_name: str) -> bool:
     lowered = header_name.lower()
     return any(hint in lowered for hint in _SECRET_HEADER_HINTS)
+
+
+_SHARD = 32  # connections per async client (see _async_client)
+
+
+class _Shards:
+    """An event loop's async clients, handed out in turn."""
+
+    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
+        self.clients = clients
+        self._turn = 0
+
+    def next(self) -> httpx.AsyncClient:
+        self._turn = (self._turn + 1) % len(self.clients)
+        return self.clients[self._turn]
+
+
+class _Gate:
+    """Holds an event loop's requests in flight to ``limit``, which 429 answers lower for a while.
+
+    A 429 halves the limit (down to 1; the other 429s of the same pause do not) and starts a
+    pause of the server's ``Retry-After`` (or the base backoff); after the pause each success
+    raises it by one, back up to ``ceiling`` (additive increase, multiplicative decrease).
+    """
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+        self.limit = ceiling
+        self.in_flight = 0
+        self.calm_after = 0.0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        while self.in_flight >= self.limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif not waiter.cancelled():
+                    self._wake()  # it was woken for a slot it will not take: pass it on
+                raise
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    def throttled(self, pause: float) -> float:
+        now = time.monotonic()
+        if now >= self.calm_after:  # the 429s of one burst lower the limit once
+            self.limit = max(1, min(self.limit, self.in_flight + 1) // 2)
+        self.calm_after = max(self.calm_after, now + pause)
+        return pause
+
+    def succeeded(self) -> None:
+        if self.limit < self.ceiling and time.monotonic() >= self.calm_after:
+            self.limit += 1
+            self._wake()
+
+    def _wake(self) -> None:
+        free = self.limit - self.in_flight
+        while free > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1

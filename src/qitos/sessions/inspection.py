@@ -14,6 +14,7 @@ awaiting approval stopped before the first call of its step that has neither sta
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -27,6 +28,7 @@ from qitos.core.request_view import RequestView
 from qitos.core.task import Task
 from qitos.sessions.children import active_children, delegated_child, pending_of
 from qitos.sessions.journal import PendingStep
+from qitos.sessions.lease import holder_is_dead
 from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.step_journal import APPROVAL_KINDS, RestoredSession, restore
 from qitos.sessions.stored_view import view_from_record
@@ -38,6 +40,7 @@ __all__ = [
     "ToolBatchSnapshot",
     "ToolCallStatus",
     "inspect_session",
+    "observed_lifecycle",
     "session_capabilities",
     "tool_batch",
     "work_graph",
@@ -45,7 +48,12 @@ __all__ = [
 
 
 class SessionLifecycle(StrEnum):
-    """Where a session stands."""
+    """Where a session stands.
+
+    A head records one of these at each committed boundary, except ``INTERRUPTED``, which only a
+    reader derives (:func:`observed_lifecycle`): a run started and its runner is gone (killed,
+    crashed) before it committed its end; the next run continues it.
+    """
 
     CREATED = "created"
     RUNNING = "running"
@@ -54,6 +62,33 @@ class SessionLifecycle(StrEnum):
     COMPLETED = "completed"
     STOPPED = "stopped"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+_ENDED = frozenset({SessionLifecycle.COMPLETED, SessionLifecycle.STOPPED, SessionLifecycle.FAILED})
+
+
+def observed_lifecycle(store: CheckpointStore, head: SessionHeadRecord) -> str:
+    """Where ``head``'s session stands now, read from the store alone.
+
+    A head's lifecycle changes only at committed boundaries, so while a step runs it still says
+    what the last boundary said (``created`` before the first step commits). A session whose lease
+    a live runner holds is ``running``; one whose head says ``running``, or that has pending writes
+    on top of its head (a step started and never committed), with no live holder is
+    ``interrupted``: its runner died (kill -9, a crash). Ended sessions are what their head says.
+    """
+    if head.lifecycle in _ENDED:
+        return head.lifecycle
+    lease = store.get_lease(head.session_id)
+    if lease is not None and lease.expires_at > time.time() and not holder_is_dead(lease.owner):
+        return SessionLifecycle.RUNNING.value
+    if head.lifecycle == SessionLifecycle.RUNNING:
+        return SessionLifecycle.INTERRUPTED.value
+    try:
+        started = bool(store.get_writes(head.session_id, head.snapshot_id))
+    except CheckpointError:  # damage: inspection reports it; a listing still shows the head
+        return head.lifecycle
+    return SessionLifecycle.INTERRUPTED.value if started else head.lifecycle
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +187,8 @@ def inspect_session(
             **{k: v for k, v in (limits or {}).items() if v is not None},
         }
     budget["durability"] = dict(durability or {"mode": "sync", "unflushed_boundaries": 0})
+    _lifecycle(record)  # a stored lifecycle this version does not know is damage
+    lifecycle = SessionLifecycle(observed_lifecycle(store, record))
     return SessionInspection(
         head=SessionHead(
             session_id=session_id,
@@ -160,7 +197,7 @@ def inspect_session(
             lifecycle=record.lifecycle,
             updated_at=record.updated_at,
         ),
-        lifecycle=_lifecycle(record),
+        lifecycle=lifecycle,
         capabilities=tuple(sorted(session_capabilities(store))),
         snapshot_integrity=integrity,
         budget=budget,

@@ -2,7 +2,7 @@
 
 ``tool`` and ``ToolRegistry`` (defined in ``qitos.core.tool``), the workspace file tools and the
 shell tool (``qitos.kit.tools``), and the MCP toolset, which loads on first access because it needs
-the ``qitos[mcp]`` extra::
+the ``qitos-kernel[mcp]`` extra::
 
     from qitos.tools import ToolRegistry, tool, workspace_tools, shell_tool
     from qitos.tools import MCPToolset            # imports the mcp SDK now

@@ -13,7 +13,8 @@ Shapes (every key is always present; missing values are ``null``):
 - session summary: ``session_id, lifecycle, sequence, snapshot_id, updated_at, created_at, task,
   agent, parent_session_id, fork_snapshot_id``
 - session detail: ``session, inspection, inspection_error, integrity, snapshots,
-  snapshot_count, lineage, runs``
+  snapshot_count, lineage, runs, traced_runs``; ``traced_runs`` are the ``runs`` whose trace is in
+  the trace directory given (null when none is), the only ones a page may link to
 - step request: ``step_id, status ("ok" | "failed"), request_view, model, messages, attempts``;
   ``messages`` is every message the request sent (null for a trace written before they were
   recorded), ``attempts`` every failed attempt (retries from ``model_retry`` events, and the final
@@ -23,28 +24,30 @@ Shapes (every key is always present; missing values are ``null``):
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-import sys
-from collections.abc import Callable, Iterable, Mapping
+import shlex
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import CheckpointError, ConfigurationError, QitosError, UsageError
+from qitos.core.errors import CheckpointError, QitosError, UsageError
 from qitos.core.redaction import Redactor
-from qitos.sessions.inspection import inspect_session
+from qitos.distributed.naming import fleet_queue
+from qitos.sessions.control import delegation_root
+from qitos.sessions.inspection import inspect_session, observed_lifecycle
 from qitos.trace.reader import RunTrace, TraceError, list_runs
 from qitos.trace.writer import displayed_messages
 
 __all__ = [
+    "CLI_OPTIONS",
     "AmbiguousReferenceError",
     "NotFoundError",
     "find_run",
+    "how_it_continues",
     "inspection_to_dict",
     "lineage",
-    "load_agent",
+    "resume_argv",
     "run_detail",
     "run_events",
     "run_request",
@@ -287,14 +290,16 @@ def run_request(trace: RunTrace, step_id: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- sessions
 
 
-def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
-    """One row of the sessions board (see the module docstring for the shape)."""
+def session_summary(head: SessionHeadRecord, store: CheckpointStore | None = None) -> dict[str, Any]:
+    """One row of the sessions board (see the module docstring for the shape). With ``store``,
+    ``lifecycle`` is what a reader sees now (``observed_lifecycle``: ``running`` while a runner holds
+    the session, ``interrupted`` when its runner died midway); without, the head's."""
     meta = head.metadata or {}
     task = meta.get("task")
     return _shown(
         {
             "session_id": head.session_id,
-            "lifecycle": head.lifecycle,
+            "lifecycle": observed_lifecycle(store, head) if store is not None else head.lifecycle,
             "sequence": head.sequence,
             "snapshot_id": head.snapshot_id,
             "updated_at": head.updated_at,
@@ -307,34 +312,51 @@ def session_summary(head: SessionHeadRecord) -> dict[str, Any]:
     )
 
 
-def load_agent(spec: str) -> Callable[[], AgentModule[Any, Any, Any]]:
-    """Import ``"module:qualname"`` (an AgentModule class or zero-argument factory).
+CLI_OPTIONS = "cli_options"
+"""Session metadata: the options ``qitos run`` started the session with that a resume needs again
+(``--model``, ``--base-url``, ``--max-input-units``, ``--compact``; never a key)."""
 
-    The current directory is put on ``sys.path`` first (as ``python -m`` does), so an agent in a
-    local module can be named. Raises ConfigurationError saying what is wrong.
+_RESUME_FLAGS = (("model", "--model"), ("base_url", "--base-url"), ("max_input_units", "--max-input-units"))
+
+
+def resume_argv(store: CheckpointStore, session_id: str, db: str) -> list[str] | None:
+    """The ``qitos sessions resume`` command line that continues ``session_id`` as it was started.
+
+    A delegated child is continued by its parent's run, so the command resumes the top of its
+    delegation chain. It names the store (``--db``) and the options ``qitos run`` recorded
+    (:data:`CLI_OPTIONS`). None when the session's agent cannot be rebuilt from its record (it was
+    built with arguments): then ``--agent`` must name a factory, which only the user knows.
     """
-    module_name, sep, qualname = spec.partition(":")
-    if not sep or not module_name or not qualname:
-        raise ConfigurationError(f"an agent is named 'module:Class' (for example qitos.demo:NotesAgent), got {spec!r}")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import agent module {module_name!r}: {exc}") from exc
-    for part in qualname.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigurationError(f"module {module_name!r} has no {qualname!r}") from None
-    if isinstance(target, type):
-        if not issubclass(target, AgentModule):
-            raise ConfigurationError(f"{spec} is a class but not an AgentModule subclass")
-        return target
-    if callable(target):
-        return target  # type: ignore[no-any-return]
-    raise ConfigurationError(f"{spec} is neither an AgentModule class nor a factory")
+    root = delegation_root(store, session_id)
+    head = store.get_session_head(root)
+    meta = (head.metadata if head is not None else None) or {}
+    if "agent_ref" in meta and not meta["agent_ref"]:
+        return None
+    argv = ["qitos", "sessions", "resume", root, "--db", db]
+    options = meta.get(CLI_OPTIONS)
+    if isinstance(options, Mapping):
+        for key, flag in _RESUME_FLAGS:
+            if options.get(key) is not None:
+                argv += [flag, str(options[key])]
+        if options.get("compact"):
+            argv.append("--compact")
+    return argv
+
+
+def how_it_continues(store: CheckpointStore, session_id: str, db: str) -> str:
+    """What continues ``session_id`` after an answer or steering, for people: a fleet's workers
+    continue their sessions by themselves; otherwise the :func:`resume_argv` command (runnable as
+    printed), or, when the record cannot rebuild the agent, the command with ``--agent`` to fill in."""
+    root_id = delegation_root(store, session_id)
+    root = store.get_session_head(root_id)
+    queue = fleet_queue(root.metadata if root is not None else None)
+    if queue is not None:
+        return f"a fleet worker on queue {queue!r} continues the session"
+    argv = resume_argv(store, session_id, db)
+    if argv is None:
+        command = shlex.join(["qitos", "sessions", "resume", root_id, "--db", db, "--agent", "FACTORY"])
+        return f"resume it with {command}, naming a zero-argument factory of its agent (its record cannot rebuild it)"
+    return f"run: {shlex.join(argv)}"
 
 
 def inspection_to_dict(inspection: Any) -> dict[str, Any]:
@@ -358,6 +380,16 @@ def inspection_to_dict(inspection: Any) -> dict[str, Any]:
             else {"step_id": batch.step_id, "calls": [to_jsonable(c) for c in batch.calls]},
         }
     )
+
+
+def _traced_run_ids(logdir: str) -> set[str]:
+    ids = set()
+    for trace in list_runs(logdir):
+        try:
+            ids.add(trace.run_id)
+        except TraceError:
+            continue
+    return ids
 
 
 def _chain_integrity(store: CheckpointStore, snapshot_id: str) -> str:
@@ -398,11 +430,11 @@ def lineage(
     def node(sid: str) -> dict[str, Any]:
         budget[0] -= 1
         head = records[sid]
-        row = session_summary(head)
+        row = session_summary(head, store)
         kids = sorted(children.get(sid, []), key=lambda c: (records[c].metadata or {}).get("created_at") or "")
         return {
             "session_id": sid,
-            "lifecycle": head.lifecycle,
+            "lifecycle": row["lifecycle"],
             "snapshot_id": head.snapshot_id,
             "fork_snapshot_id": row["fork_snapshot_id"],
             "relation": _relation(head),
@@ -431,7 +463,7 @@ def _relation(head: SessionHeadRecord) -> str | None:
     return None
 
 
-def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:
+def session_detail(store: CheckpointStore, session_id: str, *, logdir: str | None = None) -> dict[str, Any]:
     """A session page: summary, its inspection, snapshot ids, the fork lineage and the run ids
     recorded in its snapshots.
 
@@ -460,7 +492,7 @@ def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:
                 runs.append(run_id)
     return _shown(
         {
-            "session": session_summary(head),
+            "session": session_summary(head, store),
             "inspection": inspection,
             "inspection_error": error,
             "integrity": integrity,
@@ -468,5 +500,6 @@ def session_detail(store: CheckpointStore, session_id: str) -> dict[str, Any]:
             "snapshot_count": len(snapshot_ids),
             "lineage": lineage(store, session_id, heads=heads),
             "runs": runs,
+            "traced_runs": None if logdir is None else [r for r in runs if r in _traced_run_ids(logdir)],
         }
     )

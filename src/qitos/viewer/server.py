@@ -4,25 +4,45 @@ It serves the hand-written static app (``qitos/viewer/static``: no CDN, no build
 fetched from the network) and a read-only JSON API over the trace reader and the checkpoint store:
 
 ======================================  =====================================================
-``GET /api/runs``                       the runs board (``{"logdir", "runs": [summary...]}``)
+``GET /api/runs``                       the runs board (``{"logdir", "runs": [summary...], "demo_command"}``)
 ``GET /api/runs/<id>``                  ``{"run": summary, "manifest", "steps": [...]}``
 ``GET /api/runs/<id>/events?after=N``   ``{"events": [...], "next": n}`` (poll with ``after``)
 ``GET /api/runs/<id>/steps/<n>/request`` one step's request: messages sent, reply, failed attempts
 ``GET /api/sessions``                   ``{"db", "available", "sessions": [summary...]}``
 ``GET /api/sessions/<id>``              inspection, snapshot ids, fork lineage with integrity
+``GET /api/sessions/<id>/steps/<n>/request`` a session's model step: messages sent, reply
+``GET /api/evals``                      the evals in the session store, newest first
+``GET /api/evals/<eval>``               one eval: report, histograms, metadata groups, samples
+``GET /api/evals/<a>/compare/<b>``      two evals compared (``?allow_different_datasets=1``)
+``POST /api/sessions/<id>/<action>``    approve / reject (``call_id``, ``reason``), steer (``text``),
+                                        pause, resume (see :mod:`qitos.viewer._controls`)
 ======================================  =====================================================
 
-Shapes are documented in :mod:`qitos.viewer.data`. Errors are ``{"error": message}`` with 404
-(not found), 400 (bad request) or 500. Requests whose ``Host`` is not this loopback address are
-refused (a guard against DNS rebinding), every response forbids framing and sniffing, and the
-page's Content-Security-Policy allows only its own script and style.
+Shapes are documented in :mod:`qitos.viewer.data` (the eval pages' in :mod:`qitos.viewer._evals`).
+Errors are ``{"error": message}`` with 404 (not found), 400 (bad request), 403 (refused), 409 (the
+action does not apply now; ``command`` may say what to run), 413, 415 or 500. Requests whose
+``Host`` is not this loopback address are refused (a guard against DNS rebinding), every response
+forbids framing and sniffing, and the page's Content-Security-Policy allows only its own script
+and style.
+
+The controls change sessions, so a POST must show it comes from the viewer's own page, opened at
+the address ``qitos trace serve`` prints: that address carries a token made at each start
+(:attr:`ViewerServer.control_url`), which the page keeps for its tab and sends in the
+``X-Qitos-Token`` header. A POST is refused unless its token matches, its ``Origin`` (and
+``Sec-Fetch-Site``, when the browser sends them) is the viewer itself and its body is JSON
+(``Content-Type: application/json``). A page on another origin can neither read the token nor
+send that header or content type without a CORS preflight, which the viewer never grants.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
+import secrets
+import shlex
 import threading
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -34,6 +54,8 @@ from qitos.checkpoint.targets import describe_target, open_store, store_exists
 from qitos.core.errors import QitosError, UsageError
 from qitos.core.redaction import Redactor
 from qitos.trace.reader import TraceError
+from qitos.viewer._controls import ConflictError, Controls
+from qitos.viewer._evals import eval_api, session_request
 from qitos.viewer.data import (
     NotFoundError,
     find_run,
@@ -56,11 +78,15 @@ _STATIC = {
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/app.css": ("app.css", "text/css; charset=utf-8"),
 }
-_ERRORS_SHOWN = Redactor()
+_SHOWN = Redactor()
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+
+
+_MAX_BODY = 64 * 1024
+TOKEN_HEADER = "X-Qitos-Token"
 
 
 class ViewerServer:
@@ -72,6 +98,9 @@ class ViewerServer:
         port: the TCP port on 127.0.0.1; 0 picks a free one (read it back from :attr:`port`).
     """
 
+    token: str
+    """This start's control token (in :attr:`control_url`); a new one each time a viewer starts."""
+
     def __init__(self, logdir: str = "./runs", *, db: str | None = None, port: int = DEFAULT_PORT) -> None:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise UsageError(f"port must be an int between 0 and 65535, got {port!r}")
@@ -80,6 +109,8 @@ class ViewerServer:
         self._store: CheckpointStore | None = None
         self._store_lock = threading.Lock()
         self._static: dict[str, bytes] = {}
+        self.token = secrets.token_urlsafe(24)
+        self.controls = Controls(db=db, logdir=logdir) if db else None
         handler = type("ViewerHandler", (_Handler,), {"viewer": self})
         try:
             self.httpd = ThreadingHTTPServer((HOST, port), handler)
@@ -95,8 +126,13 @@ class ViewerServer:
 
     @property
     def url(self) -> str:
-        """The viewer's address."""
+        """The viewer's address (read-only: the controls need :attr:`control_url`)."""
         return f"http://{HOST}:{self.port}/"
+
+    @property
+    def control_url(self) -> str:
+        """The address with this start's token: the page opened here can approve, steer, pause, resume."""
+        return f"{self.url}?token={self.token}"
 
     def serve_forever(self) -> None:
         """Serve until :meth:`shutdown` (or KeyboardInterrupt) in this thread."""
@@ -119,6 +155,8 @@ class ViewerServer:
             if self._store is not None:
                 self._store.close()
                 self._store = None
+        if self.controls is not None:
+            self.controls.close()
 
     def __enter__(self) -> ViewerServer:
         return self.start()
@@ -147,7 +185,15 @@ class ViewerServer:
         """Answer one API path (without the ``/api`` prefix); raises NotFoundError or UsageError."""
         parts = [unquote(p) for p in path.strip("/").split("/") if p]
         if parts == ["runs"]:
-            return {"logdir": os.path.abspath(self.logdir), "runs": runs_board(self.logdir)}
+            # The command an empty board suggests, runnable as shown: it traces to this board's directory.
+            demo = ["qitos", "demo", "--policy", "scripted", "--trace-dir", os.path.abspath(self.logdir)]
+            if self.db:
+                demo += ["--db", self.db]
+            return {
+                "logdir": os.path.abspath(self.logdir),
+                "runs": runs_board(self.logdir),
+                "demo_command": shlex.join(demo),
+            }
         if len(parts) == 2 and parts[0] == "runs":
             return run_detail(find_run(self.logdir, parts[1]))
         if len(parts) == 3 and parts[0] == "runs" and parts[2] == "events":
@@ -161,18 +207,40 @@ class ViewerServer:
             return run_request(find_run(self.logdir, parts[1]), int(parts[3]))
         if parts == ["sessions"]:
             store = self.store()
-            sessions = [session_summary(h) for h in store.list_sessions()] if store is not None else []
+            sessions = [session_summary(h, store) for h in store.list_sessions()] if store is not None else []
             return {
                 "db": describe_target(self.db) if self.db else None,
                 "available": store is not None,
                 "sessions": sessions,
             }
+        if parts and parts[0] == "evals":
+            return eval_api(self.store(), parts[1:], query, db=describe_target(self.db) if self.db else None)
+        if len(parts) == 5 and parts[0] == "sessions" and parts[2] == "steps" and parts[4] == "request":
+            if not parts[3].isdigit():
+                raise UsageError(f"a step id is a non-negative integer, got {parts[3]!r}")
+            store = self.store()
+            if store is None:
+                raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+            return session_request(store, parts[1], int(parts[3]))
         if len(parts) == 2 and parts[0] == "sessions":
             store = self.store()
             if store is None:
                 raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
-            return session_detail(store, parts[1])
+            return session_detail(store, parts[1], logdir=self.logdir)
         raise NotFoundError(f"no API endpoint /api/{'/'.join(parts)}")
+
+    def act(self, path: str, body: Any) -> Any:
+        """Do one control action, ``/sessions/<id>/<action>`` (without ``/api``), with a checked request."""
+        parts = [unquote(p) for p in path.strip("/").split("/") if p]
+        if len(parts) != 3 or parts[0] != "sessions":
+            raise NotFoundError(f"no API endpoint /api/{'/'.join(parts)} for POST")
+        if not isinstance(body, dict):
+            raise UsageError("the request body must be a JSON object")
+        store = self.store()
+        if store is None or self.controls is None:
+            raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+        # Shown in the page, so redacted like every view (a URL password in a resume command).
+        return _SHOWN.redact_value(self.controls.act(store, parts[1], parts[2], body))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -200,8 +268,62 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, self.viewer.static_file(name), content_type)
 
     def do_HEAD(self) -> None:
-        """Refuse HEAD politely (the viewer is GET-only)."""
-        self._send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "use GET"})
+        """Refuse HEAD politely (pages and data are GET; controls are POST)."""
+        self._send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "use GET (or POST for a control)"})
+
+    def do_POST(self) -> None:
+        """A control action, from the viewer's own page only (see the module docstring)."""
+        if not self._host_allowed():
+            self._send_json(HTTPStatus.FORBIDDEN, {"error": "the viewer only answers requests for its own address"})
+            return
+        refusal = self._refusal()
+        if refusal is not None:
+            status, message = refusal
+            self._send_json(status, {"error": message})
+            return
+        path = urlsplit(self.path).path
+        if not path.startswith("/api/"):
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {path}"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or "0")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _MAX_BODY:
+            self._send_json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a body of 0 to {_MAX_BODY} bytes"})
+            return
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": "the request body is not JSON"})
+            return
+        self._api_call(lambda: self.viewer.act(path[len("/api") :], body))
+
+    def _refusal(self) -> tuple[HTTPStatus, str] | None:
+        """Why a POST is not from the viewer's own page, or None when it is."""
+        own = self._own_origins()
+        origin = self.headers.get("Origin")
+        if origin is not None and origin.lower() not in own:
+            return HTTPStatus.FORBIDDEN, f"a control request from {origin} is refused: only the viewer's page may act"
+        site = self.headers.get("Sec-Fetch-Site")
+        if site is not None and site not in ("same-origin", "none"):
+            return HTTPStatus.FORBIDDEN, f"a {site} control request is refused: only the viewer's page may act"
+        token = self.headers.get(TOKEN_HEADER) or ""
+        if not hmac.compare_digest(token.encode(), self.viewer.token.encode()):
+            return HTTPStatus.FORBIDDEN, (
+                "the control token is missing or wrong: open the viewer at the address qitos trace serve printed"
+            )
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            return (
+                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                "a control request's body is JSON (Content-Type: application/json)",
+            )
+        return None
+
+    def _own_origins(self) -> set[str]:
+        port = self.viewer.port
+        return {f"http://{HOST}:{port}", f"http://localhost:{port}"}
 
     def _host_allowed(self) -> bool:
         host = (self.headers.get("Host") or "").strip().lower()
@@ -209,10 +331,15 @@ class _Handler(BaseHTTPRequestHandler):
         return host in (f"{HOST}:{port}", f"localhost:{port}") or (port == 80 and host in (HOST, "localhost"))
 
     def _api(self, path: str, query: dict[str, list[str]]) -> None:
+        self._api_call(lambda: self.viewer.api(path, query))
+
+    def _api_call(self, answer: Callable[[], Any]) -> None:
         try:
-            payload = self.viewer.api(path, query)
+            payload = answer()
         except NotFoundError as exc:
             self._send_json(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+        except ConflictError as exc:
+            self._send_json(HTTPStatus.CONFLICT, {"error": str(exc), "command": exc.command})
         except UsageError as exc:
             self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         except (QitosError, TraceError, OSError) as exc:
@@ -222,7 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, status: HTTPStatus, payload: Any) -> None:
         if status != HTTPStatus.OK:  # an error message may quote what it failed on (views redact themselves)
-            payload = _ERRORS_SHOWN.redact_value(payload)
+            payload = _SHOWN.redact_value(payload)
         body = json.dumps(payload, ensure_ascii=False, default=repr).encode("utf-8")
         self._send(status, body, "application/json; charset=utf-8")
 

@@ -1,4 +1,4 @@
-"""``MCPToolset``: the tools of a Model Context Protocol server as qitos ToolSpecs (extra ``qitos[mcp]``).
+"""``MCPToolset``: the tools of a Model Context Protocol server as qitos ToolSpecs (extra ``qitos-kernel[mcp]``).
 
 Uses the official ``mcp`` SDK (2.x, ``mcp.Client``). Connect to a server launched as a subprocess
 over stdio, or to a streamable-HTTP endpoint::
@@ -32,12 +32,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from qitos.core._install import install_command
 from qitos.core.errors import ConfigurationError, RunError
 from qitos.core.tool import DEFAULT_MAX_OUTPUT_CHARS, ToolSpec
 
 __all__ = ["MCPConnectionError", "MCPToolError", "MCPToolset"]
-
-_INSTALL_HINT = "MCPToolset needs the mcp SDK: pip install 'qitos[mcp]'"
 
 
 class MCPConnectionError(RunError):
@@ -53,7 +52,7 @@ def _import_mcp() -> Any:
         import mcp
         import mcp.client.stdio
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError(_INSTALL_HINT) from exc
+        raise ImportError(f"MCPToolset needs the mcp SDK: {install_command('mcp')}") from exc
     return mcp
 
 

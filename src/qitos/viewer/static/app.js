@@ -10,6 +10,21 @@
   const POLL_LIVE_MS = 1200;
   const OUTPUT_PREVIEW = 1500;
 
+  // The controls' token: given once in the address qitos trace serve prints (?token=...), kept for
+  // this tab only, and taken out of the address bar so that it is not copied along with a link.
+  const TOKEN_KEY = "qitos-control-token";
+  (function takeToken() {
+    const params = new URLSearchParams(location.search);
+    const given = params.get("token");
+    if (given) {
+      sessionStorage.setItem(TOKEN_KEY, given);
+      params.delete("token");
+      const rest = params.toString();
+      history.replaceState(null, "", location.pathname + (rest ? `?${rest}` : "") + location.hash);
+    }
+  })();
+  const controlToken = () => sessionStorage.getItem(TOKEN_KEY);
+
   // ------------------------------------------------------------------ helpers
 
   function el(tag, attrs, ...children) {
@@ -128,6 +143,23 @@
     return data;
   }
 
+  // One control action: POST JSON with the token; the answer (or the refusal) as an object.
+  async function act(sessionId, action, body) {
+    const response = await fetch(`/api/sessions/${encodeURIComponent(sessionId)}/${action}`, {
+      method: "POST",
+      cache: "no-store",
+      headers: { "Content-Type": "application/json", Accept: "application/json", "X-Qitos-Token": controlToken() || "" },
+      body: JSON.stringify(body || {}),
+    });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (e) {
+      data = { error: `${response.status} ${response.statusText}` };
+    }
+    return { ok: response.ok, status: response.status, data };
+  }
+
   function showError(error) {
     clear(app);
     app.appendChild(
@@ -165,6 +197,11 @@
     if (parts[0] === "runs" && parts.length === 5 && parts[2] === "steps" && parts[4] === "request")
       return requestPage(token, parts[1], Number(parts[3]));
     if (parts[0] === "sessions" && parts.length === 2) return sessionPage(token, parts[1]);
+    if (parts[0] === "sessions" && parts.length === 5 && parts[2] === "steps" && parts[4] === "request")
+      return sessionRequestPage(token, parts[1], Number(parts[3]));
+    if (parts[0] === "evals" && parts.length === 1) return evalsPage(token);
+    if (parts[0] === "evals" && parts.length === 2) return evalPage(token, parts[1]);
+    if (parts[0] === "evals" && parts.length === 4 && parts[2] === "compare") return comparePage(token, parts[1], parts[3]);
     showError({ status: 404, message: `no page ${hash}` });
   }
 
@@ -263,7 +300,7 @@
         .filter((r) => matches(r, ["run_id", "task", "agent", "stop_reason", "status"]))
         .sort((a, b) => compare(a, b, board.sortKey, board.sortDir));
       if (!data.runs.runs.length) {
-        runsBox.appendChild(el("p", { class: "muted", text: `No runs in ${data.runs.logdir} yet. Run "qitos demo" to make one.` }));
+        runsBox.appendChild(el("p", { class: "muted", text: `No runs in ${data.runs.logdir} yet. Make one with: ${data.runs.demo_command}` }));
         return;
       }
       runsBox.appendChild(
@@ -299,7 +336,7 @@
       clear(sessionsBox);
       if (!data.sessions) return;
       if (!data.sessions.available) {
-        sessionsBox.appendChild(el("p", { class: "muted", text: data.sessions.db ? `No session store at ${data.sessions.db}.` : "No session store configured (qitos trace serve --db PATH)." }));
+        sessionsBox.appendChild(el("p", { class: "muted", text: data.sessions.db ? `No session store at ${data.sessions.db}.` : "No session store configured: start the viewer with --db naming one." }));
         return;
       }
       const rows = data.sessions.sessions
@@ -877,16 +914,103 @@
     );
   }
 
+  const ENDED = new Set(["completed", "stopped", "failed"]);
+  const lastAnswer = new Map(); // session id -> the last control answer shown on its page
+
+  // Approve / reject the calls awaiting approval (also a delegated child's, answered through this
+  // session), steer, pause and resume. Each answer is shown under the buttons and the page reloads.
+  function controlsCard(s, ins, reload) {
+    const card = el("section", { class: "card controls", id: "controls" }, el("h2", { text: "Controls" }));
+    if (ENDED.has(s.lifecycle)) {
+      card.appendChild(el("p", { class: "muted small", text: `This session has ended (${s.lifecycle}); fork it to go on.` }));
+      return card;
+    }
+    if (!controlToken()) {
+      card.appendChild(el("p", { class: "notice", text: "The controls need the address qitos trace serve printed (it carries this start's token): open the viewer there." }));
+      return card;
+    }
+    const answer = el("p", { class: "small", id: "control-answer", role: "status" });
+    const shown = lastAnswer.get(s.session_id);
+    if (shown) {
+      answer.textContent = shown.text;
+      answer.className = shown.ok ? "small ok" : "small error";
+    }
+    const run = async (action, body, button) => {
+      if (button) button.disabled = true;
+      const result = await act(s.session_id, action, body);
+      const data = result.data || {};
+      let text;
+      if (!result.ok) text = `${action} refused: ${data.error || result.status}` + (data.command ? ` · ${data.command}` : "");
+      else if (action === "resume") text = `resumed in a new process (pid ${data.pid}): ${data.command} · output: ${data.log}`;
+      else text = `${action}: done` + (data.receipt && data.receipt.position !== undefined ? ` at position ${data.receipt.position}` : "") + (data.next ? ` · then ${data.next}` : "");
+      lastAnswer.set(s.session_id, { ok: result.ok, text });
+      reload(true);
+    };
+    const waiting = ((ins && ins.tool_batch && ins.tool_batch.calls) || []).filter((c) => c.status === "awaiting_approval");
+    if (waiting.length) {
+      card.appendChild(
+        el(
+          "table",
+          { class: "grid approvals" },
+          el("thead", null, el("tr", null, ["call", "tool", "args", "answer"].map((h) => el("th", { text: h })))),
+          el(
+            "tbody",
+            null,
+            waiting.map((c) => {
+              const reason = el("input", { type: "text", class: "reason", placeholder: "reason (the agent reads it)", "aria-label": `reason to reject ${c.call_id}` });
+              const approve = el("button", { type: "button", class: "approve", text: "Approve" });
+              const reject = el("button", { type: "button", class: "reject", text: "Reject" });
+              approve.addEventListener("click", () => run("approve", { call_id: c.call_id }, approve));
+              reject.addEventListener("click", () => run("reject", { call_id: c.call_id, reason: reason.value || null }, reject));
+              return el(
+                "tr",
+                { dataset: { call: c.call_id } },
+                el("td", { class: "mono small", text: c.call_id }, c.session_id ? el("div", { class: "muted small", text: `in delegated ${short(c.session_id, 18)}` }) : null),
+                el("td", { class: "mono", text: c.tool }),
+                el("td", null, longText(c.args, "code small")),
+                el("td", null, approve, " ", reject, " ", reason)
+              );
+            })
+          )
+        )
+      );
+    }
+    const steerText = el("input", { type: "text", id: "steer-text", placeholder: "an instruction the agent takes in at its next boundary", "aria-label": "steering text" });
+    const steer = el("button", { type: "button", id: "steer", text: "Steer" });
+    steer.addEventListener("click", () => {
+      if (steerText.value.trim()) run("steer", { text: steerText.value }, steer);
+    });
+    const pause = el("button", { type: "button", id: "pause", text: "Pause" });
+    pause.addEventListener("click", () => run("pause", {}, pause));
+    const resume = el("button", { type: "button", id: "resume", text: "Resume", disabled: s.lifecycle === "running" });
+    resume.addEventListener("click", () => run("resume", {}, resume));
+    card.appendChild(el("div", { class: "control-row" }, steerText, steer));
+    card.appendChild(el("div", { class: "control-row" }, pause, " ", resume, el("span", { class: "muted small", text: " Resume runs qitos sessions resume in a new process (the viewer itself never imports the agent)." })));
+    card.appendChild(answer);
+    return card;
+  }
+
   function sessionPage(token, sessionId) {
     clear(app);
     app.appendChild(el("p", { class: "muted", text: "Loading session…" }));
-    const load = async () => {
+    let watchUntil = 0; // after a control action, follow the session for a while (a resumed run starts)
+    const load = async (afterAction) => {
+      if (afterAction === true) {
+        watchUntil = Date.now() + 30000;
+        stopPolling();
+      }
       try {
         const d = await api(`/sessions/${encodeURIComponent(sessionId)}`);
         if (token !== routeToken) return;
         clear(app);
         const s = d.session;
         const ins = d.inspection;
+        // A run links to its page only when its trace is in this viewer's trace directory.
+        const traced = new Set(d.traced_runs || []);
+        const runRef = (runId, n) =>
+          traced.has(runId)
+            ? el("a", { href: `#/runs/${encodeURIComponent(runId)}`, class: "mono", text: n ? short(runId, n) : runId })
+            : el("span", { class: "mono muted", text: n ? short(runId, n) : runId || "–", title: "no trace of this run in the viewer's trace directory" });
         app.appendChild(el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / session"));
         app.appendChild(el("div", { class: "title-row" }, el("h1", { class: "mono", text: s.session_id }), badge(s.lifecycle), badge(d.integrity === "verified" ? "verified" : "corrupt", d.integrity === "verified" ? "b-completed" : "b-failed")));
         app.appendChild(
@@ -905,6 +1029,7 @@
             d.inspection_error ? el("p", { class: "notice", text: `Inspection unavailable: ${d.inspection_error}` }) : null
           )
         );
+        app.appendChild(controlsCard(s, ins, load));
         app.appendChild(section("Lineage", el("ul", { class: "tree" }, lineageNode(d.lineage))));
         if (ins) {
           const budget = ins.budget || {};
@@ -928,7 +1053,7 @@
                   el("thead", null, el("tr", null, ["call", "tool", "args", "status", "error"].map((h) => el("th", { text: h })))),
                   el("tbody", null, ins.tool_batch.calls.map((c) => el("tr", null, el("td", { class: "mono small", text: c.call_id }), el("td", { class: "mono", text: c.tool }), el("td", null, longText(c.args, "code small")), el("td", null, badge(c.status)), el("td", { class: "error small", text: c.error || "" }))))
                 ),
-                ins.tool_batch.calls.some((c) => c.status === "awaiting_approval") ? el("p", { class: "small muted", text: `Approve or reject with: qitos sessions approve ${s.session_id} CALL_ID` }) : null
+                ins.tool_batch.calls.some((c) => c.status === "awaiting_approval") ? el("p", { class: "small muted", text: "Answer the calls awaiting approval under Controls above." }) : null
               )
             );
           }
@@ -950,7 +1075,7 @@
                           null,
                           el("td", { class: "mono", text: w.work_item }),
                           el("td", null, w.mode ? badge(w.mode, "b-mode") : "–"),
-                          el("td", null, (w.attempts || []).map((a) => el("div", { class: "small" }, badge(a.outcome), " ", el("a", { href: `#/runs/${encodeURIComponent(a.run_id || "")}`, class: "mono", text: short(a.run_id, 16) }), " ", el("span", { class: "mono muted", text: short(a.snapshot_id, 14), title: a.snapshot_id })))),
+                          el("td", null, (w.attempts || []).map((a) => el("div", { class: "small" }, badge(a.outcome), " ", runRef(a.run_id, 16), " ", el("span", { class: "mono muted", text: short(a.snapshot_id, 14), title: a.snapshot_id })))),
                           el("td", null, (w.tool_calls || []).map((c) => el("div", { class: "small" }, el("span", { class: "mono", text: c.tool }), " ", badge(c.outcome, c.outcome === "ok" ? "b-completed" : "b-failed"))))
                         )
                       )
@@ -972,8 +1097,8 @@
             d.snapshot_count > d.snapshots.length ? el("p", { class: "muted small", text: `… and ${d.snapshot_count - d.snapshots.length} older` }) : null
           )
         );
-        if (d.runs.length) app.appendChild(section("Runs", el("ul", null, d.runs.map((r) => el("li", null, el("a", { href: `#/runs/${encodeURIComponent(r)}`, class: "mono", text: r }))))));
-        const live = s.lifecycle === "running";
+        if (d.runs.length) app.appendChild(section("Runs", el("ul", null, d.runs.map((r) => el("li", null, runRef(r))))));
+        const live = s.lifecycle === "running" || Date.now() < watchUntil;
         if (live) schedule(token, load, POLL_LIVE_MS, true);
         else liveBadge.hidden = true;
       } catch (error) {
@@ -981,6 +1106,363 @@
       }
     };
     load();
+  }
+
+  // ------------------------------------------------------------------ eval pages
+
+  function fmtScore(v) {
+    if (v === null || v === undefined) return "–";
+    if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toFixed(3);
+    return String(v);
+  }
+
+  function fmtCi(ci) {
+    return ci ? `[${fmtScore(ci[0])}, ${fmtScore(ci[1])}]` : "–";
+  }
+
+  function scoreCell(entry) {
+    if (!entry) return el("td", { class: "muted", text: "–" });
+    if (entry.error) return el("td", { class: "error small", title: entry.error, text: "error" });
+    const v = entry.value;
+    const cls = v === true || v === 1 || v === "C" ? "pass" : v === false || v === 0 || v === "I" ? "fail" : null;
+    return el("td", { class: cls ? `score ${cls}` : "score", text: fmtScore(v) });
+  }
+
+  function sessionLink(sessionId, n) {
+    return el("a", { href: `#/sessions/${encodeURIComponent(sessionId)}`, class: "mono", text: short(sessionId, n || 18) });
+  }
+
+  function evalsPage(token) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading evals…" }));
+    const load = async () => {
+      try {
+        const data = await api("/evals");
+        if (token !== routeToken) return;
+        clear(app);
+        const box = el("div", { class: "table-wrap", id: "evals-table" });
+        app.appendChild(el("div", null, el("div", { class: "toolbar" }, el("h1", { text: "Evals" })), el("p", { class: "muted small", text: data.db ? `Store: ${data.db}` : "" }), el("section", { class: "card" }, box)));
+        if (!data.available) {
+          box.appendChild(el("p", { class: "muted", text: data.db ? `No session store at ${data.db}.` : "No session store configured: start the viewer with --db naming one." }));
+          return;
+        }
+        if (!data.evals.length) {
+          box.appendChild(el("p", { class: "muted", text: "No evals in this store yet (qitos eval run ... --db naming it)." }));
+          return;
+        }
+        box.appendChild(
+          el(
+            "table",
+            { class: "grid" },
+            el("thead", null, el("tr", null, ["Eval", "Status", "Dataset", "Agent", "Model", "Samples", "Scores", "Created"].map((h) => el("th", { text: h })))),
+            el(
+              "tbody",
+              null,
+              data.evals.map((e) =>
+                el(
+                  "tr",
+                  { dataset: { eval: e.name } },
+                  el("td", null, el("a", { href: `#/evals/${encodeURIComponent(e.name)}`, text: e.name })),
+                  el("td", null, badge(e.status)),
+                  el("td", { text: e.dataset || "–" }),
+                  el("td", { class: "mono small", text: e.agent || "–" }),
+                  el("td", { class: "mono small", text: e.model || "–" }),
+                  el("td", { class: "num done", text: `${e.done}/${e.total}` }),
+                  el("td", { class: "small" }, Object.entries(e.scorers).map(([k, m]) => el("div", { text: `${k} ${fmtScore(m.mean)} ${fmtCi(m.ci95)}` }))),
+                  el("td", { class: "small", text: fmtTime(e.created_at) })
+                )
+              )
+            )
+          )
+        );
+        const live = data.evals.some((e) => e.status === "running");
+        schedule(token, load, live ? POLL_LIVE_MS : POLL_BOARD_MS, live);
+      } catch (error) {
+        if (token === routeToken) showError(error);
+      }
+    };
+    load();
+  }
+
+  const evalFilters = { score: "", error: "", group: "", groupValue: "", diverged: false };
+
+  function histogram(bins) {
+    const most = Math.max(1, ...bins.map((b) => b.count));
+    return el(
+      "div",
+      { class: "hist" },
+      bins.map((b) =>
+        el(
+          "div",
+          { class: "hist-row", dataset: { label: b.label } },
+          el("span", { class: "hist-label small", text: b.label }),
+          el("span", { class: "hist-bar", style: { width: `${Math.round((b.count / most) * 100)}%` } }),
+          el("span", { class: "hist-count small", text: fmtNumber(b.count) })
+        )
+      )
+    );
+  }
+
+  function evalPage(token, ref) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading eval…" }));
+    let others = [];
+    const load = async () => {
+      try {
+        const [data, list] = await Promise.all([api(`/evals/${encodeURIComponent(ref)}`), others.length ? Promise.resolve(null) : api("/evals")]);
+        if (token !== routeToken) return;
+        if (list) others = list.evals.filter((e) => e.name !== data.eval.name);
+        render(data);
+        const live = data.eval.status === "running";
+        schedule(token, load, live ? POLL_LIVE_MS : POLL_BOARD_MS * 2, live);
+      } catch (error) {
+        if (token === routeToken) showError(error);
+      }
+    };
+    const render = (data) => {
+      const ev = data.eval;
+      const scorers = Object.keys(ev.metrics);
+      clear(app);
+      const scoreTable = el(
+        "table",
+        { class: "grid", id: "score-table" },
+        el("thead", null, el("tr", null, ["Scorer", "Mean", "Std. error", "95% CI", "n", "Errors", "Reducer"].map((h) => el("th", { text: h })))),
+        el(
+          "tbody",
+          null,
+          scorers.map((k) => {
+            const m = ev.metrics[k];
+            return el("tr", { dataset: { scorer: k } }, el("td", { text: k }), el("td", { class: "num mean", text: fmtScore(m.mean) }), el("td", { class: "num", text: fmtScore(m.stderr) }), el("td", { class: "num", text: fmtCi(m.ci95) }), el("td", { class: "num", text: fmtNumber(m.n) }), el("td", { class: "num", text: fmtNumber(m.errors) }), el("td", { text: m.reducer }));
+          })
+        )
+      );
+      const first = scorers[0];
+      const scoreSelect = el("select", { id: "score-filter", "aria-label": "score" }, [["", "any score"], ["pass", `${first || "score"} passed`], ["fail", `${first || "score"} failed`]].map(([v, t]) => el("option", { value: v, text: t })));
+      scoreSelect.value = evalFilters.score;
+      const errorSelect = el("select", { id: "error-filter", "aria-label": "errors" }, [["", "errors or not"], ["yes", "with an error"], ["no", "without an error"]].map(([v, t]) => el("option", { value: v, text: t })));
+      errorSelect.value = evalFilters.error;
+      const groupKeys = Object.keys(data.groups);
+      const groupSelect = el("select", { id: "group-filter", "aria-label": "metadata field" }, el("option", { value: "", text: "any metadata" }), groupKeys.map((k) => el("option", { value: k, text: k })));
+      groupSelect.value = evalFilters.group;
+      const valueSelect = el("select", { id: "group-value", "aria-label": "metadata value" });
+      const fillValues = () => {
+        clear(valueSelect);
+        valueSelect.appendChild(el("option", { value: "", text: "any value" }));
+        for (const v of data.groups[evalFilters.group] || []) valueSelect.appendChild(el("option", { value: v, text: v }));
+        valueSelect.value = evalFilters.groupValue;
+        valueSelect.hidden = !evalFilters.group;
+      };
+      fillValues();
+      const divergedBox = el("input", { type: "checkbox", id: "diverged-filter", checked: evalFilters.diverged });
+      const samplesBox = el("div", { class: "table-wrap", id: "samples-table" });
+      const passed = (s) => {
+        const entry = s.scores[first];
+        if (!entry || entry.error) return null;
+        return entry.value === true || entry.value === 1 || entry.value === "C";
+      };
+      const renderSamples = () => {
+        clear(samplesBox);
+        const rows = data.samples.filter((s) => {
+          if (evalFilters.score && passed(s) !== (evalFilters.score === "pass")) return false;
+          if (evalFilters.error === "yes" && !s.error) return false;
+          if (evalFilters.error === "no" && s.error) return false;
+          if (evalFilters.group && evalFilters.groupValue && String(s.metadata[evalFilters.group]) !== evalFilters.groupValue) return false;
+          if (evalFilters.diverged && !s.divergence) return false;
+          return true;
+        });
+        samplesBox.appendChild(
+          el(
+            "table",
+            { class: "grid" },
+            el("thead", null, el("tr", null, ["Sample", "Epoch", ...scorers, "Answer", "Steps", "Tokens", "Time", "Error", "Session", "Request"].map((h) => el("th", { text: h })))),
+            el(
+              "tbody",
+              null,
+              rows.map((s) =>
+                el(
+                  "tr",
+                  { class: s.divergence ? "diverged" : null, dataset: { sample: s.id, epoch: String(s.epoch) } },
+                  el("td", { class: "mono", text: s.id }),
+                  el("td", { class: "num", text: s.epoch }),
+                  scorers.map((k) => scoreCell(s.scores[k])),
+                  el("td", { class: "task", title: s.answer === null ? "" : String(s.answer), text: s.answer === null ? "–" : String(s.answer) }),
+                  el("td", { class: "num", text: fmtNumber(s.steps) }),
+                  el("td", { class: "num", text: fmtNumber(s.total_tokens) }),
+                  el("td", { class: "num", text: fmtDuration(s.wall_seconds) }),
+                  el("td", { class: "error small", text: s.error || "" }, s.divergence ? el("div", { class: "muted", text: `diverged at step ${s.divergence.step}: ${Object.keys(s.divergence.diff || {}).join(", ") || "the request"} changed` }) : null),
+                  el("td", null, sessionLink(s.session_id)),
+                  el("td", null, el("a", { class: "request-link", href: `#/sessions/${encodeURIComponent(s.session_id)}/steps/${s.request_step}/request`, text: `step ${s.request_step}` }))
+                )
+              )
+            )
+          )
+        );
+        samplesBox.appendChild(el("p", { class: "muted small", id: "samples-count", text: `${rows.length} of ${data.samples.length} sample x epoch rows` }));
+      };
+      const onChange = () => {
+        evalFilters.score = scoreSelect.value;
+        evalFilters.error = errorSelect.value;
+        if (evalFilters.group !== groupSelect.value) evalFilters.groupValue = "";
+        evalFilters.group = groupSelect.value;
+        evalFilters.groupValue = evalFilters.group ? valueSelect.value : "";
+        evalFilters.diverged = divergedBox.checked;
+        fillValues();
+        renderSamples();
+      };
+      for (const control of [scoreSelect, errorSelect, groupSelect, valueSelect, divergedBox]) control.addEventListener("change", onChange);
+      const compareSelect = el("select", { id: "compare-with", "aria-label": "compare with" }, el("option", { value: "", text: "compare with…" }), others.map((e) => el("option", { value: e.name, text: e.name })));
+      compareSelect.addEventListener("change", () => {
+        if (compareSelect.value) location.hash = `#/evals/${encodeURIComponent(compareSelect.value)}/compare/${encodeURIComponent(ev.name)}`;
+      });
+      const total = ev.total_samples * ev.epochs;
+      app.appendChild(
+        el(
+          "div",
+          null,
+          el("p", { class: "crumbs" }, el("a", { href: "#/evals", text: "Evals" }), ` / ${ev.name}`),
+          el("div", { class: "title-row" }, el("h1", { text: `Eval ${ev.name}` }), badge(ev.status), el("span", { class: "pager" }, compareSelect)),
+          section(
+            "Eval",
+            kv([
+              ["eval id", el("span", { class: "mono small", text: ev.eval_id })],
+              ["dataset", `${(ev.pins.dataset || {}).name || "–"} (${ev.total_samples} samples, digest ${short((ev.pins.dataset || {}).digest, 12)})`],
+              ["agent", el("span", { class: "mono small", text: ev.pins.agent || "–" })],
+              ["model", el("span", { class: "mono small", text: ev.model || "–" })],
+              ["progress", el("span", { id: "progress", text: `${ev.samples.length}/${total} done · ${ev.failed} failed · ${ev.retried} retried` })],
+              ["tokens", fmtNumber(ev.total_tokens)],
+              ["sample time", fmtDuration(ev.wall_seconds)],
+              ev.pins.replay ? ["replayed from", el("span", { class: "mono small", text: `${ev.pins.replay.eval_id} (on divergence: ${ev.pins.replay.on_divergence})` })] : null,
+            ])
+          ),
+          section("Scores", scoreTable),
+          section("Score histograms", el("div", { class: "columns" }, scorers.map((k) => el("div", { dataset: { histogram: k } }, el("h3", { text: k }), data.histograms[k].length ? histogram(data.histograms[k]) : el("p", { class: "muted small", text: "no scores yet" }))))),
+          section("Samples", el("div", { class: "toolbar" }, scoreSelect, errorSelect, groupSelect, valueSelect, el("label", { class: "small" }, divergedBox, " diverged only")), samplesBox)
+        )
+      );
+      renderSamples();
+    };
+    load();
+  }
+
+  function comparePage(token, a, bAndQuery) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Comparing…" }));
+    const [b, query] = bAndQuery.split("?");
+    const allow = new URLSearchParams(query || "").get("allow") === "1";
+    const base = `/evals/${encodeURIComponent(a)}/compare/${encodeURIComponent(b)}`;
+    api(base + (allow ? "?allow_different_datasets=1" : ""))
+      .then((data) => {
+        if (token !== routeToken) return;
+        clear(app);
+        const c = data.comparison;
+        const scorers = Object.keys(c.scorers);
+        const flipLink = (f) =>
+          el("li", { class: `flip ${f.kind}`, dataset: { sample: f.id } }, el("span", { class: "mono", text: f.id }), ` ${f.kind === "pass_to_fail" ? "pass → fail" : "fail → pass"} (${f.scorer}) · A `, f.a_sessions.map((sid) => sessionLink(sid, 14)), " · B ", f.b_sessions.map((sid) => sessionLink(sid, 14)));
+        const flips = [];
+        for (const k of scorers) for (const kind of ["pass_to_fail", "fail_to_pass"]) for (const f of c.scorers[k].flips[kind]) flips.push({ ...f, kind, scorer: k });
+        app.appendChild(
+          el(
+            "div",
+            null,
+            el("p", { class: "crumbs" }, el("a", { href: "#/evals", text: "Evals" }), " / ", el("a", { href: `#/evals/${encodeURIComponent(c.a.name)}`, text: c.a.name }), " vs ", el("a", { href: `#/evals/${encodeURIComponent(c.b.name)}`, text: c.b.name })),
+            el("h1", { text: `${c.b.name} (B) against ${c.a.name} (A)` }),
+            c.same_dataset ? null : el("p", { class: "notice", text: `Different datasets: only the ${c.paired.length} samples both have are paired.` }),
+            section(
+              "Paired statistics",
+              el(
+                "table",
+                { class: "grid", id: "paired-table" },
+                el("thead", null, el("tr", null, ["Scorer", "n", "A", "B", "B − A", "95% CI (paired bootstrap)", "McNemar p", "pass → fail", "fail → pass"].map((h) => el("th", { text: h })))),
+                el(
+                  "tbody",
+                  null,
+                  scorers.map((k) => {
+                    const s = c.scorers[k];
+                    return el("tr", { dataset: { scorer: k } }, el("td", { text: k }), el("td", { class: "num", text: fmtNumber(s.n) }), el("td", { class: "num", text: fmtScore(s.mean_a) }), el("td", { class: "num", text: fmtScore(s.mean_b) }), el("td", { class: "num difference", text: s.difference === null ? "–" : (s.difference >= 0 ? "+" : "") + fmtScore(s.difference) }), el("td", { class: "num", text: fmtCi(s.ci95) }), el("td", { class: "num p-value", text: s.mcnemar ? s.mcnemar.p_value.toPrecision(4) : "–" }), el("td", { class: "num", text: s.mcnemar ? String(s.mcnemar.a_only) : "–" }), el("td", { class: "num", text: s.mcnemar ? String(s.mcnemar.b_only) : "–" }));
+                  })
+                )
+              ),
+              kv([
+                ["tokens", `A ${fmtNumber(c.tokens.a)} · B ${fmtNumber(c.tokens.b)} · B − A ${fmtNumber(c.tokens.difference)}`],
+                ["sample time", `A ${fmtDuration(c.wall_seconds.a)} · B ${fmtDuration(c.wall_seconds.b)}`],
+                c.only_a.length ? ["only in A", c.only_a.join(", ")] : null,
+                c.only_b.length ? ["only in B", c.only_b.join(", ")] : null,
+              ])
+            ),
+            section(`Flips (${flips.length})`, flips.length ? el("ul", { class: "flips", id: "flips" }, flips.map(flipLink)) : el("p", { class: "muted", text: "No sample flipped." })),
+            section(
+              "Samples side by side",
+              el(
+                "table",
+                { class: "grid", id: "side-by-side" },
+                el("thead", null, el("tr", null, ["Sample", ...scorers.map((k) => `A ${k}`), ...scorers.map((k) => `B ${k}`), "A answer", "B answer"].map((h) => el("th", { text: h })))),
+                el(
+                  "tbody",
+                  null,
+                  data.rows.map((r) => {
+                    const kinds = Object.values(r.flip);
+                    const cls = kinds.includes("pass_to_fail") ? "flip pass_to_fail" : kinds.includes("fail_to_pass") ? "flip fail_to_pass" : null;
+                    const one = (runs, k) => scoreCell(runs.length ? runs[0].scores[k] : null);
+                    return el("tr", { class: cls, dataset: { sample: r.id } }, el("td", { class: "mono", text: r.id }), scorers.map((k) => one(r.a, k)), scorers.map((k) => one(r.b, k)), el("td", { class: "task", text: r.a.length ? String(r.a[0].answer ?? "–") : "(not in A)" }), el("td", { class: "task", text: r.b.length ? String(r.b[0].answer ?? "–") : "(not in B)" }));
+                  })
+                )
+              )
+            )
+          )
+        );
+      })
+      .catch((error) => {
+        if (token !== routeToken) return;
+        if (error.status === 400 && /different datasets/.test(error.message) && !allow) {
+          clear(app);
+          app.appendChild(el("div", { class: "card error-card" }, el("h1", { text: "Different datasets" }), el("p", { class: "error", text: error.message }), el("p", null, el("a", { id: "allow-different", href: `#/evals/${encodeURIComponent(a)}/compare/${encodeURIComponent(b)}?allow=1`, text: "Compare the shared samples anyway" }))));
+          return;
+        }
+        showError(error);
+      });
+  }
+
+  function sessionRequestPage(token, sessionId, stepId) {
+    clear(app);
+    app.appendChild(el("p", { class: "muted", text: "Loading request…" }));
+    const link = `#/sessions/${encodeURIComponent(sessionId)}`;
+    api(`/sessions/${encodeURIComponent(sessionId)}/steps/${stepId}/request`)
+      .then((request) => {
+        if (token !== routeToken) return;
+        clear(app);
+        const steps = request.model_steps || [];
+        const index = steps.indexOf(stepId);
+        const prev = index > 0 ? steps[index - 1] : null;
+        const next = index >= 0 && index < steps.length - 1 ? steps[index + 1] : null;
+        const response = (request.model || {}).response || {};
+        app.appendChild(
+          el(
+            "div",
+            null,
+            el("p", { class: "crumbs" }, el("a", { href: "#/", text: "Board" }), " / ", el("a", { href: link, class: "mono", text: short(sessionId, 22) }), ` / step ${stepId} / request`),
+            el("div", { class: "title-row" }, el("h1", { text: `Request inspector · step ${stepId}` }), el("span", { class: "pager" }, prev !== null ? el("a", { href: `${link}/steps/${prev}/request`, text: `← step ${prev}` }) : null, next !== null ? el("a", { href: `${link}/steps/${next}/request`, text: `step ${next} →` }) : null))
+          )
+        );
+        if (request.request_view) app.appendChild(requestView(request.request_view));
+        app.appendChild(messagesSection(request.messages));
+        app.appendChild(
+          section(
+            "Model reply",
+            kv([
+              ["model", response.model || "–"],
+              ["finish", response.finish_reason || "–"],
+              ["served from", el("span", { id: "served-from", text: response.served_from || "the model" })],
+              ["usage", `${fmtNumber((response.usage || {}).input_tokens)} in · ${fmtNumber((response.usage || {}).output_tokens)} out`],
+              ["request digest", el("span", { class: "mono small", text: request.model.request_digest || "–" })],
+            ]),
+            response.text ? longText(response.text, "answer") : null,
+            response.tool_calls && response.tool_calls.length ? pre(response.tool_calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments ?? c.raw_arguments }))) : null
+          )
+        );
+      })
+      .catch((error) => {
+        if (token === routeToken) showError(error);
+      });
   }
 
   route();
