@@ -76,15 +76,14 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         # How many pending writes the head's unfinished step has and the XOR of their row digests
         # (qitos.checkpoint._rules), moved by the statement that stores them; the commit that ends the
         # step resets them and deletes its rows (restore reads only the head's), so `writes` holds the
-        # unfinished steps' writes only. The rows of steps that committed before are deleted here.
+        # unfinished steps' writes only. The rows of steps committed before stay (their model calls).
         (
             "ALTER TABLE {s}.heads ADD COLUMN writes_count bigint NOT NULL DEFAULT 0,"
             " ADD COLUMN writes_digest bit(256) NOT NULL DEFAULT 0::bit(256)",
-            "DELETE FROM {s}.writes w WHERE NOT EXISTS (SELECT 1 FROM {s}.heads h"
-            " WHERE h.session_id = w.session_id AND h.snapshot_id = w.base_snapshot_id)",
-            "UPDATE {s}.heads h SET writes_count = t.n, writes_digest = t.x FROM (SELECT session_id, count(*) AS n,"
-            " bit_xor(('x' || digest)::bit(256)) AS x FROM {s}.writes GROUP BY session_id) t"
-            " WHERE h.session_id = t.session_id",
+            "UPDATE {s}.heads h SET writes_count = t.n, writes_digest = t.x FROM (SELECT session_id, base_snapshot_id,"
+            " count(*) AS n, bit_xor(('x' || digest)::bit(256)) AS x FROM {s}.writes"
+            " GROUP BY session_id, base_snapshot_id) t"
+            " WHERE h.session_id = t.session_id AND h.snapshot_id = t.base_snapshot_id",
         ),
     ),
 )

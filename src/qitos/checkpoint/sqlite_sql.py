@@ -129,10 +129,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             # (qitos.checkpoint._rules): a write that is lost, or whose key columns were altered, is
             # detected. A commit that moves the head resets them, and the trigger deletes the rows of
             # the step the commit ended (restore reads only the head's): they no longer grow the file.
+            # The rows of steps committed before stay: they hold those steps' model calls.
             "ALTER TABLE heads ADD COLUMN writes_count INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE heads ADD COLUMN writes_digest TEXT NOT NULL DEFAULT ''",
-            "DELETE FROM writes WHERE NOT EXISTS (SELECT 1 FROM heads h"
-            " WHERE h.session_id = writes.session_id AND h.snapshot_id = writes.base_snapshot_id)",
             "CREATE TRIGGER step_writes_done AFTER UPDATE OF snapshot_id ON heads"
             " WHEN OLD.writes_count > 0 AND NEW.snapshot_id IS NOT OLD.snapshot_id BEGIN"
             " DELETE FROM writes WHERE session_id = OLD.session_id AND base_snapshot_id = OLD.snapshot_id; END",
