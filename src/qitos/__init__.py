@@ -6,6 +6,7 @@ context management. Start with ``AgentModule`` and ``Engine``; ``compose`` gives
 The public surface, one obvious place per need:
 
 - ``qitos``: the seed's names (state, task, decision, agent, engine, tools, ``compose``) plus
+  ``Agent`` (the stock tool-calling agent, ``Agent(model, tools=[...], instructions="...")``),
   ``Observation`` (what ``reduce`` receives), ``RuntimeBudget`` (the engine's limits) and
   ``RunFailedError`` (what ``agent.run`` raises when a run fails);
 - ``qitos.models``: model adapters (``OpenAICompatibleModel``, ``ScriptedModel``, ``ReplayModel``,
@@ -28,11 +29,13 @@ from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineResult
 from qitos.engine.runtime import RuntimeBudget
+from qitos.kit.agent import Agent
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "Agent",
     "AgentModule",
     "AsyncEngine",
     "Decision",

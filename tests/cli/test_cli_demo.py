@@ -98,7 +98,7 @@ def test_demo_indexes_the_notes_of_an_existing_workspace(cli: Any, workdir: Path
 
 def test_demo_max_steps_too_small_stops_abnormally_with_exit_1(cli: Any, workdir: Path) -> None:
     data = cli.json("demo", "--policy", "scripted", "--json", "--workspace", "ws", "--max-steps", "2", code=1)
-    assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "budget_steps", 2)
+    assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "max_steps_reached", 2)
 
 
 @pytest.mark.parametrize(

@@ -126,3 +126,21 @@ def test_compare_two_evals_as_a_table_and_as_json(tmp_path: Path) -> None:
     assert allowed["only_a"] == ["bravo", "gamma"] and allowed["paired"] == ["alpha", "beta"]
     missing = qitos_eval(tmp_path, "compare", "upper", "nope", check=3)
     assert "no eval 'nope'" in missing.stderr
+
+
+def test_rescoring_replays_the_judge_it_recorded(tmp_path: Path) -> None:
+    rows = [{"id": w, "input": w, "target": w.upper()} for w in ("alpha", "beta")]
+    (tmp_path / "words.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "correct.json").write_text(json.dumps(["Right.\nGRADE: C", "Right.\nGRADE: C"]))
+    (tmp_path / "incorrect.json").write_text(json.dumps(["Wrong.\nGRADE: I", "Wrong.\nGRADE: I"]))
+    qitos_eval(tmp_path, "run", "words.jsonl", "--agent", "eval_agents:Upper", "--name", "judged", "--json")
+    judge = ["--scorer", "model_graded", "--json"]
+    first = json.loads(qitos_eval(tmp_path, "score", "judged", *judge, "--model", "scripted:correct.json").stdout)
+    assert first["metrics"]["model_graded"]["mean"] == 1.0
+    # the judge now would answer I: replaying its recorded replies keeps C, asking it gives I
+    replayed = qitos_eval(
+        tmp_path, "score", "judged", *judge, "--model", "scripted:incorrect.json", "--replay", "judged"
+    )
+    assert json.loads(replayed.stdout)["metrics"]["model_graded"]["mean"] == 1.0
+    asked = json.loads(qitos_eval(tmp_path, "score", "judged", *judge, "--model", "scripted:incorrect.json").stdout)
+    assert asked["metrics"]["model_graded"]["mean"] == 0.0

@@ -79,7 +79,7 @@ def test_run_with_a_session_db_creates_a_resumable_session(cli: Any, workdir: Pa
 
 def test_run_that_never_finishes_stops_at_its_step_budget_with_exit_1(cli: Any, workdir: Path) -> None:
     data = cli.json("run", "cli_agents:LoopAgent", "loop", "--max-steps", "3", "--json", code=1)
-    assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "budget_steps", 3)
+    assert (data["status"], data["stop_reason"], data["steps"]) == ("stopped", "max_steps_reached", 3)
 
 
 def test_run_whose_agent_raises_fails_with_exit_1_and_shows_the_error(cli: Any, workdir: Path) -> None:
@@ -139,6 +139,7 @@ def test_a_scripted_model_file_that_is_not_a_json_list_is_a_usage_error(cli: Any
 
 class _ChatHandler(BaseHTTPRequestHandler):
     seen: list[dict[str, Any]]
+    refuses_streaming_with_tools = False
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -147,6 +148,11 @@ class _ChatHandler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "body": body})
         usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        if body.get("stream") and body.get("tools") and self.refuses_streaming_with_tools:
+            self.send_response(200)  # and no event at all: how such a server answered
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if body.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -177,9 +183,10 @@ class _ChatHandler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def chat_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def chat_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     seen: list[dict[str, Any]] = []
-    handler = type("Handler", (_ChatHandler,), {"seen": seen})
+    refuses = bool(getattr(request, "param", False))
+    handler = type("Handler", (_ChatHandler,), {"seen": seen, "refuses_streaming_with_tools": refuses})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -243,6 +250,79 @@ def test_run_request_options_reach_the_server_and_the_run_budget_has_its_own_nam
     )
 
 
+@pytest.mark.parametrize("chat_server", [True], indirect=True)
+def test_a_server_that_refuses_to_stream_with_tools_gets_a_hint_and_no_stream_skips_the_attempt(
+    cli: Any, workdir: Path, chat_server: Any
+) -> None:
+    url, seen = chat_server
+    args = ["run", "cli_agents:ModelAgent", "answer me", "--model", "openai:loop-model", "--base-url", url]
+    result = cli.run(*args, code=0)  # live output asks to stream; the server sends nothing back
+    assert "answer:\nthe answer" in result.stdout
+    assert "stream refused" in result.stdout and "hint: the server did not stream a request with tools" in (
+        " ".join(result.stdout.split())
+    )
+    assert [r["body"].get("stream", False) for r in seen] == [True, False]
+    seen.clear()
+    quiet = cli.run(*args, "--no-stream", code=0)
+    assert "answer:\nthe answer" in quiet.stdout and "stream refused" not in quiet.stdout
+    assert [r["body"].get("stream", False) for r in seen] == [False]
+    assert "--no-stream need --model openai:NAME" in cli.run(*args[:3], "--no-stream", code=2).stderr
+
+
+class _ObedientHandler(BaseHTTPRequestHandler):
+    """A model that calls echo whenever the request demands a tool, and answers otherwise."""
+
+    seen: list[dict[str, Any]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(body)
+        choice = body.get("tool_choice")
+        message: dict[str, Any] = {"role": "assistant", "content": "echoed, done"}
+        if choice == "required" or isinstance(choice, dict):
+            arguments = json.dumps({"text": "hi"})
+            call = {
+                "id": f"c{len(self.seen)}",
+                "type": "function",
+                "function": {"name": "echo", "arguments": arguments},
+            }
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        reply = {"id": "c", "model": "m", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+        raw = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+@pytest.mark.parametrize("choice", ["echo", "required"])
+def test_tool_choice_holds_until_a_tool_was_used_so_the_agent_still_finishes(
+    cli: Any, workdir: Path, choice: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_ObedientHandler,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        args = ["run", "cli_agents:ModelAgent", "say hi", "--model", "openai:m", "--base-url", url, "--json"]
+        data = cli.json(*args, "--tool-choice", choice)
+        assert (data["status"], data["final_result"], data["steps"]) == ("completed", "echoed, done", 2)
+        forced = {"type": "function", "function": {"name": "echo"}} if choice == "echo" else "required"
+        assert [body["tool_choice"] for body in seen] == [forced, "auto"]
+        seen.clear()
+        plain = cli.json(*args)  # the default: the model chooses
+        assert plain["steps"] == 1 and [body["tool_choice"] for body in seen] == ["auto"]
+        bad = cli.run(*args[:-1], "--tool-choice", "nope", code=2).stderr
+        assert "--tool-choice 'nope' is not auto, none, required or one of the agent's tools (echo, publish)" in bad
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_an_openai_model_without_a_declared_window_assumes_a_conservative_one() -> None:
     from qitos.cli.models import DEFAULT_OPENAI_WINDOW, resolve_model
 
@@ -283,7 +363,10 @@ def test_a_404_from_a_base_url_without_v1_gets_a_hint_and_the_error_prints_once(
 
 def test_errors_of_a_json_command_are_json(cli: Any, workdir: Path) -> None:
     result = cli.run("sessions", "show", "ses_nope", "--db", "missing.db", "--json", code=3)
-    assert json.loads(result.stdout) == {"error": "no session store at missing.db", "exit_code": 3}
+    assert json.loads(result.stdout) == {
+        "error": "no session store at missing.db: the file does not exist",
+        "exit_code": 3,
+    }
     assert result.stderr == ""
     usage = cli.run("run", "cli_agents:ModelAgent", "t", "--json", code=2)
     assert "decides through a model" in json.loads(usage.stdout)["error"]

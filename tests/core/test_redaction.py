@@ -57,3 +57,22 @@ class _Model:
 def test_model_credentials_reads_api_key_and_secrets() -> None:
     assert model_credentials(_Model()) == ("configured-key-1", "header-secret-2")
     assert model_credentials(object()) == ()
+
+
+def test_a_password_in_a_urls_query_or_an_empty_user_is_redacted_in_any_scheme() -> None:
+    keys = ("password", "passwd", "pwd", "secret", "token", "api_key", "apikey", "access_token")
+    for key in keys:
+        for scheme in ("postgresql", "https", "mysql+pymysql", "amqp"):
+            url = f"{scheme}://app@/appdb?host=/tmp&{key.upper() if key == 'pwd' else key}=S3cret-{key}&schema=qitos"
+            out = redact_text(f"connect to {url} now")
+            assert f"S3cret-{key}" not in out, out
+            assert "&schema=qitos now" in out and "?host=/tmp&" in out  # the rest stays readable
+        assert redact_text(f"https://h/p?{key}=first-{key}")[-len(REDACTED) :] == REDACTED
+    assert redact_text("redis://:R3disPw-991@cache:6379/0") == f"redis://:{REDACTED}@cache:6379/0"
+    # Near misses keep their text: another key that starts like one, a key outside a URL's query.
+    for plain in ("https://h/p?tokenizer=bpe&passwords_seen=3", "pwd=here in a shell", "http://h/p#token=x"):
+        assert redact_text(plain) == plain, plain
+    # Inside JSON text (tool arguments, stored payloads), the JSON stays valid.
+    doc = json.dumps({"dsn": "postgresql://u@/db?password=pw-in-json&x=1", "n": [1]})
+    out = redact_text(doc)
+    assert "pw-in-json" not in out and json.loads(out)["dsn"] == f"postgresql://u@/db?password={REDACTED}&x=1"

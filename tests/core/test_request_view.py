@@ -369,6 +369,45 @@ def test_token_budgets_count_tokens() -> None:
     assert view.selection.unit == "tokens"
 
 
+class _Declared:
+    """A model that declares a token window and, maybe, its own tokenizer."""
+
+    max_input_units = 4000
+    unit = "tokens"
+
+    def __init__(self, tokenizer: str | None) -> None:
+        self.tokenizer = tokenizer
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "counted_with", "estimated"),
+    [
+        (None, "cl100k_base", True),  # a SmolLM2 server: cl100k counts are an estimate, so labelled
+        ("smollm2", "cl100k_base", True),  # a tokenizer the package does not know: the same
+        ("cl100k_base", "cl100k_base", False),  # the model's own tokenizer: exact
+        ("o200k_base", "o200k_base", False),  # counted with the model's own, not cl100k
+    ],
+)
+def test_a_token_count_is_exact_only_with_the_models_own_tokenizer(
+    tokenizer: str | None, counted_with: str, estimated: bool
+) -> None:
+    model = _Declared(tokenizer)
+    budget = ContextBudget(max_input_units=4000, unit="tokens")
+    view = RequestView.from_exchange_log(build_log([50] * 3), model=model, context_budget=budget)
+    units = view.summary()["units"]
+    assert units["counter"] == ["tokens", counted_with] and units["tokenizer"] == counted_with
+    assert units["estimated"] is estimated
+    counter = TokenCounter(counted_with)
+    assert view.selection.selected_units == sum(counter.count(canonical_json(m)) for m in view.messages())
+
+
+def test_characters_are_counted_exactly_and_a_bad_tokenizer_declaration_is_refused() -> None:
+    units = RequestView.from_exchange_log(build_log([10])).summary()["units"]
+    assert units["counter"] == ["characters"] and units["tokenizer"] is None and units["estimated"] is False
+    with pytest.raises(ConfigurationError, match="tokenizer must be a tokenizer name"):
+        RequestView.from_exchange_log(build_log([10]), model=_Declared(""))
+
+
 def test_a_counter_in_the_wrong_unit_is_rejected() -> None:
     with pytest.raises(ConfigurationError, match="counts 'tokens'"):
         RequestView.from_exchange_log(build_log([1]), context_unit_counter=TokenCounter())

@@ -119,7 +119,6 @@ def test_stop_reason_is_a_str_enum_with_every_spec_value() -> None:
     expected = {
         "final",
         "max_steps_reached",
-        "budget_steps",
         "budget_time",
         "budget_tokens",
         "agent_stop",
@@ -135,6 +134,17 @@ def test_stop_reason_is_a_str_enum_with_every_spec_value() -> None:
     }
     assert expected <= {r.value for r in StopReason}
     assert StopReason.FINAL == "final" and isinstance(StopReason.FINAL, str)
+
+
+def test_running_out_of_steps_has_one_name_and_the_old_one_still_reads() -> None:
+    assert StopReason.BUDGET_STEPS is StopReason.MAX_STEPS_REACHED  # the name stays importable
+    assert "budget_steps" not in {r.value for r in StopReason}
+    assert StopReason("budget_steps") is StopReason.MAX_STEPS_REACHED  # as earlier versions stored it
+    state = StateSchema()
+    state.set_stop("budget_steps")
+    assert state.stop_reason == "max_steps_reached"
+    with pytest.raises(ValueError):
+        StopReason("budget_step")
 
 
 # --------------------------------------------------------------------------- change tracking

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,70 @@ def test_a_run_whose_store_connections_are_killed_resumes_and_finishes(
     assert outcome.lifecycle == "completed"
     counts = side_counts(side_log)
     assert all(counts[("begin", "cut", str(step))] == 1 for step in range(STEPS))
+
+
+def test_store_connections_killed_again_and_again_during_calls_longer_than_the_lease_leave_no_session_stuck(
+    fleet: Fleet, fleet_db: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Every call lasts longer than the lease, so the heartbeat renews it meanwhile; the server ends
+    all the workers' connections every 0.7 s. No session may be left unfinished, no call repeated."""
+    side_log, name = tmp_path / "side.log", f"qitos-attack-{os.getpid()}"
+    tasks = [f"attack-{n}" for n in range(12)]
+    options = {"concurrency": 6, "lease_ttl": 1.5, "step_sleep": 2.5}
+    with workers(f"{fleet_db}&application_name={name}", side_log, 2, **options):
+        ids = fleet.submit_many(tasks, target=2)
+        until(lambda: side_counts(side_log)[("begin", tasks[0], "0")], timeout=60, what="the first call")
+        killed = 0
+        for _ in range(12):
+            time.sleep(0.7)
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                    (name,),
+                ).fetchone()
+            killed += row[0] if row else 0
+        outcomes = fleet.wait(ids, timeout=120)
+    assert killed >= 12
+    stuck = {sid: o.lifecycle for sid, o in outcomes.items() if o.lifecycle != "completed"}
+    assert not stuck, f"{len(stuck)} of {len(ids)} sessions stuck: {stuck}"
+    counts = side_counts(side_log)
+    doubled = {key: n for key, n in counts.items() if n > 1}
+    assert not doubled, f"a non-idempotent call ran twice: {doubled}"
+
+
+class _StallOnce(EngineHook):
+    """Blocks the event loop (and so the run's lease heartbeat) for ``seconds`` after the first act:
+    the run stalls past its lease, and nobody takes the session over meanwhile."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.stalled = False
+
+    def on_after_act(self, ctx: HookContext) -> None:
+        if not self.stalled:
+            self.stalled = True
+            time.sleep(self.seconds)
+
+
+def test_a_run_that_loses_its_lease_with_nobody_taking_over_is_continued_to_the_end(
+    fleet_db: str, tmp_path: Path
+) -> None:
+    """Ending such a run as ``lease_lost`` (a successful workflow for DBOS) would leave the session
+    running with no runner and nothing to continue it."""
+    from charge_agents import ChargeAgent, observed
+    from charge_agents import ledger as ledger_lines
+
+    ledger, stall = tmp_path / "ledger", _StallOnce(3.0)
+    payers = compose(lambda: ChargeAgent(str(ledger)), hooks=[stall], lease_ttl=1.0)
+    worker = Worker(payers, db=fleet_db)  # its runs only: no DBOS, no supervisor
+    try:
+        sid = worker.composition.session("A").session_id.value
+        ended = asyncio.run(worker.arun_session(sid))
+        head = worker.store.get_session_head(sid)
+        state = worker.composition.restore(sid).run().state  # a finished session: its state, no step
+    finally:
+        worker.store.close()
+    assert stall.stalled
+    assert (ended, head is not None and head.lifecycle) == ("final", "completed")
+    assert observed({"observed": state.observed}) == {"A-0": "interrupted"}  # its result went with the lease
+    assert [line for line in ledger_lines(ledger) if line.startswith("begin")] == ["begin A-0"]  # run once

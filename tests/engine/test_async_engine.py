@@ -179,7 +179,7 @@ def test_run_is_the_synchronous_fallback_and_properties_expose_the_engine(policy
     assert async_engine.engine.budget.max_steps == 1  # keyword arguments reach the Engine
     assert async_engine.event_stream is None
     result = async_engine.run("t")
-    assert result.state.stop_reason == "budget_steps" and result.step_count == 1
+    assert result.state.stop_reason == "max_steps_reached" and result.step_count == 1
 
 
 def test_two_streams_on_two_threads_do_not_mix(policy_agent: Any) -> None:

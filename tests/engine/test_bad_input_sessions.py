@@ -173,3 +173,36 @@ def test_a_model_reply_with_a_lone_surrogate_is_stored_traced_and_restored(tmp_p
     assert any(step.get("decision", {}).get("final_answer") == "half \ud800 a character" for step in run.steps())
     restored = compose(agent=SecretAgent, store=SqliteCheckpointStore(db)).restore(session.session_id.value)
     assert restored.inspect().snapshot_integrity == "verified"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_session_id_or_snapshot_id_with_a_lone_surrogate_is_a_codec_error_naming_the_argument(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    import asyncio
+
+    if backend == "sqlite":
+        store: Any = SqliteCheckpointStore(str(tmp_path / "s.db"))
+    else:
+        from pg_server import drop_schema, fresh_schema
+        from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+
+        dsn, schema = request.getfixturevalue("pg_dsn"), fresh_schema()
+        store = PostgresCheckpointStore(dsn, schema=schema)
+        request.addfinalizer(lambda: drop_schema(dsn, schema))
+    request.addfinalizer(store.close)
+    composition = compose(agent=lambda: BadInputAgent("plain"), store=store)
+    session = composition.session("a task")
+    bad = "ses_\udcff"
+    attempts: list[tuple[str, Any]] = [
+        ("session_id", lambda: composition.restore(bad)),
+        ("session_id", lambda: asyncio.run(composition.arestore(bad))),
+        ("session_id", lambda: composition.fork(bad)),
+        ("snapshot", lambda: session.fork("snap_\ud800")),
+        ("operation_id", lambda: session.fork(operation_id="op-\udfff")),
+    ]
+    for argument, attempt in attempts:
+        with pytest.raises(CodecError, match="lone surrogate") as caught:
+            attempt()
+        assert caught.value.path == argument
+    assert [head.session_id for head in store.list_sessions()] == [session.session_id.value]  # nothing created

@@ -37,14 +37,14 @@ def _run(agent: Any, task: Any, budget: RuntimeBudget | None = None, **kwargs: A
 def test_task_budget_max_steps_overrides_the_runtime_budget(policy_agent: Any) -> None:
     task = Task(objective="t", budget=TaskBudget(max_steps=2))
     result = _run(policy_agent(act_forever, tools=[noop], max_steps=50), task, RuntimeBudget(max_steps=7))
-    assert result.step_count == 2 and result.state.stop_reason == "budget_steps"
+    assert result.step_count == 2 and result.state.stop_reason == "max_steps_reached"
     assert result.state.max_steps == 2
 
 
 def test_runtime_budget_applies_when_the_task_budget_leaves_max_steps_none(policy_agent: Any) -> None:
     task = Task(objective="t", budget=TaskBudget(max_runtime_seconds=60.0))
     result = _run(policy_agent(act_forever, tools=[noop], max_steps=50), task, RuntimeBudget(max_steps=3))
-    assert result.step_count == 3 and result.state.stop_reason == "budget_steps"
+    assert result.step_count == 3 and result.state.stop_reason == "max_steps_reached"
     assert result.state.max_steps == 3
 
 

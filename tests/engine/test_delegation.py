@@ -93,7 +93,7 @@ def test_budget_exhaustion_in_the_child_returns_a_failure_to_the_parent(tmp_path
     store = SqliteCheckpointStore(str(tmp_path / "s.db"))
     parent = da.parent_engine(store, child_budget=2).session("delegate with a small budget")
     result = driven.run(parent)
-    assert result.state.final_result == "failed: the sub-agent stopped without an answer (budget_steps)"
+    assert result.state.final_result == "failed: the sub-agent stopped without an answer (max_steps_reached)"
     child = store.get_session_head(child_session_id(parent.session_id.value, "d0"))
     assert child is not None and child.lifecycle == "stopped"
     delegates = [e.payload["status"] for e in result.events if e.event_type.value == "delegate"]

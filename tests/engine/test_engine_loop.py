@@ -250,6 +250,28 @@ def test_an_unusable_model_reply_becomes_wait_with_feedback_never_a_final_answer
     assert result.state.final_result == "ok, done" and result.step_count == 2
 
 
+def test_repair_feedback_is_sent_once_in_the_next_request(policy_agent: Any) -> None:
+    bad = {"tool_calls": [{"id": "b1", "name": "missing_tool", "arguments": {}}, {"id": "b2", "name": "echo"}]}
+    model = ScriptedModel([bad, "ok, done"])
+    result = driven.run(Engine(policy_agent(lambda s, o: None, tools=[echo], llm=model)), "t")
+    feedback = result.records[0].decision.meta["feedback"]
+    sent = model.requests[1].messages()
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert sum(feedback in str(m.get("content")) for m in sent) == 1
+    assert sent[2]["content"] == f"ERROR (not run): {feedback}"
+    assert sent[3]["content"] == "ERROR (not run): see the result of call b1"
+    assert result.state.final_result == "ok, done"
+
+
+def test_repair_feedback_for_a_reply_without_calls_is_the_next_input(policy_agent: Any) -> None:
+    model = ScriptedModel([{"text": "", "tool_calls": []}, "ok, done"])
+    result = driven.run(Engine(policy_agent(lambda s, o: None, tools=[echo], llm=model)), "t")
+    feedback = result.records[0].decision.meta["feedback"]
+    sent = model.requests[1].messages()
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"] and sent[2]["content"] == feedback
+    assert result.state.final_result == "ok, done"
+
+
 def test_sync_events_are_framed_and_each_step_is_bracketed(policy_agent: Any) -> None:
     policy = _scripted([Decision.act([Action("echo", {"text": "a"})]), Decision.wait()])
     streamed: list[Any] = []

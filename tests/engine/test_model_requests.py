@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from qitos.core.context import ContextRequest
-from qitos.core.errors import ModelError
+from qitos.core.errors import ConfigurationError, ModelError
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import tool
 from qitos.engine.async_engine import AsyncEngine
+from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.models.function import FunctionModel
@@ -61,6 +62,23 @@ def test_required_tool_use_holds_until_a_tool_was_used_then_becomes_auto(policy_
         ("required", False, "required"),
         ("required", True, "auto"),
     ]
+
+
+@pytest.mark.parametrize("policy", ["required", "add"])
+def test_compose_offers_the_tool_use_policy_for_every_session(policy_agent: Any, policy: str) -> None:
+    views: list[RequestView] = []
+    model = calling_then_answering(views)
+    composition = compose(
+        agent=lambda: policy_agent(lambda s, o: None, tools=[add, multiply]), model=model, tool_use_policy=policy
+    )
+    result = composition.session("2 + 3?").run()
+    assert result.state.final_result == "The sum is 5."
+    assert [v.tool_choice() for v in views] == [policy, "auto"]  # it held until a tool was used
+
+
+def test_compose_refuses_a_tool_use_policy_that_is_not_one(policy_agent: Any) -> None:
+    with pytest.raises(ConfigurationError, match="tool_use_policy must be auto, required, none"):
+        compose(agent=lambda: policy_agent(lambda s, o: None), tool_use_policy="")
 
 
 def test_a_tool_use_function_decides_per_request(policy_agent: Any) -> None:

@@ -60,11 +60,11 @@ def test_steering_seen_at_a_budget_stop_waits_for_the_run_that_proceeds(db: str,
     tight = _composition(db, side, budget=RuntimeBudget(max_steps=2))
     session = tight.session("Index notes", target=4)
     first = driven.run(session)
-    assert first.state.stop_reason == "budget_steps" and first.step_count == 2
+    assert first.state.stop_reason == "max_steps_reached" and first.step_count == 2
 
     session.steer("X")
     stopped = driven.run(tight.restore(session.session_id.value))
-    assert stopped.state.stop_reason == "budget_steps" and stopped.state.steering_seen == []
+    assert stopped.state.stop_reason == "max_steps_reached" and stopped.state.steering_seen == []
 
     roomy = _composition(db, side, budget=RuntimeBudget(max_steps=20))
     finished = driven.run(roomy.restore(session.session_id.value))

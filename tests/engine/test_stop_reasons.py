@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import driven
-from qitos import Action, Decision, Engine, StopReason, Task, TaskResource, tool
+from qitos import Action, Decision, Engine, StopReason, Task, TaskBudget, TaskResource, tool
 from qitos.core.task import EnvSpec
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.engine.policies import CriticVerdict
@@ -80,10 +80,13 @@ def test_max_steps_reached_uses_the_state_limit(policy_agent: Any) -> None:
     assert result.step_count == 3 and len(result.records) == 3
 
 
-def test_budget_steps_when_the_limit_comes_from_a_budget(policy_agent: Any) -> None:
+def test_a_step_limit_from_a_budget_stops_with_the_same_one_name(policy_agent: Any) -> None:
     result = driven.run(Engine(policy_agent(act_forever, tools=[noop]), budget=RuntimeBudget(max_steps=2)), "t")
-    _assert_stopped(result, StopReason.BUDGET_STEPS, "stopped")
-    assert result.step_count == 2
+    _assert_stopped(result, StopReason.MAX_STEPS_REACHED, "stopped")
+    assert result.state.stop_reason == "max_steps_reached" and result.step_count == 2
+    task = Task(objective="t", budget=TaskBudget(max_steps=1))
+    by_task = driven.run(Engine(policy_agent(act_forever, tools=[noop])), task)
+    _assert_stopped(by_task, StopReason.MAX_STEPS_REACHED, "stopped")
 
 
 def test_budget_time(policy_agent: Any) -> None:

@@ -47,8 +47,12 @@ def _start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
     return subprocess.Popen(
-        [sys.executable, str(script), *args], cwd=tmp_path, env=_env(**env), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [sys.executable, str(script), *args],
+        cwd=tmp_path,
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

@@ -472,3 +472,92 @@ def test_a_damaged_decision_write_of_an_old_eval_fails_its_sample_naming_the_row
     assert error is not None and "IntegrityError" in error and "writes" in error and "decision/decision" in error
     assert damaged in error
     assert by_id["s0"].error is None and by_id["s2"].error is None
+
+
+def test_a_replay_killed_midway_resumes_where_its_sample_stood(tmp_path: Path, server: ScriptServer) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from replay_agents import GATE_FILE, STEP_GATE, Gated
+
+    import qitos
+    from qitos.eval._runner import eval_id_for, session_id_for
+
+    db = tmp_path / "evals.db"
+    live = _live(db, server)
+    marker = tmp_path / "waiting"
+    code = (
+        "from replay_agents import Gated\n"
+        "from qitos.eval import Dataset, Sample, evaluate, scorers\n"
+        f"data = Dataset([Sample(w, w.upper(), id=f's{{i}}') for i, w in enumerate({list(WORDS)!r})], name='words')\n"
+        f"evaluate(Gated, data, scorers=[scorers.exact()], store={str(db)!r}, name='resumed', replay='live', "
+        "max_samples=1)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(qitos.__file__).resolve().parents[1]), str(Path(__file__).parent)])
+    env[GATE_FILE] = str(marker)
+    child = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():  # the first sample got its first reply, ran its tool, and waits
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    first = session_id_for(eval_id_for("resumed"), "s0", 1)
+    assert len(recorded_calls(SqliteCheckpointStore(str(db)), first)) == 1  # killed after its first reply
+    STEP_GATE.set()
+    report = evaluate(Gated, _data(), scorers=[scorers.exact()], store=str(db), name="resumed", replay="live")
+    assert server.calls == 9 and report.status == "complete"
+    assert [(s.id, s.answer, s.divergence) for s in report.samples] == [(s.id, s.answer, None) for s in live.samples]
+    # the reply the first sample got before the kill was not asked for again: 3 per session in all
+    assert _recorded(db, "resumed") == {sid: ["replay"] * 3 for sid in ("s0", "s1", "s2")}
+
+
+def _replied(store: SqliteCheckpointStore, sessions: list[str]) -> int:
+    return sum(len(recorded_calls(store, s)) for s in sessions if store.get_session_head(s) is not None)
+
+
+def test_a_replay_cancelled_midway_diverges_where_the_cancelled_call_got_no_result(
+    tmp_path: Path, server: ScriptServer
+) -> None:
+    import asyncio
+
+    from replay_agents import LOOKUP_GATE, SlowPrompted
+
+    from qitos.eval import aevaluate
+    from qitos.eval._runner import eval_id_for, session_id_for
+
+    db = tmp_path / "evals.db"
+    _live(db, server)
+    options: dict[str, Any] = {"scorers": [scorers.exact()], "store": str(db), "name": "cancelled"}
+    options.update(replay="live", on_divergence="mark")
+    sessions = [session_id_for(eval_id_for("cancelled"), f"s{i}", 1) for i in range(3)]
+    store = SqliteCheckpointStore(str(db))
+
+    async def interrupted() -> None:
+        task = asyncio.ensure_future(aevaluate(SlowPrompted, _data(), **options))
+        while _replied(store, sessions) < 3:
+            await asyncio.sleep(0.05)
+        task.cancel()  # Ctrl-C: the steps stop at a boundary; their pending calls get no result
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    LOOKUP_GATE.clear()
+    try:
+        asyncio.run(interrupted())
+    finally:
+        LOOKUP_GATE.set()
+    report = evaluate(SlowPrompted, _data(), **options)
+    assert server.calls == 9 and report.status == "complete"
+    # a cancelled step's call is answered "interrupted" on resume: the next request is not the recorded one
+    for sample in report.samples:
+        divergence = sample.divergence
+        assert divergence is not None and (divergence["step"], divergence["call"]) == (1, 2)
+        change = divergence["diff"]["message"]
+        assert change["role"] == "tool" and change["now"].startswith("ERROR (interrupted)")
+        assert change["recorded"] == f"{sample.answer.split()[0].lower()}:{len(sample.answer.split()[0])}"

@@ -360,7 +360,11 @@ def test_a_sample_whose_run_lost_its_lease_goes_on_from_its_head(tmp_path: Path,
     marker = tmp_path / "stalled"
     monkeypatch.setenv(STALL_FILE, str(marker))
     report = evaluate(
-        Staller, _data("stall here"), scorers=[scorers.exact()], store=str(tmp_path / "e.db"), name="lease",
+        Staller,
+        _data("stall here"),
+        scorers=[scorers.exact()],
+        store=str(tmp_path / "e.db"),
+        name="lease",
         engine_kwargs={"lease_ttl": 0.5},
     )
     assert marker.exists()  # the run stalled 1.5 s with a 0.5 s lease: its next write was refused

@@ -1,6 +1,8 @@
 """A real chat-completions HTTP server on 127.0.0.1 for adapter tests (plain JSON and SSE).
 
 Each POST takes the next scripted reply; every request is recorded (path, headers, JSON body).
+``refuse_streaming_with_tools``, when set, is the reply to every streamed request that has tools
+(as some servers refuse to stream those), and the script is not consumed by it.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class LoopbackChatServer:
     def __init__(self) -> None:
         self.script: deque[Reply] = deque()
         self.requests: list[Received] = []
+        self.refuse_streaming_with_tools: Reply | None = None
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -150,11 +153,17 @@ class LoopbackChatServer:
                     body: Any = json.loads(raw)
                 except ValueError:
                     body = raw
+                refused = server.refuse_streaming_with_tools
                 with server._lock:
                     server.requests.append(Received(self.path, dict(self.headers.items()), body))
-                    reply = (
-                        server.script.popleft() if server.script else json_reply({"error": "script empty"}, status=599)
-                    )
+                    if refused is not None and isinstance(body, dict) and body.get("stream") and body.get("tools"):
+                        reply = refused
+                    else:
+                        reply = (
+                            server.script.popleft()
+                            if server.script
+                            else json_reply({"error": "script empty"}, status=599)
+                        )
                 if reply.delay:
                     time.sleep(reply.delay)
                 if reply.drop:

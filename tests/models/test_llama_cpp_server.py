@@ -15,12 +15,14 @@ In CI (``CI=true``) a missing server or model fails the tests instead of skippin
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from qitos.core.tool import tool
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import RuntimeBudget
+from qitos.kit.agent import Agent
 from qitos.models.base import ModelResponse
 from qitos.models.openai_compat import OpenAICompatibleModel
 from qitos.trace.reader import RunTrace
@@ -356,3 +359,46 @@ def test_a_token_budget_stops_a_streamed_run_although_the_server_reports_no_usag
     assert result.step_count == 1
     usage = result.records[0].model["response"]["usage"]
     assert usage["estimated"] is True and usage["input_tokens"] > 5
+
+
+# --------------------------------------------------------------------------- typed answers and token labels
+
+
+@dataclass(frozen=True)
+class Pair:
+    first: int
+    second: int
+
+
+@pytest.mark.parametrize("how", ["final_answer tool", "response_format json_object"])
+def test_a_typed_answer_from_the_server_is_a_validated_object(llama_server: LlamaCppServer, how: str) -> None:
+    # A named tool choice makes this server constrain the call's arguments to the tool's schema by a
+    # grammar, and so does a json_object response_format with a schema: the answer of a 135M model is
+    # then a valid Pair whatever its numbers.
+    if how == "final_answer tool":
+        model = model_for(llama_server, max_tokens=48)
+        engine = Engine(
+            Agent(model, instructions="Give the two numbers.", output_type=Pair, max_steps=3),
+            context=ModelContext(tool_use_policy="final_answer"),
+        )
+    else:
+        model = model_for(llama_server, max_tokens=48, response_format="json_object")
+        engine = Engine(Agent(model, instructions="Give the two numbers as JSON.", output_type=Pair, max_steps=3))
+    result = engine.run("The numbers are 2 and 3.")
+
+    assert result.state.stop_reason == StopReason.FINAL.value, [r.decision.meta for r in result.records]
+    assert isinstance(result.state.output, Pair)
+    assert json.loads(result.state.final_result) == {
+        "first": result.state.output.first,
+        "second": result.state.output.second,
+    }
+
+
+def test_token_counts_against_this_server_are_labelled_estimates(
+    llama_server: LlamaCppServer, policy_agent: Any
+) -> None:
+    # SmolLM2's tokenizer is not cl100k: the request view's counts say they are an estimate, by which tokenizer.
+    agent = policy_agent(lambda state, obs: None, llm=model_for(llama_server, extra_body={"stop": ["\n"]}))
+    result = Engine(agent).run("Say hello.")
+    units = result.records[0].request_view["units"]
+    assert units["estimated"] is True and units["tokenizer"] == "cl100k_base"

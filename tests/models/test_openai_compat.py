@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pickle
+import warnings
 from typing import Any
 
+import httpx
 import pytest
 from loopback_chat_server import (
     LoopbackChatServer,
@@ -24,15 +27,17 @@ from qitos.core.codec import canonical_json
 from qitos.core.context import TokenCounter
 from qitos.core.errors import ConfigurationError, ContextError, ModelError
 from qitos.core.exchange import ExchangeLog
+from qitos.core.output import OutputSpec
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.state import StopReason
 from qitos.core.tool import tool
 from qitos.engine.engine import Engine
 from qitos.engine.runtime import RuntimeBudget
+from qitos.kit.agent import Agent
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import decision_from_tool_calls
 from qitos.models.base import ModelRequestsDisabledError, Usage
-from qitos.models.openai_compat import OpenAICompatibleModel, to_openai_messages
+from qitos.models.openai_compat import MissingAPIKeyWarning, OpenAICompatibleModel, to_openai_messages
 
 ADD_TOOL = {
     "name": "add",
@@ -259,6 +264,213 @@ def test_a_stream_cut_after_text_was_delivered_is_not_retried(server: LoopbackCh
     assert deltas == ["partial "]
     assert len(server.requests) == 1
     assert "ended before completion" in str(info.value) or "interrupted" in str(info.value)
+
+
+# --------------------------------------------------------------------------- servers that refuse to stream
+
+REFUSALS = {
+    "json-detail": json_reply({"detail": "Streaming is not supported when tools are given"}),
+    "empty-body": Reply(status=200, body=b"", headers={"Content-Type": "text/event-stream"}),
+    "http-400": json_reply({"error": {"message": "stream=true is not supported with tools"}}, status=400),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+def test_a_server_that_refuses_to_stream_with_tools_is_asked_again_without_streaming(
+    server: LoopbackChatServer, refusal: str
+) -> None:
+    server.refuse_streaming_with_tools = REFUSALS[refusal]
+    server.push(
+        json_reply(completion(tool_calls=[{"id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'}])),
+        json_reply(completion(tool_calls=[{"id": "c2", "name": "add", "arguments": '{"a": 1, "b": 1}'}])),
+        sse_reply([delta_chunk(content="5"), delta_chunk(finish_reason="stop")]),
+    )
+    model = model_for(server, max_retries=0)  # the second request is not a retry: none are allowed here
+    events: list[dict[str, Any]] = []
+    model.subscribe(lambda kind, payload: events.append({"kind": kind, **payload}))
+
+    first = model.complete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None)
+    assert first.tool_calls[0].arguments == {"a": 2, "b": 3}
+    assert [r.body.get("stream", False) for r in server.requests] == [True, False]
+    [event] = events
+    assert event["kind"] == "model_retry" and event["reason"] == "stream refused"
+    assert "without streaming" in event["hint"] and "--no-stream" in event["hint"]
+
+    second = model.complete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None)  # refused once: not streamed
+    assert second.tool_calls[0].id == "c2" and server.requests[2].body.get("stream", False) is False
+    deltas: list[str] = []
+    plain = model.complete(view_of(), on_delta=deltas.append)  # a request without tools still streams
+    assert plain.text == "5" and deltas == ["5"] and server.requests[3].body["stream"] is True
+    assert len(events) == 1
+
+
+def test_a_completion_sent_in_place_of_a_stream_is_the_answer(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("The sum is 5.")))  # a server that ignores "stream": true
+    deltas: list[str] = []
+    response = model_for(server).complete(view_of(), on_delta=deltas.append)
+    assert response.text == "The sum is 5." and deltas == ["The sum is 5."]
+    assert len(server.requests) == 1 and response.usage.input_tokens == 11
+
+
+def test_stream_false_never_streams(server: LoopbackChatServer) -> None:
+    server.push(json_reply(completion("5")))
+    deltas: list[str] = []
+    response = model_for(server, stream=False).complete(view_of(tools=[ADD_TOOL]), on_delta=deltas.append)
+    assert response.text == "5" and deltas == [] and "stream" not in server.requests[0].body
+
+
+@pytest.mark.parametrize("message", ["unknown model", "the upstream model rejected the request"])
+def test_an_error_about_something_else_is_not_taken_for_a_refusal_to_stream(
+    server: LoopbackChatServer, message: str
+) -> None:
+    server.push(json_reply({"error": {"message": message}}, status=400))
+    with pytest.raises(ModelError, match=message):
+        model_for(server).complete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None)
+    assert len(server.requests) == 1
+
+
+def test_acomplete_falls_back_the_same_way(server: LoopbackChatServer) -> None:
+    server.refuse_streaming_with_tools = REFUSALS["empty-body"]
+    server.push(json_reply(completion("5")))
+    model = model_for(server, max_retries=0)
+    response = asyncio.run(model.acomplete(view_of(tools=[ADD_TOOL]), on_delta=lambda _: None))
+    assert response.text == "5" and [r.body.get("stream", False) for r in server.requests] == [True, False]
+
+
+def test_an_agent_run_against_a_refusing_server_finishes_and_its_events_carry_the_hint(
+    server: LoopbackChatServer, policy_agent: Any
+) -> None:
+    server.refuse_streaming_with_tools = REFUSALS["json-detail"]
+    server.push(
+        json_reply(completion(tool_calls=[{"id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'}])),
+        json_reply(completion("The sum is 5.")),
+    )
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    agent = policy_agent(lambda state, obs: None, tools=[add], llm=model_for(server))
+    events: list[Any] = []  # a listener makes the run live: the engine asks to stream
+    result = Engine(agent).run("What is 2 + 3?", on_event=events.append)
+    assert result.state.final_result == "The sum is 5."
+    retries = [e.payload for e in events if e.event_type.value == "model_retry"]
+    assert len(retries) == 1 and retries[0]["reason"] == "stream refused" and retries[0]["hint"]
+    assert [r.body.get("stream", False) for r in server.requests] == [True, False, False]
+
+
+# --------------------------------------------------------------------------- typed answers
+
+
+@dataclasses.dataclass(frozen=True)
+class Sum:
+    a: int
+    b: int
+    total: int
+
+
+def test_a_typed_answer_goes_out_as_the_final_answer_tool_by_default(server: LoopbackChatServer) -> None:
+    arguments = json.dumps({"a": 2, "b": 3, "total": 5})
+    server.push(json_reply(completion(tool_calls=[{"id": "f1", "name": "final_answer", "arguments": arguments}])))
+    agent = Agent(model_for(server), instructions="Add.", output_type=Sum)
+    assert agent.run("2 + 3?", trace=False) == Sum(2, 3, 5)
+    body = server.requests[0].body
+    assert "response_format" not in body and body["tool_choice"] == "auto"
+    [sent] = body["tools"]
+    assert sent["function"]["name"] == "final_answer" and sent["function"]["parameters"]["required"] == [
+        "a",
+        "b",
+        "total",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "json_object"])
+def test_a_server_that_takes_a_schema_gets_it_as_response_format(server: LoopbackChatServer, kind: str) -> None:
+    server.push(
+        json_reply(completion('{"a": 2, "b": 3, "total": "five"}')),
+        json_reply(completion('{"a": 2, "b": 3, "total": 5}')),
+    )
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    agent = Agent(model_for(server, response_format=kind), tools=[add], output_type=Sum)
+    result = agent.run("2 + 3?", trace=False, return_state=True)
+    assert result.state.output == Sum(2, 3, 5)
+    body = server.requests[0].body
+    schema = OutputSpec.of(Sum).schema
+    expected = (
+        {"type": "json_schema", "json_schema": {"name": "final_answer", "schema": schema, "strict": False}}
+        if kind == "json_schema"
+        else {"type": "json_object", "schema": schema}
+    )
+    assert body["response_format"] == expected
+    assert [t["function"]["name"] for t in body["tools"]] == ["add"]  # the schema is not also a tool
+    assert "answer.total: expected integer" in server.requests[1].body["messages"][-1]["content"]
+
+
+def test_a_tool_choice_naming_the_final_answer_becomes_none_with_a_response_format(server: LoopbackChatServer) -> None:
+    log = ExchangeLog(log_id="typed")
+    log.open([{"role": "user", "content": "2 + 3?"}])
+    spec = OutputSpec.of(Sum)
+    view = RequestView.from_exchange_log(
+        log,
+        tool_schemas=[spec.tool_schema()],
+        capability_requirements=["structured_output"],
+        tool_use_policy="final_answer",
+    )
+    assert model_for(server).build_payload(view)["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "final_answer"},
+    }
+    payload = model_for(server, response_format="json_schema").build_payload(view)
+    assert (
+        "tools" not in payload and "tool_choice" not in payload and payload["response_format"]["type"] == "json_schema"
+    )
+    with pytest.raises(ConfigurationError, match="response_format must be 'json_schema', 'json_object' or None"):
+        model_for(server, response_format="xml")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def _offline(base_url: str, **options: Any) -> OpenAICompatibleModel:
+    """The adapter for ``base_url`` over httpx's MockTransport: no network, a fixed answer."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=completion("5"))
+
+    transport = httpx.MockTransport(handler)
+    return OpenAICompatibleModel("m", base_url=base_url, transport=transport, async_transport=transport, **options)
+
+
+def test_a_remote_server_without_an_api_key_warns_once_before_the_first_request() -> None:
+    model = _offline("https://api.example.com/v1")
+    with pytest.warns(MissingAPIKeyWarning, match=r"api\.example\.com/v1: no API key") as caught:
+        assert model.complete(view_of()).text == "5"
+        model.complete(view_of())
+        asyncio.run(model.acomplete(view_of()))
+    assert len([w for w in caught if issubclass(w.category, MissingAPIKeyWarning)]) == 1
+
+
+@pytest.mark.parametrize(
+    ("base_url", "options"),
+    [
+        ("https://api.example.com/v1", {"api_key": KEY}),
+        ("https://api.example.com/v1", {"headers": {"X-Api-Key": "a-secret-key"}}),
+        ("http://127.0.0.1:8080/v1", {}),
+        ("http://localhost:8080/v1", {}),
+        ("http://[::1]:8080/v1", {}),
+        ("http://192.168.1.20:8080/v1", {}),
+    ],
+)
+def test_a_key_or_a_local_server_means_no_warning(base_url: str, options: dict[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingAPIKeyWarning)
+        assert _offline(base_url, **options).complete(view_of()).text == "5"
 
 
 # --------------------------------------------------------------------------- failures and retries
@@ -617,6 +829,25 @@ def test_reported_usage_is_not_marked_estimated(server: LoopbackChatServer) -> N
     usage = model_for(server).complete(view_of()).usage
     assert usage == Usage(input_tokens=21, output_tokens=2) and not usage.estimated
     assert "estimated" not in usage.to_dict()
+
+
+@pytest.mark.parametrize(("tokenizer", "estimated"), [(None, True), ("cl100k_base", False)])
+def test_the_request_views_token_counts_say_whether_they_are_the_models_own(
+    server: LoopbackChatServer, policy_agent: Any, tokenizer: str | None, estimated: bool
+) -> None:
+    # A SmolLM2 server counted with cl100k was labelled exact; only a declared tokenizer is exact.
+    server.push(json_reply(completion("hello", model="smollm2-135m")))
+    model = model_for(server, max_input_units=2048, tokenizer=tokenizer)
+    result = Engine(policy_agent(lambda state, obs: None, llm=model)).run("Say hello.")
+    units = result.records[0].request_view["units"]
+    assert units["counter"] == ["tokens", "cl100k_base"] and units["tokenizer"] == "cl100k_base"
+    assert units["estimated"] is estimated
+    assert model.describe()["tokenizer"] == tokenizer
+
+
+def test_an_empty_tokenizer_name_is_refused(server: LoopbackChatServer) -> None:
+    with pytest.raises(ConfigurationError, match="tokenizer"):
+        model_for(server, tokenizer="")
 
 
 def test_an_agent_on_a_stream_without_usage_hits_its_token_budget(

@@ -62,7 +62,9 @@ def test_429_lowers_the_concurrency_for_a_while_and_fails_nothing() -> None:
         assert len(replies) == 40 and server.calls == 40  # every request answered, none failed
         assert server.throttled > 0
         lowered = [p["concurrency"] for kind, p in events if kind == "model_retry" and "concurrency" in p]
-        assert lowered and lowered == sorted(lowered, reverse=True) and min(lowered) <= 5 and 1 <= after <= 40
+        # additive increase between bursts may raise the limit again, so the reports need not be
+        # monotonic: each is below the ceiling, and the bursts drove it down to the server's level
+        assert lowered and max(lowered) < 40 and min(lowered) <= 5 and 1 <= after <= 40
 
 
 def test_a_server_that_always_throttles_still_fails_once_at_one_request() -> None:

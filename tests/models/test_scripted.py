@@ -98,6 +98,7 @@ def test_capacity_is_declared_and_validated() -> None:
         "model_id": "scripted",
         "max_input_units": 4096,
         "unit": "tokens",
+        "tokenizer": None,
     }
     with pytest.raises(ConfigurationError, match="unit"):
         ScriptedModel([], unit="bytes")  # type: ignore[arg-type]

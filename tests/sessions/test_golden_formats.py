@@ -18,6 +18,10 @@ import pytest
 
 import session_agents as sa
 from qitos.checkpoint.sqlite_store import SCHEMA_VERSION
+from qitos.core.state import StopReason
+from qitos.engine.composition import compose
+from qitos.engine.runtime import RuntimeBudget
+from qitos.sessions.step_journal import restore
 
 GOLDEN = Path(__file__).with_name("golden")
 SESSIONS = json.loads((GOLDEN / "sessions.json").read_text(encoding="utf-8"))
@@ -72,3 +76,22 @@ def test_an_old_session_with_runs_continues_and_forks(golden: tuple[str, str, di
     child.steer("one more look")
     assert child.inspect().snapshot_integrity == "verified"
     assert child.run().state.final_result == "70 notes"
+
+
+def test_an_old_session_stopped_as_budget_steps_reads_and_resumes(tmp_path: Path) -> None:
+    # Written when a step limit from a budget stopped a run as "budget_steps" (now one name for
+    # running out of steps, max_steps_reached): it still verifies, reads as stopped, and resumes.
+    db = tmp_path / "budget_steps.db"
+    shutil.copyfile(GOLDEN / "budget_steps.db", db)
+    side = str(tmp_path / "side.log")
+    composition = compose(agent=lambda: sa.NotesAgent(side), store=str(db), budget=RuntimeBudget(max_steps=10))
+    session = composition.restore(SESSIONS["budget_steps"]["stopped"])
+    inspection = session.inspect()
+    assert inspection.snapshot_integrity == "verified"
+    assert inspection.lifecycle.value == "stopped" and inspection.budget["used"]["steps"] == 2
+    stored = restore(session.store, session.session_id.value, inspection.head.snapshot_id)
+    assert stored.state_data["stop_reason"] == "budget_steps"  # the old name, as it was stored
+    result = session.run()  # a stop for want of steps is resumable, under either name
+    assert result.state.final_result == "3 notes" and result.state.current_step == 4
+    assert StopReason(result.state.stop_reason) is StopReason.FINAL
+    composition.runtime.checkpoint_store.close()

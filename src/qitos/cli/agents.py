@@ -1,7 +1,8 @@
 """Loading the user's agent: ``qitos run AGENT`` and the agent a stored session is restored with.
 
-An agent is named ``module:qualname`` (an importable AgentModule class or zero-argument factory;
-the current directory is on ``sys.path`` first, as with ``python -m``) or
+An agent is named ``module:qualname`` (an importable AgentModule class, zero-argument factory or
+agent instance such as a module's ``agent = Agent(model, tools=[...])``; the current directory is on
+``sys.path`` first, as with ``python -m``) or
 ``path/to/script.py:qualname`` (a script, imported as a module: its ``if __name__ == "__main__":``
 block does not run). A session records such a reference when it is created
 (``qitos.engine._agent_ref``); ``--agent`` names another one.
@@ -29,7 +30,7 @@ from qitos.engine._agent_ref import SCRIPT_ATTRIBUTE, split_reference
 
 __all__ = ["AGENT_FORMS", "load_agent", "session_agent"]
 
-AGENT_FORMS = "module:Class or path/to/script.py:Class (a class or zero-argument factory)"
+AGENT_FORMS = "module:Class or path/to/script.py:Class (a class, a zero-argument factory or an agent instance)"
 
 # What a script may hold at its top level for qitos to import it: definitions and assignments.
 _DEFINITIONS = (
@@ -71,9 +72,18 @@ def load_agent(spec: str) -> AgentFactory:
         if not issubclass(target, AgentModule):
             raise ConfigurationError(f"{spec} is a class but not an AgentModule subclass")
         return target
+    if isinstance(target, AgentModule):
+        instance = target
+
+        def factory() -> AgentModule[Any, Any, Any]:
+            return instance
+
+        # It names what it returns, as a class does (an eval pins its agent by this name).
+        factory.__module__, factory.__qualname__ = module.__name__, qualname
+        return factory
     if callable(target):
         return target  # type: ignore[no-any-return]
-    raise ConfigurationError(f"{spec} is neither an AgentModule class nor a factory")
+    raise ConfigurationError(f"{spec} is neither an AgentModule class, a factory nor an agent instance")
 
 
 def session_agent(session_id: str, metadata: Mapping[str, Any], override: str | None) -> AgentModule[Any, Any, Any]:

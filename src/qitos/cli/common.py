@@ -30,6 +30,7 @@ import typer
 from rich.console import Console
 
 from qitos.checkpoint.store import SnapshotNotFoundError
+from qitos.checkpoint.targets import check_target
 from qitos.core.errors import QitosError, SessionNotFoundError, UsageError
 from qitos.core.redaction import redact_text
 from qitos.viewer.data import NotFoundError
@@ -51,6 +52,7 @@ __all__ = [
     "print_json",
     "set_debug",
     "shown_command",
+    "store_target",
 ]
 
 EXIT_OK = 0
@@ -73,6 +75,17 @@ class CliError(Exception):
         super().__init__(message)
         self.code = code
         self.hint = hint
+
+
+def store_target(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    """Option callback for a store option (``--db``, ``--session-db``): a malformed URL is a usage
+    error naming the option (and, like every store shown, without its password)."""
+    if value:
+        try:
+            check_target(value)
+        except UsageError as exc:
+            raise typer.BadParameter(str(exc), ctx=ctx, param_hint=f"'{param.opts[0]}'") from None
+    return value
 
 
 def fail(message: str, code: int = EXIT_FAILED, *, hint: str | None = None) -> NoReturn:
@@ -148,11 +161,13 @@ def cli_command(fn: Callable[P, R]) -> Callable[P, R]:
 def shown_command(*words: str, **options: str | None) -> str:
     """A command line to print as a hint, quoted so that it runs as printed.
 
-    ``options`` become ``--name value`` flags (underscores as dashes), left out when None."""
+    ``options`` become ``--name value`` flags (underscores as dashes), left out when None. A secret
+    in a value (a store URL's password) is redacted: a hint never shows one, so that one command
+    needs the secret typed in again."""
     argv = list(words)
     for name, value in options.items():
         if value is not None:
-            argv += [f"--{name.replace('_', '-')}", value]
+            argv += [f"--{name.replace('_', '-')}", redact_text(value)]
     return shlex.join(argv)
 
 

@@ -38,14 +38,15 @@ class RequestOptions:
 
     temperature: float | None = None
     max_output_tokens: int | None = None
-    tool_choice: str | None = None
     timeout: float | None = None
+    stream: bool = True
 
     def given(self) -> list[str]:
         """The command-line flags that were set."""
-        flags = ("--temperature", "--max-output-tokens", "--tool-choice", "--request-timeout")
-        values = (self.temperature, self.max_output_tokens, self.tool_choice, self.timeout)
-        return [flag for flag, value in zip(flags, values, strict=True) if value is not None]
+        flags = ("--temperature", "--max-output-tokens", "--request-timeout")
+        values = (self.temperature, self.max_output_tokens, self.timeout)
+        given = [flag for flag, value in zip(flags, values, strict=True) if value is not None]
+        return given if self.stream else [*given, "--no-stream"]
 
     def adapter_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``OpenAICompatibleModel``."""
@@ -54,13 +55,10 @@ class RequestOptions:
             kwargs["temperature"] = self.temperature
         if self.max_output_tokens is not None:
             kwargs["max_tokens"] = self.max_output_tokens
-        if self.tool_choice is not None:
-            choice = self.tool_choice
-            kwargs["tool_choice"] = (
-                choice if choice in ("auto", "required", "none") else {"type": "function", "function": {"name": choice}}
-            )
         if self.timeout is not None:
             kwargs["timeout"] = self.timeout
+        if not self.stream:
+            kwargs["stream"] = False
         return kwargs
 
 

@@ -24,6 +24,7 @@ from rich.text import Text
 from qitos.core.errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType
 from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine.progress import preview
 
 __all__ = ["THEMES", "LiveRenderer", "preview"]
 
@@ -34,27 +35,6 @@ _MONO_ATTRIBUTES = frozenset({"bold", "dim", "italic"})
 E = EngineEventType
 
 _STATUS_STYLE = {"completed": "bold green", "stopped": "bold yellow", "failed": "bold red"}
-
-
-def preview(value: Any, limit: int, *, max_lines: int = 1) -> str:
-    """A short preview of ``value`` within ``limit`` characters.
-
-    With ``max_lines=1`` the (non-blank) lines are joined with `` | `` into one line; otherwise at
-    most ``max_lines`` lines are kept. A cut is marked with ``…`` and the number of lines left out.
-    """
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=repr)
-    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()] or [""]
-    if max_lines == 1:
-        out, shown = " | ".join(line.strip() for line in lines), len(lines)
-    else:
-        shown = min(len(lines), max_lines)
-        out = "\n".join(lines[:shown])
-    cut = shown < len(lines)
-    if len(out) > limit:
-        out, cut = out[: max(0, limit - 1)].rstrip(), True
-    if cut:
-        out += "…" + (f" ({len(lines)} lines)" if len(lines) > 1 else "")
-    return out
 
 
 def _call_label(action: Any, limit: int = 48) -> str:
@@ -210,6 +190,8 @@ class LiveRenderer(EngineHook):
                     style=self._style("yellow"),
                 )
             )
+            if payload.get("hint"):
+                self._print(Text(f"  hint: {payload['hint']}", style=self._style("yellow")))
         elif kind is E.ERROR:
             self._errors_shown.add(event.error or "")
             self._print(Text(f"  error: {preview(event.error or '', 400, max_lines=3)}", style=self._style("red")))

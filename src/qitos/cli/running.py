@@ -24,11 +24,13 @@ from qitos.cli.common import (
     fail,
     print_json,
     shown_command,
+    store_target,
 )
 from qitos.cli.models import DEFAULT_OPENAI_WINDOW, MODEL_FORMS, RequestOptions, load_local_model, resolve_model
 from qitos.cli.render import LiveRenderer
 from qitos.core.agent_module import AgentModule
 from qitos.core.redaction import Redactor
+from qitos.core.request_view import TOOL_USE_POLICIES
 from qitos.core.task import Task, TaskBudget
 from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
@@ -197,7 +199,9 @@ def demo(
     ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit.")] = None,
-    db: Annotated[str, typer.Option("--db", help="Session store (SQLite file or postgresql:// URL).")] = DEFAULT_DB,
+    db: Annotated[
+        str, typer.Option("--db", help="Session store (SQLite file or postgresql:// URL).", callback=store_target)
+    ] = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (no live output).")] = False,
     otel: Annotated[
         bool, typer.Option("--otel", help="Export OpenTelemetry spans over OTLP/HTTP (set by OTEL_EXPORTER_OTLP_*).")
@@ -292,18 +296,33 @@ def run(
         int | None, typer.Option(min=1, help="Output token limit of each model reply (openai:NAME max_tokens).")
     ] = None,
     tool_choice: Annotated[
-        str | None, typer.Option(help="Tool choice of each request (openai:NAME): auto, required, none or a tool name.")
-    ] = None,
+        str,
+        typer.Option(
+            help="Tool use of the model's requests: auto, none, required or a tool's name. required and a "
+            "tool's name hold until a tool was used, then auto (so the agent can still finish).",
+        ),
+    ] = "auto",
     request_timeout: Annotated[
         float | None, typer.Option(min=0.001, help="Seconds one model request may take (openai:NAME; default 60).")
     ] = None,
+    no_stream: Annotated[
+        bool,
+        typer.Option(
+            "--no-stream",
+            help="Never stream replies (openai:NAME), for a server that cannot stream (with tools). "
+            "Without it, a server that refuses is asked again without streaming.",
+        ),
+    ] = False,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit (the task budget).")] = None,
     max_run_tokens: Annotated[
         int | None, typer.Option(min=1, help="Token budget of the whole run (all model requests together).")
     ] = None,
     trace_dir: Annotated[str, typer.Option(help="Where run traces are written.")] = DEFAULT_LOGDIR,
     session_db: Annotated[
-        str | None, typer.Option(help="Run as a durable session in this store: SQLite file or postgresql:// URL.")
+        str | None,
+        typer.Option(
+            help="Run as a durable session in this store: SQLite file or postgresql:// URL.", callback=store_target
+        ),
     ] = None,
     compact: Annotated[
         bool, typer.Option(help="Let old closed exchanges be omitted (with receipts) when the context is full.")
@@ -323,11 +342,19 @@ def run(
         request=RequestOptions(
             temperature=temperature,
             max_output_tokens=max_output_tokens,
-            tool_choice=tool_choice,
             timeout=request_timeout,
+            stream=not no_stream,
         ),
     )
     require_model(instance, adapter, what="qitos run")
+    if tool_choice not in TOOL_USE_POLICIES:
+        names = instance.tool_registry.names()
+        if tool_choice not in names:
+            fail(
+                f"--tool-choice {tool_choice!r} is not auto, none, required or one of the agent's tools "
+                f"({', '.join(names) or 'it has none'})",
+                EXIT_USAGE,
+            )
     the_task = Task(objective=task, budget=TaskBudget(max_steps=max_steps, max_tokens=max_run_tokens))
     hooks, renderer = renderer_hooks(json_out, max_tokens=max_run_tokens)
     with otlp_export(otel) as provider:
@@ -341,6 +368,7 @@ def run(
                 hooks=hooks,
                 trace_logdir=trace_dir,
                 otel=provider,
+                tool_use_policy=tool_choice,
                 **compaction_extensions(compact),
             )
             # what `qitos sessions resume` needs again, so the commands it prints run as printed
@@ -360,6 +388,8 @@ def run(
                 trace_dir=trace_dir,
                 session_id=session.session_id.value,
             )
-        context = ModelContext(compaction_policy=ClosedExchangeWindowCompactor() if compact else None)
+        context = ModelContext(
+            compaction_policy=ClosedExchangeWindowCompactor() if compact else None, tool_use_policy=tool_choice
+        )
         engine = Engine(instance, model=adapter, hooks=hooks, trace_logdir=trace_dir, context=context, otel=provider)
         finish(engine.run(the_task), json_out, renderer, adapter=adapter, trace_dir=trace_dir)

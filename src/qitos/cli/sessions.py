@@ -20,7 +20,7 @@ from rich.tree import Tree
 
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import describe_target, store_exists
+from qitos.checkpoint.targets import describe_target, missing_store
 from qitos.checkpoint.targets import open_store as open_target
 from qitos.cli.agents import AGENT_FORMS, session_agent
 from qitos.cli.common import (
@@ -31,9 +31,11 @@ from qitos.cli.common import (
     console,
     fail,
     print_json,
+    store_target,
 )
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
+from qitos.core.redaction import redact_text
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
 from qitos.sessions.control import answer_approval, pause_session, steer_session
@@ -43,7 +45,10 @@ __all__ = ["app"]
 
 app = typer.Typer(help="Durable sessions in a SQLite store: list, show, resume, steer, pause, approve, fork...")
 
-DbOption = Annotated[str, typer.Option("--db", help="The session store: a SQLite file or a postgresql:// URL.")]
+DbOption = Annotated[
+    str,
+    typer.Option("--db", help="The session store: a SQLite file or a postgresql:// URL.", callback=store_target),
+]
 AgentOption = Annotated[
     str | None, typer.Option("--agent", help=f"The agent to restore with: {AGENT_FORMS} (default: the one recorded).")
 ]
@@ -52,10 +57,11 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 @contextmanager
 def open_store(db: str) -> Iterator[CheckpointStore]:
-    """The store ``db`` names (a SQLite file or a postgresql:// URL); exits 3 when the file does not
-    exist (never creates one)."""
-    if not store_exists(db):
-        fail(f"no session store at {db}", EXIT_NOT_FOUND)
+    """The store ``db`` names (a SQLite file or a postgresql:// URL); exits 3, saying why, when there
+    is none (a missing file or schema: it is never created)."""
+    missing = missing_store(db)
+    if missing is not None:
+        fail(f"no session store at {redact_text(db)}: {missing}", EXIT_NOT_FOUND)
     store = open_target(db)
     try:
         yield store
@@ -102,9 +108,9 @@ def list_sessions(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> No
         return
     out = console()
     if not rows:
-        out.print(f"no sessions in {db}", highlight=False)
+        out.print(f"no sessions in {redact_text(db)}", highlight=False)
         return
-    table = Table(title=f"sessions in {db}", title_justify="left")
+    table = Table(title=f"sessions in {redact_text(db)}", title_justify="left")
 
     # Ids are never cut: the id column keeps its full width and the other columns give way (a
     # narrow terminal folds them onto more lines instead of truncating anything you might copy).
@@ -376,7 +382,7 @@ def vacuum(db: DbOption = DEFAULT_DB, json_out: JsonOption = False) -> None:
     if json_out:
         print_json({"db": describe_target(db), "bytes_before": before, "bytes_after": after})
     else:
-        console().print(f"vacuumed {db}: {before:,} -> {after:,} bytes", highlight=False)
+        console().print(f"vacuumed {redact_text(db)}: {before:,} -> {after:,} bytes", highlight=False)
 
 
 def _db_bytes(db: str, store: CheckpointStore) -> int:

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qitos.checkpoint.targets import describe_target
-from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, cli_command, console, print_json
+from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, cli_command, console, print_json, store_target
 from qitos.viewer.data import find_run, run_detail, runs_board
 
 __all__ = ["app"]
@@ -154,7 +154,12 @@ def summary_id(detail: dict[str, Any]) -> str:
 def serve(
     logdir: LogdirOption = DEFAULT_LOGDIR,
     db: Annotated[
-        str, typer.Option("--db", help="Session store on the board (SQLite file, if it exists, or postgresql:// URL).")
+        str,
+        typer.Option(
+            "--db",
+            help="Session store on the board (SQLite file, if it exists, or postgresql:// URL).",
+            callback=store_target,
+        ),
     ] = DEFAULT_DB,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0 picks a free one).")] = 8765,
 ) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from qitos.cli.common import cli_command, console, print_json
+from qitos.cli.common import cli_command, console, print_json, store_target
 from qitos.core._install import install_command
 from qitos.core.errors import ConfigurationError
 from qitos.distributed.fleet import Fleet
@@ -32,7 +32,9 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 _YOUNG_COLLECTION_EVERY = 10_000  # allocations between collections of the youngest generation (default 700)
 
 AppOption = Annotated[str, typer.Option("--app", help="The composition to run: pkg.module:attribute.")]
-FleetDbOption = Annotated[str, typer.Option("--db", help="The fleet's PostgreSQL database: a postgresql:// URL.")]
+FleetDbOption = Annotated[
+    str, typer.Option("--db", help="The fleet's PostgreSQL database: a postgresql:// URL.", callback=store_target)
+]
 QueueOption = Annotated[str, typer.Option("--queue", help="The DBOS queue the fleet's runs go through.")]
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TextIO, TypeVar
 
 from qitos.core.decision import Decision
 from qitos.core.errors import ConfigurationError, RunFailedError
+from qitos.core.output import OutputSpec
 from qitos.core.state import StateSchema
 from qitos.core.task import Task
 from qitos.core.tool import ToolRegistry
@@ -34,6 +35,11 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
     A subclass can declare its tools as a class attribute, ``tools = (word_count, ...)``; they form
     the registry when none is passed, so ``MyAgent()`` and ``compose(agent=MyAgent)`` have them.
+
+    ``output_type`` (class or instance attribute; None: text) types the final answer of the model
+    path: a dataclass or a pydantic model. The model is then asked for a JSON object of that type,
+    an answer that does not validate gets repair feedback, and ``run`` returns the typed value
+    (see ``qitos.core.output``).
 
     Args:
         tool_registry: the tools the agent may call: a ``ToolRegistry`` or a sequence of tools
@@ -57,6 +63,9 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
     tools: ClassVar[Sequence[Any]] = ()
     """Tools (``@tool`` functions or ToolSpecs) every instance gets when no ``tool_registry`` is passed."""
+
+    output_type: type | None = None
+    """The type of the final answer on the model path (a dataclass or pydantic model), or None for text."""
 
     def __init__(
         self,
@@ -145,10 +154,12 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         trace_prefix: str | None = None,
         theme: str = DEFAULT_THEME,
         otel: Any = None,
+        progress: bool | TextIO = False,
         **state_kwargs: Any,
     ) -> Any:
         """Build an Engine, run ``task``, and return ``state.final_result``
-        (the whole ``EngineResult`` when ``return_state=True``).
+        (the whole ``EngineResult`` when ``return_state=True``). With an ``output_type`` the final
+        answer is returned as that type (None when the run ended without one).
 
         A run that ends with status ``failed`` (the model unreachable, an HTTP error, a request that
         does not fit its budget...) raises :class:`~qitos.core.errors.RunFailedError` carrying the
@@ -160,7 +171,8 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         or None; ``theme`` is set on it (a renderer without a ``theme`` attribute, or no renderer,
         accepts only the default theme). ``history_policy`` goes to the Engine (a compaction policy).
         ``otel`` turns on OpenTelemetry spans (``True``, a TracerProvider or ``OtelSettings``; see
-        ``qitos.engine.telemetry``).
+        ``qitos.engine.telemetry``). ``progress=True`` prints a line per step to stderr (or to the
+        text stream given), rendered from the run's events (``qitos.engine.progress``).
         ``state_kwargs`` go to ``init_state``.
         """
         # The one place core reaches up to the engine: the convenience entry point of seed 004.
@@ -175,7 +187,11 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
             all_hooks.append(render)
         elif theme != DEFAULT_THEME:
             raise ConfigurationError(f"theme={theme!r} styles a renderer, but no render= hook was given")
-        kwargs.setdefault("hooks", all_hooks)
+        if progress is not False:
+            printer = importlib.import_module("qitos.engine.progress").progress_printer(progress)
+            if printer is not None:
+                all_hooks.append(printer)
+        kwargs["hooks"] = [*(kwargs.get("hooks") or []), *all_hooks]  # engine_kwargs' hooks and these
         for name, value in (
             ("parser", parser),
             ("env", env),
@@ -203,7 +219,10 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
                 stop_reason=task_result.stop_reason,
                 error=task_result.error,
             )
-        return result.state.final_result
+        final = result.state.final_result
+        if self.output_type is None or final is None:
+            return final
+        return OutputSpec.of(self.output_type).parse(final)
 
 
 def _registry(given: Any, declared: Sequence[Any]) -> ToolRegistry:

@@ -8,7 +8,9 @@ be refused instead (a task, see :class:`~qitos.core.task.Task`).
 
 ``encode_value`` / ``decode_value`` turn typed Python values into JSON-native data and back, guided
 by type hints. They round-trip dataclasses (nested, subclassed as declared), enums, tuples, lists,
-sets, dicts, datetimes and ``Optional``/``Union``/``Literal`` fields. Anything they cannot bring back
+sets, dicts, datetimes and ``Optional``/``Union``/``Literal`` fields, and pydantic models declared
+by their class (``model_dump(mode="json")`` / ``model_validate``; told by those methods, so
+pydantic itself is never imported here). Anything they cannot bring back
 exactly raises :class:`~qitos.core.errors.CodecError` naming the field path; nothing is silently
 turned into ``None`` or a plain dict. That includes a cyclic value (a list or dict that contains
 itself) and one nested deeper than the interpreter's recursion limit allows: the error names the
@@ -42,6 +44,7 @@ __all__ = [
     "encode_value",
     "escape_surrogates",
     "field_hints",
+    "is_model_class",
     "recursion_error",
     "sha256_hex",
 ]
@@ -245,6 +248,14 @@ def _encode(value: Any, hint: Any, path: str) -> Any:
         if expected is not None and not _fits(value, expected):
             raise CodecError(path, _wrong_type(expected, value))
         return _encode_float(value, path) if isinstance(value, float) else value
+    if expected is not None and is_model_class(expected) and isinstance(value, expected):
+        if type(value) is not expected:
+            raise CodecError(
+                path,
+                f"declared {_name(expected)} but holds {type(value).__qualname__}; "
+                "a subclass instance cannot round-trip through the declared type",
+            )
+        return _encode_untyped(value.model_dump(mode="json"), path)
     args = typing.get_args(hint)
     if isinstance(value, list | tuple | set | frozenset):
         if expected is not None and not isinstance(value, expected):
@@ -415,6 +426,12 @@ def _decode_class(data: Any, cls: type, path: str) -> Any:
         if not isinstance(data, dict):
             raise CodecError(path, f"expected an object for {cls.__qualname__}, got {type(data).__qualname__}")
         return _decode_dataclass(cls, data, path)
+    if is_model_class(cls):
+        try:
+            return cls.model_validate(data)  # type: ignore[attr-defined]
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            first = str(exc).splitlines()
+            raise CodecError(path, f"not a valid {cls.__qualname__}: {' '.join(first[:3])}") from exc
     if cls is bool:
         if not isinstance(data, bool):
             raise CodecError(path, f"expected a bool, got {data!r}")
@@ -560,6 +577,13 @@ def _enum_keys(cls: type[enum.Enum]) -> dict[str, Any]:
                 members[str(value)] = member
         _ENUM_KEYS[cls] = members
     return members
+
+
+def is_model_class(tp: Any) -> bool:
+    """Whether ``tp`` is a pydantic model class, told by its methods (pydantic is never imported)."""
+    return isinstance(tp, type) and all(
+        callable(getattr(tp, name, None)) for name in ("model_validate", "model_json_schema", "model_dump")
+    )
 
 
 def _name(hint: Any) -> str:

@@ -18,6 +18,13 @@ English and JSON (about 4 to 4.5 bytes per ``cl100k_base`` token) and matches CJ
 budget counted with it errs on the side of sending less. A request view built with it says so:
 its provenance ``counter`` is ``["tokens", "estimate:utf8-bytes/3"]`` and its summary has
 ``units.estimated: true``. The tokenizer stays an extra because it brings numpy along.
+
+A token count is exact only with the model's own tokenizer: a model adapter declares it as
+``tokenizer`` (its name for the offline tokenizer, e.g. ``cl100k_base`` or ``o200k_base``; None, the
+default, when the model's tokenizer is not one of them). ``unit_counter_for("tokens",
+tokenizer=...)`` counts with that tokenizer when it is available; any other count (``cl100k_base``
+for a SmolLM2 or Llama server, the byte estimate) is an estimate, and a request view's summary says
+so (``units.estimated: true``) and names the tokenizer that counted (``units.tokenizer``).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ __all__ = [
     "TokenCounter",
     "UnitCounter",
     "collect_context_contributions",
+    "counts_exactly",
     "default_output_reserve",
     "default_unit_counter",
     "tokenizer_available",
@@ -216,14 +224,33 @@ def tokenizer_available() -> bool:
     return True
 
 
-def unit_counter_for(unit: str) -> UnitCounter:
+def unit_counter_for(unit: str, *, tokenizer: str | None = None) -> UnitCounter:
     """The standard counter for a unit name: characters, or tokens (``cl100k_base``; without the
-    tokenizer installed, the :class:`EstimatedTokenCounter` estimate)."""
+    tokenizer installed, the :class:`EstimatedTokenCounter` estimate).
+
+    ``tokenizer``: the model's own tokenizer, as its adapter declares it; tokens are then counted
+    with it when the offline tokenizer package has it, else as without it.
+    """
     if unit == "characters":
         return default_unit_counter
     if unit == "tokens":
-        return TokenCounter() if tokenizer_available() else EstimatedTokenCounter()
+        if not tokenizer_available():
+            return EstimatedTokenCounter()
+        if tokenizer is not None and tokenizer != "cl100k_base":
+            try:
+                return TokenCounter(tokenizer)
+            except ValueError:
+                pass  # a tokenizer the package does not know: counted with the default, an estimate
+        return TokenCounter()
     raise ValueError(f"unit: no standard counter for {unit!r}; pass a counter whose unit is {unit!r}")
+
+
+def counts_exactly(counter_key: Sequence[Any], model_tokenizer: str | None) -> bool:
+    """Whether a count by the counter with ``cache_key`` ``counter_key`` is exact for a model that
+    declares ``model_tokenizer``: characters always are; tokens only by that very tokenizer."""
+    if not counter_key or counter_key[0] != "tokens":
+        return True
+    return model_tokenizer is not None and list(counter_key[1:]) == [model_tokenizer]
 
 
 def default_output_reserve(max_input_units: int) -> int:

@@ -12,7 +12,10 @@ What is replaced by ``[REDACTED]``:
   :func:`model_credentials`); values shorter than 4 characters are ignored (they would match
   everywhere);
 - **token shapes**: ``sk-…`` keys, ``Bearer …`` tokens, GitHub tokens (``ghp_…``, ``github_pat_…``)
-  and the password of a URL (``scheme://user:password@host``);
+  and the password of a URL of any scheme, in its user part (``scheme://user:password@host``,
+  ``redis://:password@host``) or in its query (the value of a ``password``, ``passwd``, ``pwd``,
+  ``secret``, ``token``, ``api_key``, ``apikey`` or ``access_token`` parameter, in any case, as in
+  ``postgresql://app@/db?host=/run&password=…``);
 - **secret fields**: the string value of a field named like ``api_key``, ``authorization``,
   ``x-api-key``, ``access_token``, ``secret`` or ``password`` — as a key of a mapping (see
   :meth:`Redactor.redact_value`) or inside JSON text at any nesting depth.
@@ -47,7 +50,12 @@ _MIN_SECRET = 4
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
 _SK = re.compile(r"\bsk-[A-Za-z0-9_-]{8,}")
 _GITHUB = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@\"']+:)([^\s/@\"']+)(@)")
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@\"']*:)([^\s/@\"']+)(@)")
+# A secret query parameter's value; it ends where the parameter does, or at a quote or backslash (so
+# the JSON text holding the URL stays valid).
+_URL_QUERY_SECRET = re.compile(
+    r"(?i)([?&;](?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?token)=)([^&#;\s\"'<>\\]+)"
+)
 
 # The start of a secret field's string value: "api_key": " as JSON text, or the same nested inside a
 # JSON string at any depth (\"api_key\": \"). Group 1 is the backslashes escaping the quotes there.
@@ -185,7 +193,8 @@ def model_credentials(model: object) -> tuple[str, ...]:
 
 def _redact_shapes(text: str) -> str:
     # Every shape is at least 8 characters long, and all but bearer tokens hold a punctuation mark
-    # that a one-character scan (memchr speed) finds or rules out before any longer search.
+    # that a one-character scan (memchr speed) finds or rules out before any longer search: a search
+    # for more than one character costs about a hundred times as much.
     if len(text) < 8:
         return text
     if "earer" in text or "EARER" in text:
@@ -194,8 +203,13 @@ def _redact_shapes(text: str) -> str:
         text = _SK.sub(REDACTED, text)
     if "_" in text and ("gh" in text or "github_pat_" in text):
         text = _GITHUB.sub(REDACTED, text)
-    if "@" in text and "://" in text:
-        text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", text)
+    # A URL's password sits before an @ or in its query (after a ? and an =).
+    at, query = "@" in text, "=" in text and "?" in text
+    if (at or query) and "://" in text:
+        if at:
+            text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", text)
+        if query:
+            text = _URL_QUERY_SECRET.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     if '"' in text:
         text = _redact_secret_fields(text)
     return text

@@ -52,6 +52,7 @@ from qitos.core.context import (
     ContextSelectionPolicy,
     PriorityContextSelectionPolicy,
     UnitCounter,
+    counts_exactly,
     unit_counter_for,
 )
 from qitos.core.errors import ConfigurationError, ContextError
@@ -63,6 +64,7 @@ from qitos.core.exchange import (
     ItemIdRange,
     categories_from_mask,
 )
+from qitos.core.output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT
 
 __all__ = [
     "REASONING_EFFORTS",
@@ -398,12 +400,14 @@ class RequestView:
     (the OpenAI-compatible adapter as ``tool_choice``; the local adapter as its grammar).
 
     What the built-in adapters send: :meth:`messages`, :meth:`tools`, :meth:`tool_choice` and
-    ``reasoning_policy.effort`` (see :class:`ReasoningPolicy`). The other fields record how the
-    request was built and are not sent: ``context_budget``, ``selection``,
-    ``compaction_receipts``, ``provenance_json``, ``steering_boundary_json``,
-    ``correlation_facts_json`` and ``protocol_id`` are for traces and checks;
-    ``capability_requirements``, ``continuation`` (chat completions have no previous-response id)
-    and ``artifact_refs`` (bodies are not embedded) are ignored by both built-in adapters.
+    ``reasoning_policy.effort`` (see :class:`ReasoningPolicy`); a request for a typed answer
+    (:meth:`output_schema`) goes out as its ``final_answer`` tool or as a ``response_format``. The
+    other fields record how the request was built and are not sent: ``context_budget``,
+    ``selection``, ``compaction_receipts``, ``provenance_json``, ``steering_boundary_json``,
+    ``correlation_facts_json`` and ``protocol_id`` are for traces and checks; the other
+    ``capability_requirements`` than ``structured_output``, ``continuation`` (chat completions have
+    no previous-response id) and ``artifact_refs`` (bodies are not embedded) are ignored by both
+    built-in adapters.
     """
 
     request_id: str
@@ -471,6 +475,18 @@ class RequestView:
         """The tool schemas as given: ``{"name", "description", "parameters"}``."""
         return [json.loads(text) for text in self.tool_schemas_json]
 
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema a typed final answer must match, when the request asks for one
+        (``structured_output`` among its capability requirements): the parameters of its
+        ``final_answer`` tool (see ``qitos.core.output``). None for a request for plain text."""
+        if STRUCTURED_OUTPUT not in self.capability_requirements:
+            return None
+        for text in self.tool_schemas_json:
+            schema = json.loads(text)
+            if schema.get("name") == FINAL_ANSWER_TOOL:
+                return dict(schema.get("parameters") or {})
+        return None
+
     def tool_choice(self) -> str | None:
         """What the model is asked about tools: ``auto``, ``required``, ``none`` or a tool's name;
         None when the request has no tools. A ``required`` or named policy that is already
@@ -520,7 +536,8 @@ class RequestView:
                 "total": sel.total_units,
                 "omitted": sel.omitted_units,
                 "counter": list(counter),
-                "estimated": any(str(part).startswith("estimate") for part in counter),
+                "tokenizer": counter[1] if counter[0] == "tokens" and len(counter) > 1 else None,
+                "estimated": not counts_exactly(counter, prov.get("model_tokenizer")),
             },
             "exchanges": {
                 "selected": list(sel.selected_exchange_ids),
@@ -579,6 +596,7 @@ class RequestView:
             log=log,
             budget=context_budget or ContextBudget(),
             counter=context_unit_counter,
+            tokenizer=_model_tokenizer(model),
             selection_policy=cast(ContextSelectionPolicy, context_selection_policy or PriorityContextSelectionPolicy()),
             compaction_policy=compaction_policy,
         ).build(
@@ -634,7 +652,7 @@ class RequestView:
                 f"receipt {receipt.receipt_id!r} output_digest does not match the remaining projection",
                 policy_id=receipt.policy_id,
             )
-        counter = counter or unit_counter_for(sel.unit)
+        counter = counter or unit_counter_for(sel.unit, tokenizer=self.provenance.get("model_tokenizer"))
         dropped_units = sum(counter.count(text) for text in self.selected_items_json[:k])
         context_json = self.context_json
         task = None
@@ -759,6 +777,16 @@ def _span(ids: Sequence[str]) -> str:
 # --------------------------------------------------------------------------- the builder
 
 
+def _model_tokenizer(model: Any) -> str | None:
+    """The tokenizer a model adapter declares as its own (``tokenizer``), or None."""
+    declared = getattr(model, "tokenizer", None)
+    if declared is None:
+        return None
+    if not isinstance(declared, str) or not declared:
+        raise ConfigurationError(f"{type(model).__name__}.tokenizer must be a tokenizer name or None, got {declared!r}")
+    return declared
+
+
 class _Builder:
     """One build of a RequestView (kept out of the dataclass so the algorithm reads top to bottom)."""
 
@@ -768,6 +796,7 @@ class _Builder:
         log: ExchangeLog,
         budget: ContextBudget,
         counter: UnitCounter | None,
+        tokenizer: str | None,
         selection_policy: ContextSelectionPolicy,
         compaction_policy: Any,
     ) -> None:
@@ -775,7 +804,10 @@ class _Builder:
             raise ConfigurationError(f"log: expected an ExchangeLog, got {type(log).__name__}")
         self.log = log
         self.budget = budget
-        self.counter: UnitCounter = counter if counter is not None else unit_counter_for(budget.unit)
+        self.tokenizer = tokenizer
+        self.counter: UnitCounter = (
+            counter if counter is not None else unit_counter_for(budget.unit, tokenizer=tokenizer)
+        )
         if self.counter.unit != budget.unit:
             raise ConfigurationError(
                 f"context_unit_counter counts {self.counter.unit!r} but the budget is in {budget.unit!r}"
@@ -983,6 +1015,8 @@ class _Builder:
                 for c in selection.omitted
             ],
         }
+        if self.tokenizer is not None:  # only when declared: the ids of other requests stay as they were
+            provenance["model_tokenizer"] = self.tokenizer
         receipts = (*prior_receipts, *new_receipts)
         identity = {
             "schema": REQUEST_VIEW_SCHEMA_VERSION,

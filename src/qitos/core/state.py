@@ -35,11 +35,17 @@ __all__ = [
 
 
 class StopReason(StrEnum):
-    """Why a run ended (or paused). A str Enum: ``StopReason.FINAL == "final"``."""
+    """Why a run ended (or paused). A str Enum: ``StopReason.FINAL == "final"``.
+
+    Running out of steps has one name, ``max_steps_reached``, whichever limit applied (the task's
+    budget, the engine's or the state's own ``max_steps``: a run has one step limit).
+    ``BUDGET_STEPS`` is the same member under the name earlier versions emitted, and
+    ``StopReason("budget_steps")``, the value they stored, reads as ``MAX_STEPS_REACHED``.
+    """
 
     FINAL = "final"
     MAX_STEPS_REACHED = "max_steps_reached"
-    BUDGET_STEPS = "budget_steps"
+    BUDGET_STEPS = "max_steps_reached"
     BUDGET_TIME = "budget_time"
     BUDGET_TOKENS = "budget_tokens"
     AGENT_STOP = "agent_stop"
@@ -52,6 +58,14 @@ class StopReason(StrEnum):
     TASK_VALIDATION_FAILED = "task_validation_failed"
     CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
     UNRECOVERABLE_ERROR = "unrecoverable_error"
+
+    @classmethod
+    def _missing_(cls, value: object) -> StopReason | None:
+        # Sessions and traces written before the two names were one say "budget_steps".
+        return cls.MAX_STEPS_REACHED if value == _LEGACY_BUDGET_STEPS else None
+
+
+_LEGACY_BUDGET_STEPS = "budget_steps"
 
 
 _CONTAINERS = (list, dict)

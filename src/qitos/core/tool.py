@@ -10,6 +10,12 @@ A tool may be an ``async def`` function (its schema comes from hints and docstri
 ``ToolRegistry.acall`` awaits it on the running loop and runs sync tools in a given executor;
 ``ToolRegistry.call`` runs it to completion with ``asyncio.run`` (refused inside a running loop).
 
+A caller that must act right before a tool's own code runs (a durable session records that a call
+which is not idempotent has started) passes a ``CallStart``: ``begin`` runs in the thread that runs
+a sync tool (an executor thread under ``acall``), just before the tool, and ``abegin`` on the loop
+just before an ``async def`` tool is awaited. A call waiting for an executor thread has therefore
+not begun. If ``begin``/``abegin`` raises, the tool does not run and the exception propagates.
+
 ``ToolRegistry.call`` never raises for a tool's own failure: unknown tools, invalid arguments,
 exceptions and timeouts all become a ``ToolResult`` with ``ok=False`` and an ``error_kind`` that the
 agent can read and react to.
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import datetime
 import enum
 import inspect
 import json
@@ -47,12 +55,14 @@ from qitos.core.errors import CodecError, ToolDefinitionError
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
+    "CallStart",
     "ToolErrorKind",
     "ToolRegistry",
     "ToolResult",
     "ToolSpec",
     "compile_validator",
     "schema_for_function",
+    "schema_for_type",
     "tool",
     "validate_arguments",
 ]
@@ -293,33 +303,69 @@ def schema_for_function(fn: Callable[..., Any], param_docs: Mapping[str, str] | 
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def _schema_for_hint(hint: Any) -> dict[str, Any]:
+def schema_for_type(hint: Any) -> dict[str, Any]:
+    """JSON schema of a type: what a tool parameter may be, and also dataclasses (an object of their
+    fields, nested dataclasses inline) and dates (ISO strings), as the strict codec decodes them.
+    Raises ToolDefinitionError naming an unsupported (or recursive) type."""
+    return _schema_for_hint(hint, records=())
+
+
+def _schema_for_hint(hint: Any, records: tuple[type, ...] | None = None) -> dict[str, Any]:
+    # records: None for a tool parameter (plain JSON types only); else the dataclasses being described
     if hint is Any:
         return {}
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is Union or origin is types.UnionType:
         arms = [a for a in args if a is not type(None)]
-        inner = _schema_for_hint(arms[0]) if len(arms) == 1 else {"anyOf": [_schema_for_hint(a) for a in arms]}
+        inner = (
+            _schema_for_hint(arms[0], records)
+            if len(arms) == 1
+            else {"anyOf": [_schema_for_hint(a, records) for a in arms]}
+        )
         if type(None) in args:
             return {"anyOf": [inner, {"type": "null"}]}
         return inner
     if origin is Literal:
         return {"enum": list(args)}
     if origin in (list, tuple, set, frozenset) or hint in (list, tuple, set, frozenset):
-        item = _schema_for_hint(args[0]) if args and args[0] is not Ellipsis else {}
+        item = _schema_for_hint(args[0], records) if args and args[0] is not Ellipsis else {}
         return {"type": "array", "items": item}
     if origin is dict or hint is dict:
         schema: dict[str, Any] = {"type": "object"}
         if len(args) == 2:
-            schema["additionalProperties"] = _schema_for_hint(args[1])
+            schema["additionalProperties"] = _schema_for_hint(args[1], records)
         return schema
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return {"enum": [m.value for m in hint]}
     simple = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
     if hint in simple:
         return {"type": simple[hint]}
+    if records is not None:
+        if hint is datetime.datetime or hint is datetime.date:
+            return {"type": "string", "format": "date-time" if hint is datetime.datetime else "date"}
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            return _record_schema(hint, records)
     raise ToolDefinitionError(f"unsupported type {hint!r}; use str, int, float, bool, list, dict, Literal, Enum")
+
+
+def _record_schema(cls: type, records: tuple[type, ...]) -> dict[str, Any]:
+    if cls in records:
+        raise ToolDefinitionError(f"{cls.__qualname__} contains itself; a recursive dataclass has no inline schema")
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception as exc:
+        raise ToolDefinitionError(f"{cls.__qualname__}: cannot resolve type hints: {exc}") from exc
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for item in dataclasses.fields(cls):
+        try:
+            properties[item.name] = _schema_for_hint(hints.get(item.name, Any), (*records, cls))
+        except ToolDefinitionError as exc:
+            raise ToolDefinitionError(f"{cls.__qualname__}.{item.name}: {exc}") from exc
+        if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING:
+            required.append(item.name)
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
@@ -495,6 +541,18 @@ def _object_validator(schema: Mapping[str, Any], names: str) -> Validator:
 # --------------------------------------------------------------------------- registry
 
 
+class CallStart(typing.Protocol):
+    """What must happen right before a tool's own code runs (see the module docstring)."""
+
+    def begin(self) -> None:
+        """In the thread that runs a sync tool, just before it (raise: the tool does not run)."""
+        ...
+
+    async def abegin(self) -> None:
+        """On the event loop, just before an ``async def`` tool is awaited (raise: it does not run)."""
+        ...
+
+
 class ToolRegistry:
     """Named tools an agent may call. Register functions, ``@tool`` methods of objects, or ToolSpecs."""
 
@@ -559,16 +617,19 @@ class ToolRegistry:
             self._schemas = [spec.schema() for spec in self._tools.values()]
         return self._schemas
 
-    def call(self, name: str, args: Any, *, call_id: str = "") -> ToolResult:
+    def call(self, name: str, args: Any, *, call_id: str = "", start: CallStart | None = None) -> ToolResult:
         """Run one tool call. Never raises for the tool's own failure; see the module docstring.
 
         An ``async def`` tool is run to completion with ``asyncio.run`` in the calling thread; called
         from a thread whose event loop is running, it is refused (a ``tool_error`` result telling to
-        use ``acall`` / ``AsyncEngine``), because that loop cannot be re-entered.
+        use ``acall`` / ``AsyncEngine``), because that loop cannot be re-entered. ``start.begin()``
+        runs in the calling thread once the arguments are valid, just before the tool.
         """
         spec, prepared = self._prepare(name, args, call_id)
         if spec is None:
             return prepared  # type: ignore[no-any-return]
+        if start is not None:
+            start.begin()  # outside the try below: its failure is not the tool's
         started = time.perf_counter()
         try:
             if spec.timeout is None and not self._is_async[name]:
@@ -582,29 +643,42 @@ class ToolRegistry:
         return self._finish(spec, call_id, output, started)
 
     async def acall(
-        self, name: str, args: Any, *, call_id: str = "", executor: concurrent.futures.Executor | None = None
+        self,
+        name: str,
+        args: Any,
+        *,
+        call_id: str = "",
+        executor: concurrent.futures.Executor | None = None,
+        start: CallStart | None = None,
     ) -> ToolResult:
         """Async twin of :meth:`call`: an ``async def`` tool is awaited on the running loop; a sync
         tool runs in ``executor`` (None: the loop's default executor). ``timeout`` applies to both;
         a sync call that times out keeps its executor thread until it returns (threads cannot be
         killed). Cancelling the awaiting task cancels an async tool; a sync one finishes unobserved.
+        ``start.begin()`` runs in the executor thread just before a sync tool (not while the call
+        waits for a thread), ``await start.abegin()`` just before an async one is awaited.
         """
         spec, prepared = self._prepare(name, args, call_id)
         if spec is None:
             return prepared  # type: ignore[no-any-return]
+        is_async = self._is_async[name]
+        if start is not None and is_async:
+            await start.abegin()  # outside the try below: its failure is not the tool's
         started = time.perf_counter()
         try:
-            if self._is_async[name]:
+            if is_async:
                 pending = spec.func(**prepared)
             else:
                 # qitos' own tool threads (qitos.engine.tool_threads) put the result straight on the
                 # loop; any other executor goes through run_in_executor.
                 run_soon = getattr(executor, "run_soon", None)
-                call = _Bound(spec.func, prepared)
+                call = _Bound(spec.func, prepared) if start is None else _Begun(start, spec.func, prepared)
                 pending = run_soon(call) if run_soon else asyncio.get_running_loop().run_in_executor(executor, call)
             output = await (pending if spec.timeout is None else asyncio.wait_for(pending, spec.timeout))
         except TimeoutError:
             return _failure(call_id, name, "timeout", f"timed out after {spec.timeout} s", started)
+        except _StartFailed as failed:
+            raise failed.error from None
         except Exception as exc:
             return _failure(call_id, name, "tool_error", f"{type(exc).__name__}: {exc}", started)
         return self._finish(spec, call_id, output, started)
@@ -838,6 +912,32 @@ class _Bound:
         self.kwargs = kwargs
 
     def __call__(self) -> Any:
+        return self.fn(**self.kwargs)
+
+
+class _StartFailed(Exception):
+    """``CallStart.begin`` raised in the executor thread: the tool did not run (``acall`` re-raises
+    ``error`` rather than reporting a tool failure)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Begun(_Bound):
+    """``start.begin()`` then ``fn(**kwargs)``, in the thread that runs the call."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: CallStart, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+        super().__init__(fn, kwargs)
+        self.start = start
+
+    def __call__(self) -> Any:
+        try:
+            self.start.begin()
+        except BaseException as exc:
+            raise _StartFailed(exc) from exc
         return self.fn(**self.kwargs)
 
 

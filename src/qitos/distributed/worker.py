@@ -215,8 +215,10 @@ class Worker:
         came while it was finishing, to the session or to a delegated child it waits on
         (``continuation``): that answer's own run found the lease still held. A run that
         failed on the store itself (a lost connection, the server restarting: a plain
-        ``CheckpointError``) is resumed from its last committed boundary, with pauses, for up to
-        ``max(30 s, 2 leases)``; then the workflow fails and ``Fleet.resume`` starts it again.
+        ``CheckpointError``), or lost its lease with nobody taking the session over (it stalled
+        past the lease), is resumed from its last committed boundary, with pauses, for up to
+        ``max(30 s, 2 leases)``; then the workflow fails and ``Fleet.resume`` starts it again. A
+        run whose session another runner took over ends ``lease_lost``: that runner carries on.
         The run first waits for one of the worker's ``concurrency`` slots.
         """
         async with self._slot(session_id):
@@ -275,7 +277,15 @@ class Worker:
             try:
                 result = await (await self.composition.arestore(session_id)).arun()
             except LeaseLostError:
-                return "lease_lost"  # taken over after this runner stalled past its lease
+                with contextlib.suppress(CheckpointError):  # unreadable now: the next attempt finds out
+                    if await self._held_elsewhere(session_id):
+                        return "lease_lost"  # taken over after this runner stalled past its lease: it carries on
+                # The lease lapsed and nobody took the session: DBOS would record this run as a success
+                # and nothing would continue the session, so it goes on here, as after a store failure.
+                if retry_until is None:
+                    retry_until = time.monotonic() + max(_RETRY_FOR, 2 * self.composition.runtime.lease_ttl)
+                elif time.monotonic() > retry_until:
+                    raise
             except SessionBusyError:
                 if retry_until is None or time.monotonic() > retry_until:
                     return "busy"  # another runner holds the lease; it (or a re-dispatch) carries on
@@ -295,6 +305,11 @@ class Worker:
                 continue
             await asyncio.sleep(pause)
             pause = min(2 * pause, 2.0)
+
+    async def _held_elsewhere(self, session_id: str) -> bool:
+        """Whether a live runner holds ``session_id``'s lease (this run's own was lost)."""
+        lease = await self.store.aget_lease(session_id)
+        return lease is not None and lease.expires_at > time.time() and not holder_is_dead(lease.owner)
 
     # ---- the supervisor
 

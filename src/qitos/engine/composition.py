@@ -24,6 +24,7 @@ from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import open_store
 from qitos.core.agent_module import AgentModule
+from qitos.core.context import ContextRequest
 from qitos.core.errors import ConfigurationError
 from qitos.core.task import Task
 from qitos.engine.engine import Engine
@@ -61,6 +62,7 @@ class Runtime:
     batch_ms: float = 50.0
     lease_ttl: float = DEFAULT_LEASE_TTL
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    tool_use_policy: str | Callable[[ContextRequest], str] = "auto"
 
 
 class Composition:
@@ -81,7 +83,11 @@ class Composition:
         if not isinstance(agent, AgentModule):
             raise ConfigurationError(f"the agent factory returned {type(agent).__name__}, not an AgentModule")
         runtime = self.runtime
-        context = ModelContext(contributors=runtime.contributors, compaction_policy=runtime.compactor)
+        context = ModelContext(
+            contributors=runtime.contributors,
+            compaction_policy=runtime.compactor,
+            tool_use_policy=runtime.tool_use_policy,
+        )
         return Engine(
             agent,
             model=runtime.model,
@@ -126,6 +132,7 @@ def compose(
     batch_ms: float = 50.0,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     tool_workers: int | None = None,
+    tool_use_policy: str | Callable[[ContextRequest], str] = "auto",
     **engine_kwargs: Any,
 ) -> Composition:
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
@@ -141,6 +148,10 @@ def compose(
     session whose runner died waits before another runner may take it over (``qitos.sessions.lease``).
     ``tool_workers``: size of one executor shared by every session of this composition for its sync
     tools under ``Session.arun`` (default: the process-wide executor; see ``EngineLoop``).
+    ``tool_use_policy``: the tool use of each model request: ``"auto"`` (the model chooses),
+    ``"none"``, ``"required"`` or a tool's name (both hold until a tool was used, then ``auto``: the
+    model must act first and can still finish), or a function ``ContextRequest -> str`` deciding per
+    request (see ``qitos.engine.model_path.ModelContext``).
     Other keyword arguments go to the Engine (``budget=``, ``hooks=``, ``critics=`` ...).
     """
     if durability not in ("sync", "batched"):
@@ -157,6 +168,10 @@ def compose(
             raise ConfigurationError(f"tool_workers must be a positive int, got {tool_workers!r}")
         # One executor for all the composition's engines (an engine per session), so the bound holds.
         engine_kwargs["tool_executor"] = ToolThreads(tool_workers)
+    if not callable(tool_use_policy) and (not isinstance(tool_use_policy, str) or not tool_use_policy):
+        raise ConfigurationError(
+            f"tool_use_policy must be auto, required, none, a tool's name or a function, got {tool_use_policy!r}"
+        )
     if isinstance(store, str):
         store = open_store(store)
     agent_factory = _agent_factory(agent)
@@ -183,6 +198,7 @@ def compose(
         batch_ms=batch_ms,
         lease_ttl=float(lease_ttl),
         engine_kwargs=dict(engine_kwargs),
+        tool_use_policy=tool_use_policy,
     )
     return Composition(agent_factory, runtime)
 

@@ -55,7 +55,9 @@ class Delegation(SubAgentRunner):
 
     Args:
         name: the tool's name.
-        agent: the sub-agent's AgentModule class or a zero-argument factory (a fresh agent per run).
+        agent: the sub-agent's AgentModule class or a zero-argument factory (a fresh agent per run),
+            or a ready AgentModule instance (which then serves every run: one that keeps no run state
+            between its hooks, as ``qitos.Agent``).
         description: what the tool is for, as the parent's model reads it.
         max_steps: the child's own step budget (None: the child state's ``max_steps``).
         engine_kwargs: further ``Engine`` arguments for the child (``model``, ``hooks``, ...).
@@ -64,21 +66,24 @@ class Delegation(SubAgentRunner):
     def __init__(
         self,
         name: str,
-        agent: AgentFactory,
+        agent: AgentFactory | AgentModule[Any, Any, Any],
         *,
         description: str | None = None,
         max_steps: int | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        if isinstance(agent, AgentModule):
+            instance = agent
+            agent = lambda: instance  # noqa: E731
         if not callable(agent):
-            raise ConfigurationError(f"delegate {name!r}: agent must be an AgentModule class or factory")
+            raise ConfigurationError(f"delegate {name!r}: agent must be an AgentModule class, factory or instance")
         if max_steps is not None and (isinstance(max_steps, bool) or max_steps < 1):
             raise ConfigurationError(f"delegate {name!r}: max_steps must be a positive int, got {max_steps!r}")
         reserved = {"budget", "checkpoint_store"} & set(engine_kwargs or {})
         if reserved:
             raise ConfigurationError(f"delegate {name!r}: {sorted(reserved)} are set by the delegation itself")
         self.name = name
-        self.agent = agent
+        self.agent: AgentFactory = agent
         self.description = description or f"Delegate a task to the {name} agent; returns its final answer."
         self.max_steps = max_steps
         self.engine_kwargs = dict(engine_kwargs or {})
@@ -212,7 +217,7 @@ def _result_of(name: str, call_id: str, result: EngineResult[Any]) -> ToolResult
 
 def delegate(
     name: str,
-    agent: AgentFactory,
+    agent: AgentFactory | AgentModule[Any, Any, Any],
     *,
     description: str | None = None,
     max_steps: int | None = None,

@@ -14,7 +14,10 @@ same point, until the loop returns its ``EngineResult``.
 Cancellation (async): when the task awaiting :meth:`AsyncDriver.drive` is cancelled, the effect in
 flight is abandoned (a model call or an awaited tool is cancelled with it; a sync tool already
 running in the executor cannot be interrupted and finishes there unobserved), except a store
-operation, which is allowed to finish so the journal stays in step with the store. The loop then
+operation, which is allowed to finish so the journal stays in step with the store, and a durable
+step's non-idempotent call: one still waiting for a thread or a slot is given up (it has not
+begun, so it runs on resume), one running in a thread is waited for and its result kept in the
+boundary the stop commits (``qitos.engine.effects.StartedToolCall``). The loop then
 stops as ``Engine.cancel(immediate=True)`` makes it stop: stop reason ``cancelled_immediate``, the
 last boundary committed, ``run_end`` last, trace status ``stopped``. After that the driver raises
 ``CancelledError`` to its caller, as a cancelled task must.

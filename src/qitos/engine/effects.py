@@ -15,9 +15,13 @@ The effects:
 ``ModelCall``      one model request (``complete`` / awaited ``acomplete``), with the stream
                    callback and the adapter-event listener the model path wants.
 ``ToolCall``       one tool call through the registry (``call`` / ``acall``).
+``StartedToolCall`` a durable step's call that is not idempotent: its start is recorded when it
+                   begins (``qitos.engine._call_start``); the async driver's cancellation leaves it
+                   to run on resume if it has not begun, and waits for its result if it runs in a
+                   thread.
 ``ToolBatch``      several concurrency-safe calls of one decision run together (threads / the event
-                   loop), at most ``limit`` at a time; results in the decision's order, each handed
-                   to the journal as it arrives.
+                   loop), at most ``limit`` at a time; results in the decision's order, each kept
+                   as it arrives; starts recorded as for ``StartedToolCall``.
 ``JournalCall``    one journal operation that may touch the store (``op`` / awaited ``a<op>``).
 ``BlockingCall``   any other blocking function (an Env's ``reset``/``step``): called directly, or
                    run in the bounded executor.
@@ -39,6 +43,7 @@ from typing import Any, Protocol, TypeVar
 
 from qitos.core.decision import Action
 from qitos.core.tool import ToolRegistry, ToolResult
+from qitos.engine._call_start import RecordedStart, StepResults, outlast_cancel
 
 __all__ = [
     "BOUNDARY",
@@ -48,6 +53,7 @@ __all__ = [
     "JournalCall",
     "Loop",
     "ModelCall",
+    "StartedToolCall",
     "ToolBatch",
     "ToolCall",
 ]
@@ -172,16 +178,38 @@ class ToolCall(Effect):
         return await self.registry.acall(self.name, self.args, call_id=self.call_id, executor=services.executor)
 
 
-class ResultRecorder(Protocol):
-    """Where a batch's results go as they arrive (a durable journal's pending writes)."""
+class StartedToolCall(ToolCall):
+    """A durable step's call that is not idempotent: ``start`` records it when it begins.
 
-    def record_tool_result(self, step_id: int, result: ToolResult) -> None:
-        """Persist one result (sync driver)."""
-        ...
+    Cancelled on the async driver before the call began, the call is given up (it runs on resume);
+    begun in an executor thread, where it cannot be interrupted, it is waited for and its result
+    kept in ``results`` (the stop's boundary makes it durable); an ``async def`` tool is cancelled.
+    Either way the ``CancelledError`` then reaches the driver.
+    """
 
-    async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
-        """Persist one result (async driver)."""
-        ...
+    __slots__ = ("results", "start")
+
+    def __init__(self, registry: ToolRegistry, action: Action, start: RecordedStart, results: StepResults) -> None:
+        super().__init__(registry, action.name, action.args, action.id)
+        self.start = start
+        self.results = results
+
+    def perform(self) -> Any:
+        return self.registry.call(self.name, self.args, call_id=self.call_id, start=self.start)
+
+    async def aperform(self, services: AsyncServices) -> Any:
+        start = self.start
+        call = asyncio.ensure_future(
+            self.registry.acall(self.name, self.args, call_id=self.call_id, executor=services.executor, start=start)
+        )
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            if start.abandon() or not start.runs_in_thread:
+                call.cancel()
+                raise
+            self.results.keep(await outlast_cancel(call))
+            raise
 
 
 class ToolBatch(Effect):
@@ -189,11 +217,13 @@ class ToolBatch(Effect):
 
     The sync driver runs them on threads (a process-wide pool kept for batches), the async driver
     awaits them on the event loop (sync tools in its bounded executor); either way at most
-    ``limit`` calls are in flight. Each result is handed to ``recorder`` (with ``step_id``) in the
-    driving thread as soon as it arrives, so a crash loses only the calls still running.
+    ``limit`` calls are in flight. Each result is kept in ``results`` in the driving thread as soon
+    as it arrives, so a crash loses only the calls still running. ``starts`` records, per call id,
+    the start of a call that is not idempotent when it begins (not while it waits for a slot or a
+    thread); cancelled, the batch treats each call as ``StartedToolCall`` does.
     """
 
-    __slots__ = ("actions", "limit", "recorder", "registry", "step_id")
+    __slots__ = ("actions", "limit", "registry", "results", "starts")
 
     def __init__(
         self,
@@ -201,17 +231,17 @@ class ToolBatch(Effect):
         actions: Sequence[Action],
         *,
         limit: int,
-        recorder: ResultRecorder | None = None,
-        step_id: int = 0,
+        results: StepResults | None = None,
+        starts: Mapping[str, RecordedStart] | None = None,
     ) -> None:
         self.registry = registry
         self.actions = tuple(actions)
         self.limit = max(1, limit)
-        self.recorder = recorder
-        self.step_id = step_id
+        self.results = results
+        self.starts = starts or {}
 
     def perform(self) -> list[ToolResult]:
-        registry, actions, recorder = self.registry, self.actions, self.recorder
+        registry, actions, keep, starts = self.registry, self.actions, self.results, self.starts
         results: list[ToolResult | None] = [None] * len(actions)
         pool = _batch_pool()
         waiting = list(range(len(actions)))
@@ -221,24 +251,28 @@ class ToolBatch(Effect):
             while waiting and len(running) < self.limit:
                 index = waiting.pop()
                 action = actions[index]
-                running[pool.submit(registry.call, action.name, action.args, call_id=action.id)] = index
+                start = starts.get(action.id)
+                running[pool.submit(registry.call, action.name, action.args, call_id=action.id, start=start)] = index
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
                 index = running.pop(future)
                 result = results[index] = future.result()
-                if recorder is not None:
-                    recorder.record_tool_result(self.step_id, result)
+                if keep is not None:
+                    keep.keep(result)
         return [r for r in results if r is not None]
 
     async def aperform(self, services: AsyncServices) -> list[ToolResult]:
-        registry, actions, recorder = self.registry, self.actions, self.recorder
+        registry, actions, keep, starts = self.registry, self.actions, self.results, self.starts
         gate = asyncio.Semaphore(self.limit)
         executor = services.executor
 
         async def one(index: int) -> tuple[int, ToolResult]:
             action = actions[index]
             async with gate:
-                return index, await registry.acall(action.name, action.args, call_id=action.id, executor=executor)
+                start = starts.get(action.id)
+                return index, await registry.acall(
+                    action.name, action.args, call_id=action.id, executor=executor, start=start
+                )
 
         tasks = [asyncio.ensure_future(one(i)) for i in range(len(actions))]
         results: list[ToolResult | None] = [None] * len(actions)
@@ -246,12 +280,35 @@ class ToolBatch(Effect):
             for next_done in asyncio.as_completed(tasks):
                 index, result = await next_done
                 results[index] = result
-                if recorder is not None:
-                    await recorder.arecord_tool_result(self.step_id, result)
+                if keep is not None:
+                    keep.keep(result)
+        except asyncio.CancelledError:
+            await self._settle(tasks, results)
+            raise
         finally:
             for task in tasks:
                 task.cancel()
         return [r for r in results if r is not None]
+
+    async def _settle(
+        self, tasks: list[asyncio.Task[tuple[int, ToolResult]]], results: list[ToolResult | None]
+    ) -> None:
+        """The batch is cancelled: give up the calls not begun, wait for those running in threads."""
+        keep = self.results
+        running: list[asyncio.Task[tuple[int, ToolResult]]] = []
+        for index, task in enumerate(tasks):
+            start = self.starts.get(self.actions[index].id)
+            if task.done():
+                if results[index] is None and not task.cancelled() and task.exception() is None and keep is not None:
+                    keep.keep(task.result()[1])  # finished before it was taken in
+            elif start is not None and not start.abandon() and start.runs_in_thread:
+                running.append(task)
+            else:
+                task.cancel()
+        for task in running:
+            _, result = await outlast_cancel(task)
+            if keep is not None:
+                keep.keep(result)
 
 
 _BATCH_POOL: concurrent.futures.ThreadPoolExecutor | None = None

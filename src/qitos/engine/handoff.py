@@ -6,9 +6,11 @@
     Engine(team, checkpoint_store=store).session("My invoice is wrong").run()
 
 A :class:`Team` is an AgentModule made of members that share one state type, a subclass of
-:class:`TeamState`. At every step the active member decides, and (on the model path) its
-``build_system_prompt`` / ``prepare`` and its tools make the request: the exchange log goes on
-under the new agent's instructions and tools. Each member gets one extra tool per other member,
+:class:`TeamState`: the first member's state, or, when that is another StateSchema (a stock
+``qitos.Agent``'s, say), that state with TeamState's fields added (:func:`team_state_type`). At
+every step the active member decides, and (on the model path) its ``build_system_prompt`` /
+``prepare`` and its tools make the request: the exchange log goes on under the new agent's
+instructions and tools. Each member gets one extra tool per other member,
 ``transfer_to_<name>``; a successful call makes that member the active one when the step is
 reduced (after the handing member's own ``reduce`` has seen the step), and the engine emits a
 ``handoff`` event (``from``, ``to``, ``call_id``). The active member and every handoff are in the
@@ -24,6 +26,7 @@ own ``llm`` are not used.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +37,7 @@ from qitos.core.errors import ConfigurationError, UsageError
 from qitos.core.state import StateSchema
 from qitos.core.tool import ToolRegistry, ToolResult, ToolSpec
 
-__all__ = ["HANDOFF_PREFIX", "HandoffTool", "Team", "TeamState", "handoff_of"]
+__all__ = ["HANDOFF_PREFIX", "HandoffTool", "Team", "TeamState", "handoff_of", "team_state_type"]
 
 HANDOFF_PREFIX = "transfer_to_"
 
@@ -45,6 +48,24 @@ class TeamState(StateSchema):
 
     active_agent: str = ""
     handoffs: list[dict[str, Any]] = field(default_factory=list)
+
+
+_TEAM_STATE_TYPES: dict[type[StateSchema], type[TeamState]] = {}
+
+
+def team_state_type(state_type: type[StateSchema]) -> type[TeamState]:
+    """``state_type`` with TeamState's fields: itself when it has them, else a subclass of both
+    (one per state type, so a session restored in another process finds the same class again:
+    its team's ``init_state`` makes it)."""
+    if issubclass(state_type, TeamState):
+        return state_type
+    made = _TEAM_STATE_TYPES.get(state_type)
+    if made is None:
+        name = f"TeamState[{state_type.__module__}.{state_type.__qualname__}]"
+        made = dataclasses.make_dataclass(name, [], bases=(state_type, TeamState), namespace={"__module__": __name__})
+        made.__qualname__ = name
+        _TEAM_STATE_TYPES[state_type] = made
+    return made
 
 
 class HandoffTool:
@@ -101,7 +122,7 @@ class Team(AgentModule[TeamState, Any, Any]):
     """Members that hand the conversation to each other (see the module docstring).
 
     Args:
-        members: name -> AgentModule (their ``init_state`` must return a ``TeamState`` subclass).
+        members: name -> AgentModule (they share the first member's state type; see the module docstring).
         first: the member that starts.
         max_handoffs: how many handoffs one state may have.
         llm: the model of the whole team (the model path of every member).
@@ -170,8 +191,10 @@ class Team(AgentModule[TeamState, Any, Any]):
 
     def init_state(self, task: str, **kwargs: Any) -> TeamState:
         state = self.members[self.first].init_state(task, **kwargs)
+        if not isinstance(state, StateSchema):
+            raise ConfigurationError(f"team members must use a StateSchema subclass, got {type(state).__name__}")
         if not isinstance(state, TeamState):
-            raise ConfigurationError(f"team members must use a TeamState subclass, got {type(state).__name__}")
+            state = team_state_type(type(state)).from_dict(state.to_dict())
         state.active_agent = self.first
         self._state = state
         self.active = self.first

@@ -39,16 +39,17 @@ from typing import Any, Generic, TypeVar
 
 from qitos.core.agent_module import AgentModule
 from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError, ContextError, UsageError
+from qitos.core.errors import CheckpointError, ConfigurationError, ContextError, UsageError
 from qitos.core.identity import RunIdentity
 from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.state import StateSchema, StopReason
 from qitos.core.task import Env, Task, TaskResult
 from qitos.core.tool import ToolResult
+from qitos.engine._call_start import RecordedStart, StepResults
 from qitos.engine.agent_context import check_history_policy
 from qitos.engine.call_plan import plan_calls
 from qitos.engine.drivers import AsyncDriver, Backpressure, drive
-from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, ToolBatch, ToolCall
+from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, StartedToolCall, ToolBatch, ToolCall
 from qitos.engine.event_redaction import redact_event, redacting_sink
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
 from qitos.engine.handoff import handoff_of
@@ -101,8 +102,8 @@ _RESUMABLE = frozenset(
         StopReason.CANCELLED_IMMEDIATE,
         StopReason.BUDGET_TIME,
         StopReason.BUDGET_TOKENS,
-        StopReason.BUDGET_STEPS,
         StopReason.MAX_STEPS_REACHED,
+        "budget_steps",  # the same stop, as sessions stored by earlier versions name it
         StopReason.UNRECOVERABLE_ERROR,
     }
 )
@@ -251,7 +252,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         """Run ``task`` to a stop and return the EngineResult.
 
         ``journal``/``resume`` are how durable sessions drive the loop; ``on_event`` receives each
-        event as it is emitted. Effects are performed in the calling thread (the sync driver).
+        event as it is emitted (and makes the model stream, unless it has ``wants_model_deltas =
+        False``, as ``qitos.engine.progress.ProgressPrinter`` has). Effects are performed in the
+        calling thread (the sync driver).
         """
         return drive(
             self._execute(
@@ -348,7 +351,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 )
             raise
         run.writer, run.run_dir = writer, run_dir
-        run.live = on_event is not None or bool(self._delta_listeners)
+        run.live = (on_event is not None and getattr(on_event, "wants_model_deltas", True)) or bool(
+            self._delta_listeners
+        )
         stop: StopReason | None = None
         raised: BaseException | None = None
         self._active.add(run)
@@ -370,6 +375,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             run.error = f"interrupted by {type(exc).__name__}"
         except Exception as exc:
             stop = StopReason.UNRECOVERABLE_ERROR
+            if isinstance(exc, CheckpointError) and run.journal.durable:
+                # The store failed under the run (a lost connection, a write refused to a fenced-off
+                # runner): no outcome of the session's, so none is committed. The session stays at
+                # its last durable boundary and pending writes, for a later run to resume, and the
+                # error reaches the caller.
+                raised = exc
             run.error = f"{type(exc).__name__}: {exc}"
             run.emit(
                 EngineEvent(
@@ -383,7 +394,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             )
         finally:
             self._active.discard(run)
-        result = yield from self._finish(run, stop, writer)
+        result = yield from self._finish(run, stop, writer, commit_stop=not isinstance(raised, CheckpointError))
         if raised is not None:
             raise raised
         return result
@@ -410,7 +421,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 )
             if not state.task:
                 state.task = task.objective
-        limit, from_budget = self._step_limit(task, max_steps, state)
+        limit = self._step_limit(task, max_steps, state)
         if limit < state.current_step:
             limit = state.current_step
         state.max_steps = limit
@@ -424,7 +435,6 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             workspace=workspace,
             started=time.monotonic(),
             max_steps=limit,
-            steps_from_budget=from_budget,
             max_runtime=task.budget.max_runtime_seconds or self.budget.max_runtime_seconds,
             max_tokens=task.budget.max_tokens or self.budget.max_tokens,
             log=resume.log if resume else None,
@@ -443,15 +453,15 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             self._call_hooks("on_run_start", run, ctx)
         return run
 
-    def _step_limit(self, task: Task, max_steps: int | None, state: StateSchema) -> tuple[int, bool]:
+    def _step_limit(self, task: Task, max_steps: int | None, state: StateSchema) -> int:
         # One step limit per run: the task budget, else the engine budget, else the state's own.
         if task.budget.max_steps is not None:
-            return task.budget.max_steps, True
+            return task.budget.max_steps
         if max_steps is not None:
-            return max_steps, True
+            return max_steps
         if self.budget.max_steps is not None:
-            return self.budget.max_steps, True
-        return state.max_steps, False
+            return self.budget.max_steps
+        return state.max_steps
 
     def _preflight(self, run: RunContext) -> Loop[StopReason | None]:
         state = run.state
@@ -504,7 +514,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if run.pending is not None:
             return None  # finish the interrupted step before any budget check (steering waits for DECIDE)
         if step_id >= run.max_steps:
-            return StopReason.BUDGET_STEPS if run.steps_from_budget else StopReason.MAX_STEPS_REACHED
+            return StopReason.MAX_STEPS_REACHED
         if run.max_runtime is not None and self._elapsed(run) >= run.max_runtime:
             return StopReason.BUDGET_TIME
         if run.max_tokens is not None and run.tokens_used >= run.max_tokens:
@@ -904,10 +914,15 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if pending is not None and runner is not None:
             return (yield from self._delegate(run, step_id, action, pending, runner))
         if pending is not None:
-            pending.started.add(action.id)
-            idempotent = {"idempotent": spec is not None and spec.idempotent}
-            yield JournalCall(run.journal, "record_tool_started", (step_id, action), idempotent)
-            called: ToolResult = yield ToolCall(registry, action.name, action.args, action.id)
+            called: ToolResult
+            if spec is not None and spec.idempotent:
+                pending.started.add(action.id)
+                yield JournalCall(run.journal, "record_tool_started", (step_id, action), _IDEMPOTENT)
+                called = yield ToolCall(registry, action.name, action.args, action.id)
+            else:
+                # Recorded started when it begins (in the thread that runs it), not while it waits.
+                start = RecordedStart(run.journal, pending, step_id, action)
+                called = yield StartedToolCall(registry, action, start, StepResults(run.journal, pending, step_id))
             yield from self._record_result(run, step_id, pending, called)
             return called
         plain: ToolResult = yield ToolCall(registry, action.name, action.args, action.id)
@@ -926,7 +941,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         """Concurrency-safe calls run together (``call_plan`` made the group); results in order.
 
         Per call as in ``_call_tool``: a recorded result is reused, a started non-idempotent call is
-        reported interrupted, each start is recorded before the batch runs and each result as it arrives.
+        reported interrupted, each start is recorded when the call begins and each result as it arrives.
         """
         registry = self.agent.tool_registry
         slots: list[ToolResult | None] = [None] * len(group)
@@ -947,19 +962,21 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             to_run.append(action)
             positions.append(index)
         if to_run:
+            results: StepResults | None = None
+            starts: dict[str, RecordedStart] = {}
             if pending is not None:
+                results = StepResults(run.journal, pending, step_id)
                 for action in to_run:
-                    pending.started.add(action.id)
                     spec = registry.get(action.name)
-                    idempotent = {"idempotent": spec is not None and spec.idempotent}
-                    yield JournalCall(run.journal, "record_tool_started", (step_id, action), idempotent)
-            recorder = run.journal if pending is not None else None
-            batch = ToolBatch(registry, to_run, limit=self.max_parallel_tools, recorder=recorder, step_id=step_id)
+                    if spec is not None and spec.idempotent:
+                        pending.started.add(action.id)
+                        yield JournalCall(run.journal, "record_tool_started", (step_id, action), _IDEMPOTENT)
+                    else:
+                        starts[action.id] = RecordedStart(run.journal, pending, step_id, action)
+            batch = ToolBatch(registry, to_run, limit=self.max_parallel_tools, results=results, starts=starts)
             done: list[ToolResult] = yield batch
             for index, result in zip(positions, done, strict=True):
                 slots[index] = result
-                if pending is not None:
-                    pending.results[result.call_id] = result.to_dict()
         return [r for r in slots if r is not None]
 
     def _delegate(
@@ -1054,7 +1071,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
     # ------------------------------------------------------------------ end of run
 
     def _finish(
-        self, run: RunContext, stop: StopReason | None, writer: TraceWriter | None
+        self, run: RunContext, stop: StopReason | None, writer: TraceWriter | None, *, commit_stop: bool = True
     ) -> Loop[EngineResult[StateT]]:
         state = run.state
         reason = stop or StopReason.UNRECOVERABLE_ERROR
@@ -1069,9 +1086,10 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             changes = run.step_changes + state.drain_changes()
             run.step_changes = []
             if run.journal.durable:
-                boundary = self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending)
-                if not _repeats(run.last_commit, boundary, run.log):
-                    yield JournalCall(run.journal, "commit", (boundary,))
+                if commit_stop:
+                    boundary = self._boundary_commit(run, changes, lifecycle, reason, pending=run.pending)
+                    if not _repeats(run.last_commit, boundary, run.log):
+                        yield JournalCall(run.journal, "commit", (boundary,))
                 yield JournalCall(run.journal, "close")
                 if writer is not None:
                     self._trace_committed(run)
@@ -1255,6 +1273,7 @@ def _overrides(hook: Any, name: str) -> bool:
 
 _NO_VERDICT: tuple[list[dict[str, Any]], CriticVerdict | None] = ([], None)
 _NO_ENTRIES: list[dict[str, Any]] = []  # shared and never mutated (a list is copied before it is kept)
+_IDEMPOTENT: dict[str, Any] = {"idempotent": True}  # record_tool_started's keywords for a call safe to repeat
 
 
 def _interrupted(action: Action) -> ToolResult:

@@ -7,8 +7,15 @@ The log redacts what it records (token shapes and the model's configured credent
 ``qitos.core.redaction``), so the model is sent, and a session stores, the redacted text.
 
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
-a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log as
-the input of the next exchange, so the model sees what went wrong on its next turn.
+a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log,
+once, so the model sees what went wrong on its next turn: as the result of the reply's first tool
+call (its other calls point there), or, for a reply without tool calls, as the next exchange's input.
+
+A typed final answer (the agent's ``output_type``; see ``qitos.core.output``): the request offers
+the ``final_answer`` tool (with a text protocol: an instruction giving the schema) and asks for
+``structured_output``; a ``final_answer`` call, or a text reply holding the JSON object, is
+validated, and one that does not validate is repaired like any unusable reply. A valid answer is
+``Decision.final`` with the JSON text as the answer and the data as ``meta["output"]``.
 
 Per request, :class:`ModelContext` sets the tool use (``tool_use_policy``: a policy name or a
 function of the :class:`~qitos.core.context.ContextRequest`; the view's ``tool_use_satisfied`` is
@@ -31,6 +38,7 @@ view summary, so the request inspector shows a request that never got an answer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +46,7 @@ from typing import Any
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.decision import Decision, Observation
 from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
+from qitos.core.output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT, OutputSpec, OutputValidationError
 from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.core.tool import ToolResult
@@ -144,6 +153,13 @@ class ModelPath:
         if parser is not None and hasattr(parser, "instructions"):
             instructions.append({"role": "system", "content": parser.instructions(registry.schemas())})
         native_tools = parser is None
+        spec = _output_spec(agent)
+        tool_schemas: list[dict[str, Any]] = registry.schemas() if native_tools else []
+        if spec is not None:
+            if native_tools:
+                tool_schemas = [*tool_schemas, spec.tool_schema()]  # the registry's list stays as it is
+            else:
+                instructions.append({"role": "system", "content": _output_instruction(spec)})
         contributions = []
         request = ContextRequest(step_id=step_id, task=state.task, log=log, state=state)
         for contributor in self.contributors:
@@ -156,7 +172,8 @@ class ModelPath:
             log,
             model=model,
             instructions=instructions,
-            tool_schemas=registry.schemas() if native_tools else (),
+            tool_schemas=tool_schemas,
+            capability_requirements=(STRUCTURED_OUTPUT,) if spec is not None and native_tools else (),
             context_budget=budget,
             context_contributions=contributions,
             context_selection_policy=self.context.selection_policy,
@@ -190,7 +207,7 @@ class ModelPath:
 
         response = yield from self._call_model(run, model, view, step_id, on_delta, on_adapter_event, messages)
         log.record_output(exchange_id, response.message())
-        decision = self._parse(run, log, exchange_id, response, parser, registry.names())
+        decision = self._parse(log, exchange_id, response, parser, registry.names(), spec)
         model_entry: dict[str, Any] = {
             "request_id": view.request_id,
             "request_digest": request_digest(view),
@@ -287,24 +304,32 @@ class ModelPath:
 
     def _parse(
         self,
-        run: RunContext,
         log: ExchangeLog,
         exchange_id: str,
         response: ModelResponse,
         parser: Any,
         tool_names: list[str],
+        spec: OutputSpec | None,
     ) -> Decision[Any]:
         try:
             if response.tool_calls or parser is None:
-                decision = decision_from_tool_calls(response, tool_names=tool_names)
+                names = tool_names if spec is None else [*tool_names, FINAL_ANSWER_TOOL]
+                decision = decision_from_tool_calls(response, tool_names=names)
             else:
                 decision = parser.parse(response.text or "", tool_names=tool_names)
+            if spec is not None:
+                decision = _typed_answer(log, exchange_id, decision, spec)
         except ParseError as exc:
-            # Every declared call needs a result before the exchange can close: report the problem there.
-            for call in response.tool_calls:
-                log.record_tool_result(exchange_id, call.id, f"ERROR (not run): {exc.feedback}")
+            # The model reads the feedback once: in the answer to its first call (every declared call
+            # needs a result before the exchange can close), or, for a reply without calls, as the
+            # next exchange's input.
+            calls = response.tool_calls
+            for call in calls:
+                text = exc.feedback if call is calls[0] else f"see the result of call {calls[0].id}"
+                log.record_tool_result(exchange_id, call.id, f"ERROR (not run): {text}")
             log.close(exchange_id)
-            log.open([{"role": "user", "content": exc.feedback}])
+            if not calls:
+                log.open([{"role": "user", "content": exc.feedback}])
             return Decision.wait(
                 rationale=f"the model's reply could not be used: {exc}",
                 meta={"parse_error": str(exc), "feedback": exc.feedback},
@@ -334,3 +359,53 @@ def record_results(log: ExchangeLog, results: Sequence[ToolResult]) -> None:
     log.close(exchange.exchange_id)
     text = "\n".join(f"Observation from {r.name} ({r.call_id}): {r.as_text()}" for r in results)
     log.open([{"role": "user", "content": text}])
+
+
+def _output_spec(agent: Any) -> OutputSpec | None:
+    output_type = getattr(agent, "output_type", None)
+    if output_type is None:
+        return None
+    spec = OutputSpec.of(output_type)
+    spec.check_tools(agent.tool_registry.names(), type(agent).__name__)
+    return spec
+
+
+def _output_instruction(spec: OutputSpec) -> str:
+    schema = json.dumps(spec.schema, ensure_ascii=False, sort_keys=True)
+    return f"Your final answer must be a {spec.name} object: reply with only JSON matching this schema: {schema}"
+
+
+def _typed_answer(log: ExchangeLog, exchange_id: str, decision: Decision[Any], spec: OutputSpec) -> Decision[Any]:
+    """The decision with its final answer validated against the output type: a valid
+    ``final_answer`` call or JSON reply becomes ``Decision.final``; ParseError with repair feedback
+    when it does not validate (or the call came with others)."""
+    if decision.mode == "act":
+        finals = [a for a in decision.actions if a.name == FINAL_ANSWER_TOOL]
+        if not finals:
+            return decision
+        raw = json.dumps([a.to_dict() for a in decision.actions], ensure_ascii=False, default=repr)
+        if len(decision.actions) > 1:
+            raise ParseError(
+                f"{FINAL_ANSWER_TOOL} called together with other tools",
+                feedback=(
+                    f"None of these calls ran: call {FINAL_ANSWER_TOOL} alone, in a reply of its own, once the "
+                    "other tools have answered."
+                ),
+                raw=raw,
+            )
+        action = finals[0]
+        try:
+            value = spec.validate(dict(action.args))
+        except OutputValidationError as exc:
+            raise ParseError(f"invalid {spec.name}: {exc}", feedback=spec.feedback(exc.problems), raw=raw) from exc
+        log.record_tool_result(exchange_id, action.id, f"accepted as the final {spec.name}")
+    elif decision.mode == "final":
+        text = decision.final_answer or ""
+        try:
+            value = spec.parse(text)
+        except OutputValidationError as exc:
+            raise ParseError(f"invalid {spec.name}: {exc}", feedback=spec.feedback(exc.problems), raw=text) from exc
+    else:
+        return decision
+    data = spec.to_data(value)
+    return Decision.final(json.dumps(data, ensure_ascii=False), rationale=decision.rationale, meta={"output": data})

@@ -62,7 +62,6 @@ class RunContext:
     workspace: str | None
     started: float
     max_steps: int
-    steps_from_budget: bool
     max_runtime: float | None
     max_tokens: int | None
     log: Any = None

@@ -15,8 +15,9 @@ Crash safety, at the fewest write transactions that keep it (store "pending writ
 head the step started from):
 
 - a model's decision is written as soon as it is made (its output is never requested twice);
-- a non-idempotent call's intent is written before it runs, together with a decision made without
-  a model (free to make again) and any results still waiting;
+- a non-idempotent call's intent is written when the call begins (in the thread that runs a sync
+  tool, not while the call waits for one; see ``qitos.engine._call_start``), together with a
+  decision made without a model (free to make again) and any results still waiting;
 - an idempotent call needs no intent: a restore runs it again;
 - a non-idempotent call's result is written before the step's next call starts; the result of the
   step's last call rides with the step's boundary, which holds the whole outcome.
@@ -46,7 +47,7 @@ import asyncio
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
@@ -59,7 +60,7 @@ from qitos.checkpoint.store import (
     SessionSnapshot,
     SessionSnapshotCommit,
 )
-from qitos.core.codec import sha256_hex
+from qitos.core.codec import check_text, sha256_hex
 from qitos.core.errors import (
     ConfigurationError,
     SessionNotFoundError,
@@ -79,6 +80,7 @@ from qitos.core.task import Task
 from qitos.engine._agent_ref import agent_reference
 from qitos.engine.events import EngineResult
 from qitos.engine.loop import EngineLoop
+from qitos.engine.progress import progress_printer
 from qitos.sessions.control import (
     ApprovalReceipt,
     PauseReceipt,
@@ -246,13 +248,16 @@ class Session:
 
     # ---- running
 
-    def run(self, *, steering: str | None = None) -> EngineResult[Any]:
+    def run(self, *, steering: str | None = None, progress: bool | TextIO = False) -> EngineResult[Any]:
         """Run or resume through the one canonical Engine loop (the sync driver, this thread).
 
         The run takes the session's lease first: if another runner holds it, SessionBusyError
         names that runner and nothing executes. The lease is renewed while the run goes on and
-        released when it ends (see ``qitos.sessions.lease``).
+        released when it ends (see ``qitos.sessions.lease``). ``progress=True`` prints a line per
+        step to stderr (or to the text stream given), rendered from the run's events
+        (``qitos.engine.progress``).
         """
+        printer = progress_printer(progress)
         if steering is not None:
             self.steer(steering)
         store = self.store
@@ -269,18 +274,21 @@ class Session:
                 restored = restore(store, sid, head.snapshot_id)
             journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_heartbeat()
-            return self.engine.run(self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value)
+            return self.engine.run(
+                self._task_or_load(), journal=journal, resume=resume, run_id=self.run_id.value, on_event=printer
+            )
         finally:
             lease.release()
 
-    async def arun(self, *, steering: str | None = None) -> EngineResult[Any]:
+    async def arun(self, *, steering: str | None = None, progress: bool | TextIO = False) -> EngineResult[Any]:
         """``run`` through the async driver, on the running event loop.
 
         The lease, the journal's store operations and the model/tool calls are awaited, so many
         sessions run at once in one process. Cancelling the awaiting task stops the run as
         ``Engine.cancel(immediate=True)`` would, commits its last boundary, releases the lease and
-        raises ``CancelledError``.
+        raises ``CancelledError``. ``progress`` as for :meth:`run`.
         """
+        printer = progress_printer(progress)
         if steering is not None:
             await self.asteer(steering)
         store = self.store
@@ -299,7 +307,9 @@ class Session:
             journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_async_heartbeat()
             task = self._task_or_load()
-            return await self.engine.arun(task, journal=journal, resume=resume, run_id=self.run_id.value)
+            return await self.engine.arun(
+                task, journal=journal, resume=resume, run_id=self.run_id.value, on_event=printer
+            )
         finally:
             await lease.arelease()
 
@@ -443,6 +453,7 @@ class Session:
         store = self.store
         sid = self.session_id.value
         if operation_id is not None:
+            check_text(operation_id, "operation_id")
             existing = store.find_session_by_operation(operation_id)
             if existing is not None:
                 return self._open_child(existing)
@@ -454,6 +465,7 @@ class Session:
             snapshot_id = snapshot.value
         else:
             snapshot_id = str(snapshot)
+            check_text(snapshot_id, "snapshot")
         source = store.get_snapshot(snapshot_id)
         source_state = materialize(store, snapshot_id)  # verifies the whole chain the child will share
         child_id = SessionIdentity.new().value
@@ -555,7 +567,10 @@ def _resolve_state_type(name: str, engine: EngineLoop[Any, Any, Any]) -> type[St
     probe = engine.agent.init_state("")
     if type(probe).__qualname__ == qualname:
         return type(probe)
-    raise ConfigurationError(f"cannot import the session's state type {name!r} in this process")
+    raise ConfigurationError(
+        f"cannot import the session's state type {name!r} in this process, and the agent given makes "
+        f"{type(probe).__qualname__}: restore with the agent the session was made with"
+    )
 
 
 def _agent_identity(engine: EngineLoop[Any, Any, Any]) -> AgentIdentity:
@@ -669,6 +684,7 @@ def restore_session(
     engine: EngineLoop[Any, Any, Any], session_id: str, *, composition: SessionHost | None = None
 ) -> Session:
     """The Session for ``session_id`` from the store's durable head (works across processes)."""
+    check_text(session_id, "session_id")  # no store can look up text that has no UTF-8 form
     return _session_from_head(engine, _require_head(_engine_store(engine), session_id), composition)
 
 
@@ -676,6 +692,7 @@ async def arestore_session(
     engine: EngineLoop[Any, Any, Any], session_id: str, *, composition: SessionHost | None = None
 ) -> Session:
     """Async twin of :func:`restore_session` (the head is awaited)."""
+    check_text(session_id, "session_id")
     head = await _engine_store(engine).aget_session_head(session_id)
     if head is None:
         raise SessionNotFoundError(session_id)

@@ -44,6 +44,7 @@ from qitos.eval.scorers import Scorer, _ModelGraded
 from qitos.models.base import DeltaCallback, EventListener, ModelAdapter, ModelResponse, request_digest
 from qitos.models.doubles import stream_text
 from qitos.models.scripted import ReplayDivergenceError
+from qitos.sessions.payload import SnapshotPayload
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
@@ -451,8 +452,7 @@ def _current_step(store: CheckpointStore, session_id: str) -> int | None:
     head = store.get_session_head(session_id)
     if head is None:
         return None
-    step = store.get_snapshot(head.snapshot_id).payload.get("step_id")
-    return step if isinstance(step, int) else None
+    return SnapshotPayload.of(store.get_snapshot(head.snapshot_id)).step_id
 
 
 def load_source(eval_store: EvalStore, ref: str, samples: Sequence[Any], epochs: int) -> ReplaySource:

@@ -260,6 +260,9 @@ class EvalRun:
             "sample_timeout": self.sample_timeout,
             "retries": retries,
         }
+        describe = getattr(agent, "describe", None) if isinstance(agent, AgentModule) else None
+        if callable(describe):  # an instance that says what makes it itself (qitos.Agent: its instructions...)
+            self.pins["agent_config"] = describe()
         try:
             canonical_json(self.pins)
         except (TypeError, ValueError) as exc:

@@ -301,12 +301,16 @@ class ModelAdapter(abc.ABC):
     - ``model_id``: the model this adapter talks to (for traces);
     - ``max_input_units``: declared input capacity, or None when undeclared (the context budget
       policy then uses its own default);
-    - ``unit``: the unit of ``max_input_units``, ``"characters"`` or ``"tokens"``.
+    - ``unit``: the unit of ``max_input_units``, ``"characters"`` or ``"tokens"``;
+    - ``tokenizer``: the model's own tokenizer, by its name in the offline tokenizer package
+      (``cl100k_base``, ``o200k_base``, ``llama3``...), or None when it is none of them: token
+      counts are exact only with it, and labelled estimates otherwise (``qitos.core.context``).
     """
 
     model_id: str = ""
     max_input_units: int | None = None
     unit: Unit = "characters"
+    tokenizer: str | None = None
 
     @abc.abstractmethod
     def complete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
@@ -364,12 +368,13 @@ class ModelAdapter(abc.ABC):
         return {"provider": self.provider, "model": self.model_id, "transport": self.transport, "api_mode": "chat"}
 
     def describe(self) -> dict[str, Any]:
-        """JSON-native description for traces: adapter class, model id and declared capacity."""
+        """JSON-native description for traces: adapter class, model id, declared capacity and tokenizer."""
         return {
             "adapter": type(self).__name__,
             "model_id": self.model_id,
             "max_input_units": self.max_input_units,
             "unit": self.unit,
+            "tokenizer": self.tokenizer,
         }
 
     def __repr__(self) -> str:

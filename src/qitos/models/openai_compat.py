@@ -23,15 +23,36 @@ there are tools: llama-cpp-python's server offers the tools to the model only wh
 ``tool_choice`` is given. ``view.reasoning_policy.effort`` becomes ``reasoning_effort`` (servers
 without reasoning models ignore it).
 
+A request for a typed answer (``view.output_schema()``, see ``qitos.core.output``) goes out as its
+``final_answer`` tool, unless the constructor declares that the server takes a JSON schema as
+``response_format``: ``"json_schema"`` (OpenAI, vLLM, llama.cpp's llama-server, Ollama:
+``{"type": "json_schema", "json_schema": {"name", "schema", "strict": false}}``) or
+``"json_object"`` (llama-cpp-python's server: ``{"type": "json_object", "schema": ...}``). The
+``final_answer`` tool is then left out (a tool choice naming it becomes ``none``: answer now) and
+the reply's text is the JSON object.
+
 Streaming: with ``on_delta`` the request is sent with ``"stream": true`` and the server-sent
 events are read as they arrive: text deltas go to ``on_delta``, tool-call deltas are accumulated
-by index, usage is taken from the final chunk (``stream_options.include_usage``).
+by index, usage is taken from the final chunk (``stream_options.include_usage``). ``stream=False``
+never streams (``on_delta`` then receives nothing; the reply arrives whole).
+
+A server that refuses to stream (some refuse it for requests with tools): a streamed request
+answered with no event at all (before this, ``stream ended before completion ... after 0
+chunks``), or with a 4xx whose message is about streaming. A plain chat completion in place of the
+stream is taken as the answer (its text goes to ``on_delta`` at once); otherwise the same request is
+sent again without streaming, at once and outside the retry count, and this adapter stops
+streaming that kind of request (with tools, or without). Both are reported to the listeners as a
+``model_retry`` with ``reason`` ``"stream refused"`` and a ``hint`` (pass ``stream=False``, or
+``qitos run --no-stream``, to skip the attempt).
 
 Usage: when a response (streamed or not) carries no ``usage``, the adapter counts the tokens
 itself, prompt (the canonical JSON of the messages and tool schemas sent) and completion (text,
 tool names and arguments), with :func:`~qitos.core.context.unit_counter_for` ``("tokens")``
-(exact ``cl100k_base`` counts with the ``qitos-kernel[tokens]`` extra, else its documented estimate),
-and marks the usage ``estimated``. A token budget is therefore enforced on every server.
+(with the model's ``tokenizer`` when declared and known to the ``qitos-kernel[tokens]`` extra, else
+``cl100k_base``, else its documented estimate), and marks the usage ``estimated``. A token budget
+is therefore enforced on every server. Declare ``tokenizer`` only when it is the model's own (say
+``o200k_base`` for gpt-4o): token counts are exact only then, and request views label every other
+count an estimate, naming the tokenizer that counted.
 
 Failures: 408/409/429/5xx responses and connection errors or timeouts are retried up to
 ``max_retries`` times with jittered exponential backoff (``backoff_base * 2**attempt``, capped at
@@ -55,7 +76,10 @@ reported like any other (``model_retry``), with ``concurrency``: the limit now. 
 of one do 429 answers count against ``max_retries``.
 
 Secrets: the API key (and any header value whose name mentions key, token, auth or secret) is
-replaced by ``***`` in every error message, error body, event payload and ``repr``.
+replaced by ``***`` in every error message, error body, event payload and ``repr``. An adapter with
+no key (and no secret header) for a server that is not on this machine or its local network warns
+once, before its first request (:class:`MissingAPIKeyWarning`): such a server usually refuses the
+request with HTTP 401, after the run has started.
 """
 
 from __future__ import annotations
@@ -63,21 +87,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import ipaddress
 import json
 import random
 import re
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 
 from qitos.core.codec import canonical_json
 from qitos.core.context import UnitCounter, unit_counter_for
 from qitos.core.errors import ConfigurationError, ContextError, ModelError
+from qitos.core.output import FINAL_ANSWER_TOOL
 from qitos.models.base import (
     DeltaCallback,
     ModelAdapter,
@@ -92,7 +120,7 @@ from qitos.models.base import (
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
 
-__all__ = ["OpenAICompatibleModel", "to_openai_messages", "to_openai_tools"]
+__all__ = ["MissingAPIKeyWarning", "OpenAICompatibleModel", "to_openai_messages", "to_openai_tools"]
 
 _RETRY_STATUS = frozenset({408, 409, 429})
 DEFAULT_MAX_CONNECTIONS = 100
@@ -105,6 +133,12 @@ _VALIDATION_BODY = re.compile(
     re.IGNORECASE,
 )
 _SECRET_HEADER_HINTS = ("key", "token", "auth", "secret")
+# A 4xx body saying the request was refused for asking to stream (not, say, an "upstream" error).
+_ABOUT_STREAMING = re.compile(r"\bstream", re.IGNORECASE)
+
+
+class MissingAPIKeyWarning(UserWarning):
+    """An OpenAI-compatible model has no API key for a server that is not local (warned once)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +149,7 @@ class _Failure:
     body: str | None = None
     retry_after: float | None = None
     reason: str = ""
+    stream_refused: bool = False  # a 2xx answer to a streamed request that held no stream at all
 
 
 class OpenAICompatibleModel(ModelAdapter):
@@ -136,14 +171,17 @@ class OpenAICompatibleModel(ModelAdapter):
         api_key: str | None = None,
         max_input_units: int | None = None,
         unit: Unit = "tokens",
+        tokenizer: str | None = None,
         timeout: float = 60.0,
         max_retries: int = 3,
         temperature: float | None = None,
         max_tokens: int | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
+        response_format: Literal["json_schema", "json_object"] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         developer_role: str = "system",
+        stream: bool = True,
         stream_usage: bool = True,
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
@@ -163,6 +201,10 @@ class OpenAICompatibleModel(ModelAdapter):
             raise ConfigurationError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if backoff_base < 0 or backoff_max < 0 or max_retry_after < 0:
             raise ConfigurationError("backoff_base, backoff_max and max_retry_after must be >= 0")
+        if response_format not in (None, "json_schema", "json_object"):
+            raise ConfigurationError(
+                f"response_format must be 'json_schema', 'json_object' or None, got {response_format!r}"
+            )
         if max_connections is not None and (
             isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1
         ):
@@ -170,6 +212,9 @@ class OpenAICompatibleModel(ModelAdapter):
         self.model_id = model
         self.max_input_units = max_input_units
         self.unit = unit
+        if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer):
+            raise ConfigurationError(f"tokenizer must be a tokenizer name or None, got {tokenizer!r}")
+        self.tokenizer = tokenizer
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url if self.base_url.endswith("/chat/completions") else self.base_url + "/chat/completions"
         self.timeout = timeout
@@ -177,8 +222,10 @@ class OpenAICompatibleModel(ModelAdapter):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.tool_choice = tool_choice
+        self.response_format = response_format
         self.extra_body = dict(extra_body or {})
         self.developer_role = developer_role
+        self.stream = stream
         self.stream_usage = stream_usage
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -197,18 +244,22 @@ class OpenAICompatibleModel(ModelAdapter):
         self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, _Shards, _Gate]] = {}
         self._client_lock = threading.Lock()
         self._tokens: UnitCounter | None = None
+        # Kinds of request (with tools: True) the server refused to stream: they are sent unstreamed.
+        self._stream_refused: set[bool] = set()
+        self._key_checked = False
 
     # ------------------------------------------------------------------ public
 
     def complete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
-        """Send the view as a chat completion (streamed when ``on_delta`` is given)."""
+        """Send the view as a chat completion (streamed when ``on_delta`` is given and ``stream``)."""
         check_allow_model_requests()
-        body, headers, estimator = self._prepare(view, stream=on_delta is not None)
+        stream = self._streams(view, on_delta)
+        body, headers, estimator = self._prepare(view, stream=stream)
         client = self._sync_client()
         attempt = 0
         while True:
             try:
-                if on_delta is None:
+                if on_delta is None or not stream:
                     response = client.post(self.url, content=body, headers=headers)
                     if response.status_code < 300:
                         return estimator.complete(self._parse_body(response.content))
@@ -216,10 +267,18 @@ class OpenAICompatibleModel(ModelAdapter):
                 else:
                     with client.stream("POST", self.url, content=body, headers=headers) as response:
                         if response.status_code < 300:
-                            return estimator.complete(self._read_stream(response.iter_lines(), on_delta))
-                        failure = self._http_failure(response.status_code, response.headers, response.read())
+                            read = self._read_stream(response.iter_lines(), on_delta)
+                            if isinstance(read, ModelResponse):
+                                return estimator.complete(read)
+                            failure = read
+                        else:
+                            failure = self._http_failure(response.status_code, response.headers, response.read())
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc)
+            if stream and self._stream_refusal(view, failure):
+                stream = False
+                body, headers, estimator = self._prepare(view, stream=False)
+                continue
             delay = self._retry_delay(failure, attempt)
             attempt += 1
             time.sleep(delay)
@@ -227,13 +286,14 @@ class OpenAICompatibleModel(ModelAdapter):
     async def acomplete(self, view: RequestView, *, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Async twin of :meth:`complete` over ``httpx.AsyncClient``."""
         check_allow_model_requests()
-        body, headers, estimator = self._prepare(view, stream=on_delta is not None)
+        stream = self._streams(view, on_delta)
+        body, headers, estimator = self._prepare(view, stream=stream)
         client, gate = self._async_client()
         attempt = 0
         while True:
             await gate.acquire()
             try:
-                if on_delta is None:
+                if on_delta is None or not stream:
                     response = await client.post(self.url, content=body, headers=headers)
                     if response.status_code < 300:
                         gate.succeeded()
@@ -243,12 +303,20 @@ class OpenAICompatibleModel(ModelAdapter):
                     async with client.stream("POST", self.url, content=body, headers=headers) as response:
                         if response.status_code < 300:
                             gate.succeeded()
-                            return estimator.complete(await self._aread_stream(response.aiter_lines(), on_delta))
-                        failure = self._http_failure(response.status_code, response.headers, await response.aread())
+                            read = await self._aread_stream(response.aiter_lines(), on_delta)
+                            if isinstance(read, ModelResponse):
+                                return estimator.complete(read)
+                            failure = read
+                        else:
+                            failure = self._http_failure(response.status_code, response.headers, await response.aread())
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc)
             finally:
                 gate.release()
+            if stream and self._stream_refusal(view, failure):
+                stream = False
+                body, headers, estimator = self._prepare(view, stream=False)
+                continue
             if failure.status_code == 429 and gate.limit > 1:
                 # Too many at once: fewer requests in flight for a while, and this one waits its turn
                 # again without using up a retry (at one request in flight, retries count again).
@@ -343,9 +411,15 @@ class OpenAICompatibleModel(ModelAdapter):
             "messages": to_openai_messages(view.messages(), developer_role=self.developer_role),
         }
         tools = view.tools()
+        wanted = view.tool_choice()
+        output = view.output_schema() if self.response_format is not None else None
+        if output is not None:
+            payload["response_format"] = _response_format(self.response_format, output)
+            tools = [t for t in tools if t["name"] != FINAL_ANSWER_TOOL]
+            wanted = "none" if wanted == FINAL_ANSWER_TOOL else wanted
         if tools:
             payload["tools"] = to_openai_tools(tools)
-            choice = self.tool_choice if self.tool_choice is not None else _tool_choice(view.tool_choice(), tools)
+            choice = self.tool_choice if self.tool_choice is not None else _tool_choice(wanted, tools)
             if choice is not None:
                 payload["tool_choice"] = choice
         effort = view.reasoning_policy.effort
@@ -363,6 +437,8 @@ class OpenAICompatibleModel(ModelAdapter):
         return payload
 
     def _prepare(self, view: RequestView, *, stream: bool) -> tuple[bytes, dict[str, str], _Estimator]:
+        if not self._key_checked:
+            self._warn_without_key()
         payload = self.build_payload(view, stream=stream)
         try:
             body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
@@ -371,11 +447,27 @@ class OpenAICompatibleModel(ModelAdapter):
         headers = self._headers if not stream else {**self._headers, "Accept": "text/event-stream"}
         return body, headers, _Estimator(self, payload)
 
+    def _warn_without_key(self) -> None:
+        """Warn once, before the first request, when a remote server gets no credentials."""
+        with self._client_lock:
+            if self._key_checked:
+                return
+            self._key_checked = True
+        if not self._secrets and not _is_local(self.base_url):
+            warnings.warn(
+                MissingAPIKeyWarning(
+                    f"{self.model_id} at {self._redact(self.base_url)}: no API key is set for a server that is not on "
+                    "this machine; it will likely refuse the requests (HTTP 401). Set $OPENAI_API_KEY (or "
+                    "$QITOS_API_KEY for qitos run) or pass OpenAICompatibleModel(api_key=...)."
+                ),
+                stacklevel=4,
+            )
+
     def _token_counter(self) -> UnitCounter:
         """The counter for usage estimates (created on first use: most servers report usage)."""
         counter = self._tokens
         if counter is None:
-            counter = self._tokens = unit_counter_for("tokens")
+            counter = self._tokens = unit_counter_for("tokens", tokenizer=self.tokenizer)
         return counter
 
     # ------------------------------------------------------------------ clients
@@ -549,7 +641,7 @@ class OpenAICompatibleModel(ModelAdapter):
             raw=data,
         )
 
-    def _read_stream(self, lines: Iterable[str], on_delta: DeltaCallback) -> ModelResponse:
+    def _read_stream(self, lines: Iterable[str], on_delta: DeltaCallback) -> ModelResponse | _Failure:
         acc = _StreamAccumulator(self, on_delta)
         try:
             for line in lines:
@@ -558,9 +650,9 @@ class OpenAICompatibleModel(ModelAdapter):
                     break
         except httpx.TransportError as exc:
             acc.interrupted(exc)
-        return acc.result()
+        return self._stream_outcome(acc)
 
-    async def _aread_stream(self, lines: Any, on_delta: DeltaCallback) -> ModelResponse:
+    async def _aread_stream(self, lines: Any, on_delta: DeltaCallback) -> ModelResponse | _Failure:
         acc = _StreamAccumulator(self, on_delta)
         try:
             async for line in lines:
@@ -569,7 +661,71 @@ class OpenAICompatibleModel(ModelAdapter):
                     break
         except httpx.TransportError as exc:
             acc.interrupted(exc)
-        return acc.result()
+        return self._stream_outcome(acc)
+
+    def _stream_outcome(self, acc: _StreamAccumulator) -> ModelResponse | _Failure:
+        """The stream's response; or, for an answer that held no event at all, the completion the
+        server sent instead of a stream, or a refusal to stream (sent again unstreamed)."""
+        acc.flush()
+        if acc.chunks or acc.done:
+            return acc.result()
+        text = "\n".join(acc.other_lines).strip()
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("choices"), list) and not data.get("error"):
+            response = self._parse_completion(data)  # the server answered without streaming
+            if response.text:
+                acc.on_delta(response.text)
+            return response
+        detail = _provider_message(self._redact(text)) if text else "an empty body"
+        return _Failure(
+            f"{self.model_id} at {self._redact(self.url)}: a streamed request was answered without any "
+            f"event ({detail})",
+            False,
+            200,
+            self._redact(text) or None,
+            reason="stream refused",
+            stream_refused=True,
+        )
+
+    def _streams(self, view: RequestView, on_delta: DeltaCallback | None) -> bool:
+        """Whether this request is sent streamed: asked for, allowed, and not of a refused kind."""
+        return on_delta is not None and self.stream and bool(view.tool_schemas_json) not in self._stream_refused
+
+    def _stream_refusal(self, view: RequestView, failure: _Failure) -> bool:
+        """Whether a streamed request's failure is the server refusing to stream; if so, that kind
+        of request is sent unstreamed from now on and the listeners get the hint."""
+        refused = failure.stream_refused or (
+            failure.status_code is not None
+            and 400 <= failure.status_code < 500
+            and failure.status_code not in _RETRY_STATUS
+            and _ABOUT_STREAMING.search(failure.body or "") is not None
+        )
+        if not refused:
+            return False
+        with_tools = bool(view.tool_schemas_json)
+        self._stream_refused.add(with_tools)
+        kind = "a request with tools" if with_tools else "a request"
+        hint = (
+            f"the server did not stream {kind} ({failure.message}); it was sent again without streaming, "
+            f"as every such request to it will be. Pass stream=False (qitos run --no-stream) to skip the attempt."
+        )
+        self.emit(
+            "model_retry",
+            {
+                "model": self.model_id,
+                "attempt": 1,
+                "max_retries": self.max_retries,
+                "delay_s": 0.0,
+                "reason": "stream refused",
+                "status_code": failure.status_code,
+                "error": failure.message[:500],
+                "hint": hint,
+            },
+        )
+        return True
 
 
 class _StreamAccumulator:
@@ -588,6 +744,8 @@ class _StreamAccumulator:
         self.chunks = 0
         self.delivered = 0
         self.done = False
+        self.other_lines: list[str] = []  # what is not server-sent events: a body in place of a stream
+        self._other_size = 0
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\r")
@@ -595,7 +753,14 @@ class _StreamAccumulator:
             self._dispatch()
         elif line.startswith("data:"):
             self.data_lines.append(line[5:].removeprefix(" "))
+        elif not line.startswith((":", "event:", "id:", "retry:")) and self._other_size < _MAX_NON_EVENT_TEXT:
+            self.other_lines.append(line)
+            self._other_size += len(line)
         # other SSE fields (event:, id:, retry:) and comments (":") carry nothing we need
+
+    def flush(self) -> None:
+        """Dispatch the last event when the stream ended without its blank line."""
+        self._dispatch()
 
     def _dispatch(self) -> None:
         if not self.data_lines:
@@ -665,7 +830,7 @@ class _StreamAccumulator:
         raise exc
 
     def result(self) -> ModelResponse:
-        self._dispatch()
+        self.flush()
         if not self.done and self.finish_reason is None:
             raise ModelError(
                 f"{self.model.model_id}: stream ended before completion (no [DONE] and no finish_reason "
@@ -691,6 +856,9 @@ class _StreamAccumulator:
             },
         )
 
+
+_MAX_NON_EVENT_TEXT = 1 << 20
+"""How much text that is not server-sent events a streamed answer may hold (kept to read it as a body)."""
 
 _NO_USAGE = Usage()
 """The usage of a response that carried none (replaced by the estimator's count); compared by identity."""
@@ -725,6 +893,13 @@ def _tool_choice(choice: str | None, tools: list[dict[str, Any]]) -> str | dict[
     if choice is None or choice in ("auto", "required", "none"):
         return choice
     return {"type": "function", "function": {"name": choice}}
+
+
+def _response_format(kind: str | None, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``response_format`` asking for a JSON object matching ``schema``, in the server's form."""
+    if kind == "json_object":
+        return {"type": "json_object", "schema": dict(schema)}
+    return {"type": "json_schema", "json_schema": {"name": FINAL_ANSWER_TOOL, "schema": dict(schema), "strict": False}}
 
 
 # ---------------------------------------------------------------------- conversions
@@ -874,6 +1049,18 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def _is_local(url: str) -> bool:
+    """Whether ``url``'s host is this machine or an address of a private network."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name: nothing says it is local
+    return address.is_loopback or address.is_private or address.is_unspecified
+
+
 def _looks_secret(header_name: str) -> bool:
     lowered = header_name.lower()
     return any(hint in lowered for hint in _SECRET_HEADER_HINTS)
@@ -907,6 +1094,7 @@ class _Gate:
         self.limit = ceiling
         self.in_flight = 0
         self.calm_after = 0.0
+        self.lower_again_after = 0.0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     async def acquire(self) -> None:
@@ -929,8 +1117,11 @@ class _Gate:
 
     def throttled(self, pause: float) -> float:
         now = time.monotonic()
-        if now >= self.calm_after:  # the 429s of one burst lower the limit once
+        # The 429s of one pause lower the limit once (they answer requests sent before it fell);
+        # 429s that keep coming after it lower it again, so a steady stream cannot pin it high.
+        if now >= self.lower_again_after:
             self.limit = max(1, min(self.limit, self.in_flight + 1) // 2)
+            self.lower_again_after = now + pause
         self.calm_after = max(self.calm_after, now + pause)
         return pause
 

@@ -5,11 +5,14 @@ A session has one owner at a time (SPEC section 3). ``Session.run`` takes the st
 runner gets :class:`~qitos.core.errors.SessionBusyError` and runs nothing. While the run goes on the
 keeper renews the lease: whenever the journal touches the store and a third of the lease has passed,
 and from a heartbeat (a daemon thread for the sync driver, a task for the async one) so a long model
-or tool call does not let it lapse. Every commit and pending write carries the lease's fencing token
+or tool call does not let it lapse. A renewal that fails on the store (a dropped connection, a
+server restart) is retried with backoff until one succeeds or the store says the lease is gone;
+only then does the heartbeat stop. Every commit and pending write carries the lease's fencing token
 and the store refuses a stale one; a runner that lost the lease (it stalled past the expiry, or
 another runner took over) can therefore never record a step or start a tool, and the keeper raises
 :class:`~qitos.core.errors.LeaseLostError` at its next store operation. At the end the lease is
-released, so the next run need not wait for it to expire.
+released (retried, too, until it lands or the lease lapses), so the next run need not wait for it to
+expire.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ __all__ = ["DEFAULT_LEASE_TTL", "LeaseKeeper", "holder_is_dead", "runner_id"]
 
 DEFAULT_LEASE_TTL = 30.0
 """Seconds a lease lasts without renewal: how long a dead runner's session waits before another may take it."""
+
+_RETRY_FIRST = 0.05  # seconds before a failed renewal is tried again, doubling up to a sixth of the lease
 
 
 def runner_id() -> str:
@@ -150,22 +155,40 @@ class LeaseKeeper:
         self._thread.start()
 
     def release(self) -> None:
-        """Stop the heartbeat and give the lease up (idempotent; a lost lease is left as it is)."""
+        """Stop the heartbeat and give the lease up (idempotent; a lost lease is left as it is).
+
+        A release that fails on the store is retried with backoff until it lands or the lease has
+        lapsed by itself: a lease left behind would turn the session's next run away as busy.
+        """
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         lease, self._lease = self._lease, None
-        if lease is not None and self._lost is None:
-            with contextlib.suppress(CheckpointError):  # the run's outcome is already decided
+        if lease is None or self._lost is not None:
+            return
+        lapsed_at, wait = self._renewed_at + self.ttl_seconds, self.ttl_seconds / 3
+        while True:
+            try:
                 self.store.release_lease(lease)
+                return
+            except CheckpointError:  # the run's outcome is already decided: only the lease is left
+                wait = self._retry_after(wait)
+                if time.monotonic() + wait >= lapsed_at:
+                    return
+                time.sleep(wait)
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.ttl_seconds / 3):
+        wait = self.ttl_seconds / 3
+        while not self._stop.wait(wait):
             try:
                 self.renew()
+            except LeaseLostError:
+                return  # remembered by renew: every later check raises it
             except CheckpointError:
-                return  # remembered by renew (lost) or retried by the next check (a store hiccup)
+                wait = self._retry_after(wait)  # a store hiccup: the lease may well still be ours
+            else:
+                wait = self.ttl_seconds / 3
 
     # ---- async
 
@@ -209,23 +232,51 @@ class LeaseKeeper:
 
     async def arelease(self) -> None:
         """Async twin of :meth:`release`."""
+        self._stop.set()  # a renewal the cancel interrupts may come back as a store error: no retry then
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         lease, self._lease = self._lease, None
-        if lease is not None and self._lost is None:
-            with contextlib.suppress(CheckpointError):
+        if lease is None or self._lost is not None:
+            return
+        lapsed_at, wait = self._renewed_at + self.ttl_seconds, self.ttl_seconds / 3
+        while True:
+            try:
                 await self.store.arelease_lease(lease)
+                return
+            except CheckpointError:
+                wait = self._retry_after(wait)
+                if time.monotonic() + wait >= lapsed_at:
+                    return
+                await asyncio.sleep(wait)
 
     async def _abeat(self) -> None:
-        while True:
-            await asyncio.sleep(self.ttl_seconds / 3)
+        wait = self.ttl_seconds / 3
+        this = asyncio.current_task()
+        while not self._stop.is_set():
+            await asyncio.sleep(wait)
             try:
                 await self.arenew()
-            except CheckpointError:
+            except LeaseLostError:
                 return
+            except CheckpointError:
+                if this is not None and this.cancelling():
+                    return  # cancelled mid-renewal (the store may report that as its own error)
+                wait = self._retry_after(wait)
+            else:
+                wait = self.ttl_seconds / 3
+
+    def _retry_after(self, last_wait: float) -> float:
+        """How long to wait before retrying a renewal (or release) that failed on the store: the
+        first retry soon, then twice as long each time, at most a sixth of the lease (so several
+        tries fit before it would expire). Renewals are retried until one succeeds or the store
+        answers that the lease is gone (expired or taken over): only the store knows when it
+        actually expired."""
+        if last_wait >= self.ttl_seconds / 3:  # the first failure since the last renewal
+            return min(_RETRY_FIRST, self.ttl_seconds / 6)
+        return min(2 * last_wait, self.ttl_seconds / 6)
 
     # ---- internals
 

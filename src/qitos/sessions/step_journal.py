@@ -23,6 +23,7 @@ Durability modes and crash safety are described in ``qitos.engine.session_runtim
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -462,6 +463,9 @@ class SessionJournal(RunJournal):
         # Writes that ride with the step's next durable write: a decision made without a model, and
         # the results of finished calls.
         self._unwritten: list[StepWrite] = []
+        # A batch's calls record their starts from the threads that run them while finished calls'
+        # results arrive in the driving thread: the hand-over of waiting writes is locked.
+        self._unwritten_lock = threading.Lock()
         self._started_ids: set[str] = set()  # this step's calls whose start was written
         self._buffer_since = time.monotonic()
         self._failure: CheckpointError | None = None
@@ -591,7 +595,9 @@ class SessionJournal(RunJournal):
         # The result rides with the step's next write: before the next call starts, or, for the
         # step's last call, the boundary (which holds the whole outcome). See "Crash safety" in
         # qitos.engine.session_runtime.
-        self._unwritten.append(self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), None))
+        write = self._step_write(step_id, "tool_result", result.call_id, result.to_dict(), None)
+        with self._unwritten_lock:
+            self._unwritten.append(write)
 
     async def arecord_tool_result(self, step_id: int, result: ToolResult) -> None:
         self.record_tool_result(step_id, result)
@@ -644,10 +650,11 @@ class SessionJournal(RunJournal):
         all under the fencing token of ``writes`` (or ``token`` when there are none)."""
         self._raise_if_failed()
         if self._unwritten:
+            with self._unwritten_lock:
+                unwritten, self._unwritten = self._unwritten, []
             fence = writes[-1].lease_token if writes else token
-            waiting = [w if w.lease_token == fence else replace(w, lease_token=fence) for w in self._unwritten]
+            waiting = [w if w.lease_token == fence else replace(w, lease_token=fence) for w in unwritten]
             writes = [*waiting, *writes]
-            self._unwritten = []
         return writes
 
     # ---- boundaries

@@ -220,12 +220,16 @@ class ViewerServer:
                 raise UsageError(f"a step id is a non-negative integer, got {parts[3]!r}")
             store = self.store()
             if store is None:
-                raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+                raise NotFoundError(
+                    f"no session store at {describe_target(self.db)}" if self.db else "no session store configured"
+                )
             return session_request(store, parts[1], int(parts[3]))
         if len(parts) == 2 and parts[0] == "sessions":
             store = self.store()
             if store is None:
-                raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+                raise NotFoundError(
+                    f"no session store at {describe_target(self.db)}" if self.db else "no session store configured"
+                )
             return session_detail(store, parts[1], logdir=self.logdir)
         raise NotFoundError(f"no API endpoint /api/{'/'.join(parts)}")
 
@@ -238,7 +242,9 @@ class ViewerServer:
             raise UsageError("the request body must be a JSON object")
         store = self.store()
         if store is None or self.controls is None:
-            raise NotFoundError(f"no session store at {self.db}" if self.db else "no session store configured")
+            raise NotFoundError(
+                f"no session store at {describe_target(self.db)}" if self.db else "no session store configured"
+            )
         # Shown in the page, so redacted like every view (a URL password in a resume command).
         return _SHOWN.redact_value(self.controls.act(store, parts[1], parts[2], body))
 
