@@ -39,7 +39,9 @@ from qitos.core.decision import Action, Decision, Observation
 from qitos.core.errors import ConfigurationError
 from qitos.core.state import StateSchema
 from qitos.core.tool import ToolRegistry, ToolSpec
+from qitos.kit.parsers.base import DecisionParser
 from qitos.kit.tools.files import workspace_tools
+from qitos.models.function import ModelSource
 
 __all__ = [
     "INDEX_FILE",
@@ -202,8 +204,8 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         workspace: str | os.PathLike[str] | None = None,
         *,
         policy: Policy = "scripted",
-        llm: Any = None,
-        model_parser: Any = None,
+        llm: ModelSource | None = None,
+        model_parser: DecisionParser | None = None,
         max_steps: int = 24,
         **config: Any,
     ) -> None:

@@ -32,6 +32,7 @@ from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy
 from qitos.engine.session_runtime import Session, anew_session, arestore_session, new_session, restore_session
 from qitos.engine.tool_threads import ToolThreads
+from qitos.models.function import ModelSource
 from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -51,7 +52,7 @@ class Runtime:
     """What a composition bound: the store, the model, the extensions and the selected policies."""
 
     checkpoint_store: CheckpointStore
-    model: Any
+    model: ModelSource | None
     extensions: dict[str, Any]
     contributors: list[Any]
     compactor: Any
@@ -124,7 +125,7 @@ def compose(
     extensions: Mapping[str, Any] | None = None,
     compaction: Mapping[str, str] | None = None,
     lifecycle: Mapping[str, str] | None = None,
-    model: Any = None,
+    model: ModelSource | None = None,
     *,
     checkpoint_store: CheckpointStore | None = None,
     durability: str = "sync",

@@ -236,7 +236,7 @@ class Session:
         store = self.engine.checkpoint_store
         if store is None:
             raise ConfigurationError("this engine has no checkpoint_store; pass Engine(checkpoint_store=...)")
-        return store  # type: ignore[no-any-return]
+        return store
 
     def __repr__(self) -> str:
         return f"Session({self.session_id.value!r})"
@@ -677,7 +677,7 @@ def _engine_store(engine: EngineLoop[Any, Any, Any]) -> CheckpointStore:
     store = engine.checkpoint_store
     if store is None:
         raise ConfigurationError("restoring a session needs an engine with a checkpoint_store")
-    return store  # type: ignore[no-any-return]
+    return store
 
 
 def _session_from_head(

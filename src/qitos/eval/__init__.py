@@ -30,6 +30,7 @@ from qitos.eval._result import SampleResult
 from qitos.eval._runner import EvalChangedError, EvalProgress, EvalRun
 from qitos.eval._store import EvalStore, open_eval_store
 from qitos.eval.scorers import Score, Scorer, ScorerError, ScoringError
+from qitos.models.function import ModelSource
 
 __all__ = [
     "CompareError",
@@ -61,7 +62,7 @@ async def aevaluate(
     dataset: Dataset | Iterable[Sample],
     *,
     scorers: Scorer | Sequence[Scorer],
-    model: Any = None,
+    model: ModelSource | None = None,
     store: CheckpointStore | str = "evals.db",
     name: str | None = None,
     epochs: int = 1,
@@ -123,7 +124,7 @@ def evaluate(
     dataset: Dataset | Iterable[Sample],
     *,
     scorers: Scorer | Sequence[Scorer],
-    model: Any = None,
+    model: ModelSource | None = None,
     store: CheckpointStore | str = "evals.db",
     name: str | None = None,
     epochs: int = 1,

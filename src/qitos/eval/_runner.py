@@ -49,6 +49,7 @@ from qitos.eval._store import (
     open_eval_store,
 )
 from qitos.eval.scorers import Scorer, ScorerError
+from qitos.models.function import ModelSource
 from qitos.sessions.inspection import SessionLifecycle
 from qitos.sessions.step_journal import arestore
 
@@ -138,7 +139,7 @@ def agent_reference(agent: Any) -> str:
     return f"{module}:{qualname}"
 
 
-def _model_description(model: Any) -> Any:
+def _model_description(model: object) -> Any:
     if model is None:
         return None
     describe = getattr(model, "describe", None)
@@ -164,7 +165,7 @@ class EvalRun:
         dataset: Dataset | Iterable[Sample],
         *,
         scorers: Scorer | Sequence[Scorer],
-        model: Any = None,
+        model: ModelSource | None = None,
         store: CheckpointStore | str | Any = DEFAULT_STORE,
         name: str | None = None,
         epochs: int = 1,
