@@ -15,7 +15,7 @@ from qitos.core.decision import Decision
 from qitos.core.errors import ConfigurationError, RunFailedError
 from qitos.core.output import OutputSpec
 from qitos.core.state import StateSchema
-from qitos.core.task import Task
+from qitos.core.task import Env, Task
 from qitos.core.tool import ToolRegistry
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         engine_kwargs: dict[str, Any] | None = None,
         workspace: str | None = None,
         max_steps: int | None = None,
-        env: Any = None,
+        env: Env | None = None,
         parser: Any = None,
         search: Any = None,
         critics: list[Any] | None = None,
