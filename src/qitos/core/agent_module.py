@@ -69,12 +69,12 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
     def __init__(
         self,
-        tool_registry: Any = None,
+        tool_registry: object = None,
         llm: Any = None,
         model_parser: Any = None,
         memory: Memory | None = None,
-        history: Any = None,
-        **config: Any,
+        history: object = None,
+        **config: object,
     ) -> None:
         model = config.pop("model", None)  # the canonical name; the seed's signature keeps llm=
         if model is not None and llm is not None and model is not llm:

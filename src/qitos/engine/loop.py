@@ -579,9 +579,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                 if observation is None and self._calls_are_plain(run, decision, plain_call):
                     results: list[ToolResult] = []
                     for action in decision.actions:
-                        results.append((yield _refill(plain_call, action)))
-                        if run.cancel_immediate:
-                            self._immediate_cancel_point(run)
+                        results.append((yield self._plain_call(run, plain_call, action)))
                     observation = self._acted(run, step.id, decision, results)
                 elif observation is None:
                     observation = yield from self._act(run, step.id, decision)
@@ -678,6 +676,14 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             if spec is None or spec.needs_approval:
                 return False
         return True
+
+    def _plain_call(self, run: RunContext, call: ToolCall, action: Action) -> ToolCall:
+        """The run's one plain ``ToolCall`` refilled for ``action`` (no allocation per call, see
+        effects), once an immediate cancel had its chance to stop the step (as after every call)."""
+        if run.cancel_immediate:
+            self._immediate_cancel_point(run)
+        call.name, call.args, call.call_id = action.name, action.args, action.id
+        return call
 
     def _act(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Loop[Observation]:
         """ACT for calls that are not plain: through the Env, in concurrent groups, or each with
@@ -917,6 +923,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
 
     def _acted(self, run: RunContext, step_id: int, decision: Decision[Any], results: list[ToolResult]) -> Observation:
         """The observation of a step's tool calls, recorded in the exchange log and announced."""
+        if run.cancel_immediate:
+            self._immediate_cancel_point(run)  # the last call's result arrived: a cancel can stop the step
         observation = Observation(results=tuple(results))
         if self._model_path is not None:
             self._model_path.record_results(run, results)
@@ -1391,12 +1399,6 @@ def _state_changes(state: StateSchema) -> list[dict[str, Any]]:
     """The state changes made since the last drain; the ``__dict__`` probe skips the drain's call
     when nothing was recorded (the common case while deciding)."""
     return state.drain_changes() if state.__dict__.get("_q_changes") else _NO_ENTRIES
-
-
-def _refill(call: ToolCall, action: Action) -> ToolCall:
-    """The run's one plain ``ToolCall`` refilled for ``action`` (no allocation per call, see effects)."""
-    call.name, call.args, call.call_id = action.name, action.args, action.id
-    return call
 
 
 def _interrupted(action: Action) -> ToolResult:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
 from qitos.eval import scorers
@@ -58,7 +57,7 @@ __all__ = [
 
 
 async def aevaluate(
-    agent: Any,
+    agent: object,
     dataset: Dataset | Iterable[Sample],
     *,
     scorers: Scorer | Sequence[Scorer],
@@ -71,8 +70,8 @@ async def aevaluate(
     sample_timeout: float | None = None,
     retries: int = 0,
     fail_on_error: int | float | None = None,
-    fleet: Any = None,
-    engine_kwargs: Mapping[str, Any] | None = None,
+    fleet: object = None,
+    engine_kwargs: Mapping[str, object] | None = None,
     replay: str | None = None,
     on_divergence: str = "stop",
     cache: bool = False,
@@ -120,7 +119,7 @@ async def aevaluate(
 
 
 def evaluate(
-    agent: Any,
+    agent: object,
     dataset: Dataset | Iterable[Sample],
     *,
     scorers: Scorer | Sequence[Scorer],
@@ -133,8 +132,8 @@ def evaluate(
     sample_timeout: float | None = None,
     retries: int = 0,
     fail_on_error: int | float | None = None,
-    fleet: Any = None,
-    engine_kwargs: Mapping[str, Any] | None = None,
+    fleet: object = None,
+    engine_kwargs: Mapping[str, object] | None = None,
     replay: str | None = None,
     on_divergence: str = "stop",
     cache: bool = False,

@@ -135,7 +135,7 @@ def tool_call_grammar(tool_schemas: Iterable[Mapping[str, Any]], llama: Any = No
     return re.sub(r"(?m)^space ::= .*$", 'space ::= | " "', grammar)
 
 
-def _grammar_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+def _grammar_schema(schema: Mapping[str, object]) -> dict[str, Any]:
     """A copy of a parameter schema without keys the converter would only carry as noise."""
     out: dict[str, Any] = {}
     for key, value in schema.items():

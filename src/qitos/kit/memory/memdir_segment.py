@@ -254,7 +254,7 @@ def _entries_one_by_one(
     return entries
 
 
-def _consume(iterator: Iterator[Any]) -> None:
+def _consume(iterator: Iterator[object]) -> None:
     """Run an iterator to its end, keeping nothing."""
     deque(iterator, maxlen=0)
 
