@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -337,7 +337,7 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         return state
 
 
-def _narrow(spec: ToolSpec, allowed: dict[str, list[Any]]) -> ToolSpec:
+def _narrow(spec: ToolSpec, allowed: Mapping[str, Sequence[object]]) -> ToolSpec:
     """``spec`` with only the ``allowed`` arguments, each required and an enum of its values."""
     properties = dict(spec.parameters.get("properties") or {})
     narrowed: dict[str, Any] = {}

@@ -174,7 +174,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         search: BranchSelector | None = None,
         model: ModelSource | None = None,
         lifecycle: LifecyclePolicy | None = None,
-        context: Any = None,
+        context: object = None,
         checkpoint_store: CheckpointStore | None = None,
         trace_logdir: str | None = None,
         trace_prefix: str | None = None,
@@ -1351,7 +1351,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         return run.elapsed_before + (time.monotonic() - run.started)
 
 
-def _overrides(hook: Any, name: str) -> bool:
+def _overrides(hook: object, name: str) -> bool:
     method = getattr(type(hook), name, None)
     if method is None:
         return False
@@ -1379,7 +1379,7 @@ class _Step:
         "view_summary",
     )
 
-    def __init__(self, step_id: int, snapshot: dict[str, Any] | None) -> None:
+    def __init__(self, step_id: int, snapshot: Mapping[str, object] | None) -> None:
         self.id = step_id
         self.snapshot = snapshot  # the state as the step began, for a critic's retry (None: no critics)
         self.started = time.time()
@@ -1440,7 +1440,7 @@ def _repeats(last: BoundaryCommit | None, end: BoundaryCommit, log: Any) -> bool
     )
 
 
-def _with_steering(observation: Any, steering: list[str]) -> Observation:
+def _with_steering(observation: object, steering: list[str]) -> Observation:
     base = observation if isinstance(observation, Observation) else Observation(env=observation)
     text = "\n".join(steering)
     feedback = f"{base.feedback}\n{text}" if base.feedback else text

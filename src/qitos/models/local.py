@@ -51,7 +51,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -490,7 +490,7 @@ def _tool_instructions(tools: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _tool_rounds(messages: list[dict[str, Any]]) -> int:
+def _tool_rounds(messages: Sequence[Mapping[str, object]]) -> int:
     """Assistant tool-call turns since the last user message (tool results do not count as one)."""
     rounds = 0
     for msg in messages:

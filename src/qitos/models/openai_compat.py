@@ -95,7 +95,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -883,7 +883,7 @@ class _Estimator:
         return replace(response, usage=usage)
 
 
-def _tool_choice(choice: str | None, tools: list[dict[str, Any]]) -> str | dict[str, Any] | None:
+def _tool_choice(choice: str | None, tools: Sequence[Mapping[str, object]]) -> str | dict[str, Any] | None:
     """The ``tool_choice`` to send for a view's tool choice (None: the request has no tools).
 
     ``required`` with exactly one tool is sent as that tool's name: the same demand, and the form

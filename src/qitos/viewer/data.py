@@ -66,7 +66,7 @@ _MAX_LINEAGE = 200
 _SHOWN = Redactor()
 
 
-def _shown(view: dict[str, Any]) -> dict[str, Any]:
+def _shown(view: Mapping[str, object]) -> dict[str, Any]:
     shown: dict[str, Any] = _SHOWN.redact_value(view)
     return shown
 
