@@ -560,7 +560,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             stop = self._boundary(run, control)
             if stop is not None:
                 return stop
-            step = self._begin_step(run)
+            step = _Step(run, with_snapshot=bool(self.critics))  # announces step_start
             while True:  # one pass per step, another when a critic sends the step back
                 # DECIDE: the agent's decide hook, else the model path; then one decision is kept
                 if run.pending is not None and run.pending.step_id == step.id:
@@ -570,10 +570,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
                     if decided is None:
                         decided = yield from self._model_decide(run, step)
                     if decided.mode == "branch" or run.journal.durable:
-                        decision = yield from self._settle_decision(run, step, decided)
-                    else:
-                        decision = self._keep_decision(run, decided)
-                    self._decided(run, step.id, decision)
+                        decided = yield from self._settle_decision(run, step, decided)
+                    decision = self._decided(run, step.id, decided)
                 # ACT: the tool calls (or the Env); their results are the observation
                 observation = self._act_without_tools(run, step.id, decision)
                 if observation is None and self._calls_are_plain(run, decision, plain_call):
@@ -603,13 +601,6 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         """The effect that reads a durable journal's control items at a boundary."""
         return JournalCall(run.journal, "control", (run.state.current_step,))
 
-    def _begin_step(self, run: RunContext) -> _Step:
-        """A step goes on past its boundary: its clock starts and ``step_start`` is announced."""
-        state = run.state
-        step = _Step(state.current_step, state.to_dict() if self.critics else None)
-        run.emit(_fast_event(EngineEvent, (E.STEP_START, step.id, None, P.DECIDE, True, {}, None, _now())))
-        return step
-
     def _ask_agent(self, run: RunContext, step: _Step) -> Decision[Any] | None:
         """The agent's ``decide`` hook, around its hooks; None sends DECIDE down the model path."""
         state = run.state
@@ -625,18 +616,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             )
         return decided
 
-    def _keep_decision(self, run: RunContext, decision: Decision[Any]) -> Decision[Any]:
-        """A decision that needs no branch resolution and no journal: the steering it saw is used
-        up and the state changes made while deciding join the step's."""
-        run.steering.clear()
-        changes = _state_changes(run.state)
-        if changes:
-            run.step_changes.extend(changes)
-        return decision
-
     def _settle_decision(self, run: RunContext, step: _Step, decided: Decision[Any]) -> Loop[Decision[Any]]:
-        """``_keep_decision`` for a ``branch`` decision (resolved to one candidate, in forked child
-        sessions when the selector fans out) or a durable journal (the decision is recorded)."""
+        """What a ``branch`` decision (resolved to one candidate, in forked child sessions when the
+        selector fans out) or a durable journal (the decision is recorded) needs before ``_decided``."""
         run.steering.clear()
         if decided.mode != "branch":
             decision = decided
@@ -653,14 +635,21 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
             )
         return decision
 
-    def _decided(self, run: RunContext, step_id: int, decision: Decision[Any]) -> None:
-        """DECIDE is over: announced, then its hooks, then an immediate cancel may stop the step."""
+    def _decided(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Decision[Any]:
+        """DECIDE is over: the steering it saw is used up, the state changes made while deciding join
+        the step's (both already done when ``_settle_decision`` ran: then nothing is left to do), the
+        decision is announced, its hooks run, and an immediate cancel may stop the step."""
+        run.steering.clear()
+        changes = _state_changes(run.state)
+        if changes:
+            run.step_changes.extend(changes)
         mode: dict[str, Any] = {"mode": decision.mode}
         run.emit(_fast_event(EngineEvent, (E.DECIDE, step_id, None, P.DECIDE, True, mode, None, _now())))
         if self._hook_table["on_after_decide"]:
             self._call_hooks("on_after_decide", run, HookContext(run.run_id, step_id, run.state, decision))
         if run.cancel_immediate:
             self._immediate_cancel_point(run)
+        return decision
 
     def _calls_are_plain(self, run: RunContext, decision: Decision[Any], plain_call: ToolCall) -> bool:
         """Whether every call of ``decision`` is plain: made through the registry one after the
@@ -1379,9 +1368,12 @@ class _Step:
         "view_summary",
     )
 
-    def __init__(self, step_id: int, snapshot: Mapping[str, object] | None) -> None:
-        self.id = step_id
-        self.snapshot = snapshot  # the state as the step began, for a critic's retry (None: no critics)
+    def __init__(self, run: RunContext, *, with_snapshot: bool) -> None:
+        """The step that goes on past its boundary: its clock starts and ``step_start`` is announced."""
+        state = run.state
+        step_id = self.id = state.current_step
+        # the state as the step began, for a critic's retry (only kept when there are critics)
+        self.snapshot: dict[str, Any] | None = state.to_dict() if with_snapshot else None
         self.started = time.time()
         self.t0 = time.perf_counter()
         self.retries = 0
@@ -1390,6 +1382,7 @@ class _Step:
         self.log_entries: list[dict[str, Any]] = _NO_ENTRIES
         self.verdicts: list[dict[str, Any]] = _NO_VERDICTS
         self.verdict: CriticVerdict | None = None
+        run.emit(_fast_event(EngineEvent, (E.STEP_START, step_id, None, P.DECIDE, True, {}, None, _now())))
 
 
 _NO_VERDICTS: list[dict[str, Any]] = []  # a step without critics (shared and never mutated)
