@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TextIO, TypeVar
 from qitos.core.decision import Decision
 from qitos.core.errors import ConfigurationError, RunFailedError
 from qitos.core.output import OutputSpec
+from qitos.core.request_view import CompactionPolicy, SummarizingCompactionPolicy
 from qitos.core.state import StateSchema
 from qitos.core.task import Env, Task
 from qitos.core.tool import ToolRegistry
@@ -147,7 +148,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         search: Any = None,
         critics: list[Any] | None = None,
         stop_criteria: list[Any] | None = None,
-        history_policy: Any = None,
+        history_policy: CompactionPolicy | SummarizingCompactionPolicy | None = None,
         trace: Any = None,
         render: Any = None,
         trace_logdir: str = "./runs",
