@@ -7,8 +7,8 @@ the ``qitos-kernel[mcp]`` extra::
     from qitos.tools import ToolRegistry, tool, workspace_tools, shell_tool
     from qitos.tools import MCPToolset            # imports the mcp SDK now
 
-The modules named by the seeds and SPEC (``qitos.core.tool``, ``qitos.kit.tools.files`` ...) stay
-where they are; these are the same objects.
+The modules that define them (``qitos.core.tool``, ``qitos.kit.tools.files`` ...) are importable
+too; these are the same objects.
 """
 
 from __future__ import annotations
