@@ -170,7 +170,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         env: Env | None = None,
         history_policy: CompactionPolicy | SummarizingCompactionPolicy | None = None,
         trace_writer: TraceWriter | None = None,
-        hooks: Iterable[EngineHook] | None = None,
+        hooks: Iterable[Any] | None = None,
         search: BranchSelector | None = None,
         model: ModelSource | None = None,
         lifecycle: LifecyclePolicy | None = None,

@@ -100,7 +100,7 @@ class Agent(AgentModule[AgentState, Observation, Action]):
 
     def __init__(
         self,
-        model: ModelSource,
+        model: ModelSource | None,
         *,
         instructions: str | None = None,
         tools: Sequence[Any] | ToolRegistry = (),
