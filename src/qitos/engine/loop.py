@@ -56,7 +56,7 @@ from qitos.engine.event_redaction import redact_event, redacting_sink
 from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
 from qitos.engine.handoff import handoff_of
 from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
-from qitos.engine.model_path import ModelContext, ModelPath
+from qitos.engine.model_path import ModelContext, ModelPath, record_results
 from qitos.engine.policies import (
     BranchSelector,
     Critic,
@@ -915,8 +915,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if run.cancel_immediate:
             self._immediate_cancel_point(run)  # the last call's result arrived: a cancel can stop the step
         observation = Observation(results=tuple(results))
-        if self._model_path is not None:
-            self._model_path.record_results(run, results)
+        if run.log is not None:
+            record_results(run.log, results)
         for result in results:
             if type(result.output) is dict and result.ok:  # cheap gate before the handoff check
                 move = handoff_of(self.agent.tool_registry.get(result.name), result)
