@@ -36,6 +36,8 @@ from qitos.core.decision import Decision
 from qitos.core.errors import ConfigurationError, UsageError
 from qitos.core.state import StateSchema
 from qitos.core.tool import ToolRegistry, ToolResult, ToolSpec
+from qitos.kit.parsers.base import DecisionParser
+from qitos.models.function import ModelSource
 
 __all__ = ["HANDOFF_PREFIX", "HandoffTool", "Team", "TeamState", "handoff_of", "team_state_type"]
 
@@ -134,8 +136,8 @@ class Team(AgentModule[TeamState, Any, Any]):
         *,
         first: str,
         max_handoffs: int = 8,
-        llm: Any = None,
-        model_parser: Any = None,
+        llm: ModelSource | None = None,
+        model_parser: DecisionParser | None = None,
     ) -> None:
         if first not in members:
             raise ConfigurationError(f"Team: first={first!r} is not a member ({sorted(members)})")
