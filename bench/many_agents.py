@@ -42,10 +42,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore  # noqa: E402
-from qitos.core.agent_module import AgentModule  # noqa: E402
-from qitos.core.decision import Action, Decision, Observation  # noqa: E402
-from qitos.core.state import StateSchema  # noqa: E402
-from qitos.core.tool import ToolRegistry, tool  # noqa: E402
+from qitos.core._agent_module import AgentModule  # noqa: E402
+from qitos.core._decision import Action, Decision, Observation  # noqa: E402
+from qitos.core._state import StateSchema  # noqa: E402
+from qitos.core._tool import ToolRegistry, tool  # noqa: E402
 from qitos.engine.delegation import delegate  # noqa: E402
 from qitos.engine.engine import Engine  # noqa: E402
 

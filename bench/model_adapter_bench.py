@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from qitos.core.exchange import ExchangeLog
+from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.models.openai_compat import OpenAICompatibleModel
 
@@ -233,7 +233,7 @@ def local_model(threads: int | None) -> None:
     from dataclasses import field as dc_field
 
     from qitos import Action, AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
-    from qitos.core.decision import Observation
+    from qitos.core._decision import Observation
 
     load_before = os.getloadavg()[0]
     started = time.perf_counter()

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 
 from delegate_agents import ParentAgent
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
 from qitos.engine.composition import compose
 
 __all__ = ["FleetAgent", "FleetState", "composition", "delegating"]

@@ -64,24 +64,24 @@ def test_root_all_is_sorted_and_is_exactly_the_spec_names() -> None:
 
 def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
     canonical = {
-        "StateSchema": "qitos.core.state",
-        "StopReason": "qitos.core.state",
-        "Task": "qitos.core.task",
-        "TaskBudget": "qitos.core.task",
-        "TaskResource": "qitos.core.task",
-        "Decision": "qitos.core.decision",
-        "Action": "qitos.core.decision",
-        "AgentModule": "qitos.core.agent_module",
+        "StateSchema": "qitos.core._state",
+        "StopReason": "qitos.core._state",
+        "Task": "qitos.core._task",
+        "TaskBudget": "qitos.core._task",
+        "TaskResource": "qitos.core._task",
+        "Decision": "qitos.core._decision",
+        "Action": "qitos.core._decision",
+        "AgentModule": "qitos.core._agent_module",
         "Engine": "qitos.engine.engine",
         "EngineResult": "qitos.engine.events",
         "AsyncEngine": "qitos.engine.async_engine",
-        "tool": "qitos.core.tool",
-        "ToolRegistry": "qitos.core.tool",
+        "tool": "qitos.core._tool",
+        "ToolRegistry": "qitos.core._tool",
         "compose": "qitos.engine.composition",
         "Agent": "qitos.kit.agent",
-        "Observation": "qitos.core.decision",
+        "Observation": "qitos.core._decision",
         "RuntimeBudget": "qitos.engine.runtime",
-        "RunFailedError": "qitos.core.errors",
+        "RunFailedError": "qitos.core._errors",
     }
     for name, module in canonical.items():
         assert getattr(qitos, name) is getattr(importlib.import_module(module), name), name
@@ -111,12 +111,12 @@ SURFACES = {
         "MCPConnectionError": "qitos.kit.tools.mcp",
         "MCPToolError": "qitos.kit.tools.mcp",
         "MCPToolset": "qitos.kit.tools.mcp",
-        "ToolRegistry": "qitos.core.tool",
-        "ToolResult": "qitos.core.tool",
-        "ToolSpec": "qitos.core.tool",
+        "ToolRegistry": "qitos.core._tool",
+        "ToolResult": "qitos.core._tool",
+        "ToolSpec": "qitos.core._tool",
         "WorkspacePathError": "qitos.kit.tools.files",
         "shell_tool": "qitos.kit.tools.shell",
-        "tool": "qitos.core.tool",
+        "tool": "qitos.core._tool",
         "workspace_tools": "qitos.kit.tools.files",
     },
 }
@@ -147,8 +147,8 @@ def test_a_surface_loads_its_optional_dependencies_only_on_access(package: str, 
 
 def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
     from qitos.checkpoint import InMemoryCheckpointStore
-    from qitos.core.errors import ConfigurationError
-    from qitos.core.exchange import LoggedToolCall
+    from qitos.core._errors import ConfigurationError
+    from qitos.core._exchange import LoggedToolCall
     from qitos.models import ScriptedModel, ToolCall
 
     class Minimal(qitos.AgentModule):  # type: ignore[type-arg]
@@ -168,7 +168,7 @@ def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
     with pytest.raises(ConfigurationError, match="store once"):
         qitos.compose(Minimal, store=store, checkpoint_store=InMemoryCheckpointStore())
     assert LoggedToolCall is not ToolCall  # the log's record of a call vs the model's returned call
-    assert not hasattr(importlib.import_module("qitos.core.exchange"), "ToolCall")
+    assert not hasattr(importlib.import_module("qitos.core._exchange"), "ToolCall")
 
 
 def test_star_import_gives_exactly_all() -> None:

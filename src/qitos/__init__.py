@@ -14,16 +14,16 @@ The public surface, one obvious place per need:
 - ``qitos.checkpoint``: session stores (``SqliteCheckpointStore``, ``InMemoryCheckpointStore``);
 - ``qitos.tools``: ``tool``, ``ToolRegistry`` and the kit's file, shell and MCP tools.
 
-The module paths the seeds name (``qitos.core.state``, ``qitos.checkpoint.sqlite_store`` ...) keep
+The module paths the seeds name (``qitos.core._state``, ``qitos.checkpoint.sqlite_store`` ...) keep
 working and hold the same objects.
 """
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import RunFailedError
-from qitos.core.state import StateSchema, StopReason
-from qitos.core.task import Task, TaskBudget, TaskResource
-from qitos.core.tool import ToolRegistry, tool
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import RunFailedError
+from qitos.core._state import StateSchema, StopReason
+from qitos.core._task import Task, TaskBudget, TaskResource
+from qitos.core._tool import ToolRegistry, tool
 from qitos.engine.async_engine import AsyncEngine
 from qitos.engine.composition import compose
 from qitos.engine.engine import Engine

@@ -35,7 +35,7 @@ from qitos.checkpoint.store import (
     SnapshotNotFoundError,
     StepWrite,
 )
-from qitos.core.errors import (
+from qitos.core._errors import (
     CheckpointError,
     CodecError,
     HeadConflictError,

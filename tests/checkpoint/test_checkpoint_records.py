@@ -28,8 +28,8 @@ from qitos.checkpoint.store import (
     StepWrite,
     SyncCheckpointStore,
 )
-from qitos.core.codec import canonical_json, digest
-from qitos.core.errors import CodecError, SnapshotIntegrityError, UsageError
+from qitos.core._codec import canonical_json, digest
+from qitos.core._errors import CodecError, SnapshotIntegrityError, UsageError
 
 RECORDS = [
     SessionSnapshot,

@@ -52,7 +52,7 @@ _RACER = textwrap.dedent(
     sys.path.insert(0, sys.argv[5])
     import session_agents
     from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-    from qitos.core.errors import QitosError
+    from qitos.core._errors import QitosError
     dsn, schema, name, barrier = sys.argv[1:5]
     out = {"name": name}
     with PostgresCheckpointStore(dsn, schema=schema) as store:

@@ -23,14 +23,14 @@ import pytest
 from pg_server import drop_schema, fresh_schema, pg_store
 from qitos.checkpoint.postgres_store import SCHEMA_VERSION, PostgresCheckpointStore, _drive
 from qitos.checkpoint.store import BlobIntegrityError, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
-from qitos.core._install import install_command
-from qitos.core.errors import (
+from qitos.core._errors import (
     CheckpointError,
     ConfigurationError,
     IntegrityError,
     SessionBusyError,
     SnapshotIntegrityError,
 )
+from qitos.core._install import install_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

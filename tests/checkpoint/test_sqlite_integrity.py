@@ -24,7 +24,7 @@ from qitos.checkpoint.store import (
     SnapshotNotFoundError,
     StepWrite,
 )
-from qitos.core.errors import CheckpointError, ConfigurationError, SnapshotIntegrityError
+from qitos.core._errors import CheckpointError, ConfigurationError, SnapshotIntegrityError
 
 
 def _session(store: SqliteCheckpointStore, steps: int = 3) -> list[SessionSnapshot]:

@@ -10,7 +10,7 @@ from pg_server import pg_store
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.targets import describe_target, open_store, postgres_dsn, sqlite_path, store_exists
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.engine.composition import compose
 
 

@@ -58,7 +58,7 @@ TEAM_MODULE = """
 from dataclasses import dataclass
 
 from qitos import Decision, Engine, compose
-from qitos.core.agent_module import AgentModule
+from qitos.core._agent_module import AgentModule
 from qitos.checkpoint import SqliteCheckpointStore
 from qitos.engine.handoff import Team, TeamState
 

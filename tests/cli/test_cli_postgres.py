@@ -12,7 +12,7 @@ import pytest
 
 from pg_server import pg_store
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-from qitos.core.redaction import REDACTED
+from qitos.core._redaction import REDACTED
 
 
 @pytest.fixture

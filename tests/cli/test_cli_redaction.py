@@ -7,7 +7,7 @@ from typing import Any
 
 from qitos import compose
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.redaction import REDACTED
+from qitos.core._redaction import REDACTED
 from secret_agents import API_KEY, TASK_KEY, KeyedModel, SecretAgent
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from qitos import Action, AgentModule, Decision, StateSchema, compose, tool
 from qitos.cli.render import LiveRenderer
-from qitos.core.errors import ConfigurationError, RunFailedError
+from qitos.core._errors import ConfigurationError, RunFailedError
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
 from qitos.models.scripted import ScriptedModel
 

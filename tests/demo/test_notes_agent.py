@@ -11,9 +11,9 @@ import pytest
 
 from qitos import Engine
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.tool import ToolResult
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._tool import ToolResult
 from qitos.demo import NotesAgent, NotesState, bundled_note_paths, prepare_workspace, scripted_model_responses
 from qitos.demo.notes_agent import INDEX_FILE, parse_note, render_index
 from qitos.engine.composition import compose

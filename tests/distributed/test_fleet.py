@@ -17,7 +17,7 @@ from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, wo
 
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
-from qitos.core.errors import ConfigurationError, SessionNotFoundError
+from qitos.core._errors import ConfigurationError, SessionNotFoundError
 from qitos.distributed import Fleet
 from qitos.distributed.naming import dbos_schema
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, tool
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
 from qitos.engine.model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor

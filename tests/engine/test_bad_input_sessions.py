@@ -13,7 +13,7 @@ import pytest
 
 from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, compose, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import CodecError
+from qitos.core._errors import CodecError
 
 
 @dataclass

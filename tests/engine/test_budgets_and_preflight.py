@@ -10,7 +10,7 @@ import pytest
 
 import driven
 from qitos import Action, Decision, Engine, Task, TaskBudget, TaskResource, tool
-from qitos.core.task import EnvSpec, TaskValidationError
+from qitos.core._task import EnvSpec, TaskValidationError
 from qitos.engine.runtime import RuntimeBudget
 from qitos.models.scripted import ScriptedModel
 

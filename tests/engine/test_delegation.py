@@ -20,7 +20,7 @@ import pytest
 import delegate_agents as da
 import driven
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.engine.subagent import child_session_id
 from qitos.sessions.step_journal import restore as restore_chain
 from qitos.viewer.data import lineage

@@ -12,8 +12,8 @@ import pytest
 
 import driven
 from qitos import Action, AgentModule, Decision, Engine, EngineResult, StateSchema, tool
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import apply_changes
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import apply_changes
 from qitos.engine.events import StepRecord
 from qitos.models.scripted import ScriptedModel
 

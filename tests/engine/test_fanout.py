@@ -12,11 +12,11 @@ import pytest
 
 import driven
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
 from qitos.engine.engine import Engine
 from qitos.engine.fanout import CandidateOutcome, FanoutSelector
 from qitos.engine.subagent import FanoutRequest

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from qitos import Action, Decision, compose, tool
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEvent
 from qitos.engine.events import EngineEventType as E

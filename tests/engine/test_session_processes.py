@@ -15,7 +15,7 @@ from typing import Any
 
 import session_agents as sa
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.sessions.payload import SnapshotPayload
 
 

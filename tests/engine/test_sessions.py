@@ -22,12 +22,12 @@ from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.packing import unpack, zstd
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision
-from qitos.core.errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
-from qitos.core.identity import SnapshotIdentity
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision
+from qitos.core._errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
+from qitos.core._identity import SnapshotIdentity
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
 from qitos.engine.composition import Composition, compose
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.models.scripted import ScriptedModel
@@ -767,7 +767,7 @@ def test_a_thousand_steps_appending_a_kib_each_keep_the_database_small(db: str, 
 def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_path: Path) -> None:
     from qitos import AgentModule, Decision, StateSchema, compose
     from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-    from qitos.core.errors import LeaseLostError
+    from qitos.core._errors import LeaseLostError
     from qitos.trace import list_runs
 
     race: list[Any] = []

@@ -19,8 +19,8 @@ from opentelemetry.trace import StatusCode, format_span_id, format_trace_id
 
 from qitos import AgentModule, AsyncEngine, Decision, Engine, StateSchema, ToolRegistry, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._install import install_command
-from qitos.core.errors import ConfigurationError, ModelError
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine.composition import compose
 from qitos.engine.events import EngineEventType

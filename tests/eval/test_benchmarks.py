@@ -237,7 +237,7 @@ def test_parallel_calls_pair_in_any_order_and_count() -> None:
 
 
 def test_an_unknown_category_is_refused() -> None:
-    from qitos.core.errors import ConfigurationError
+    from qitos.core._errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="BFCL categories are simple, multiple, parallel, parallel_multiple"):
         bfcl(("simple", "live"))

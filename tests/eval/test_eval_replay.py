@@ -405,7 +405,7 @@ def test_replay_needs_no_model_but_a_diverged_live_sample_does(tmp_path: Path, s
 
 
 def test_bad_replay_arguments_are_refused(tmp_path: Path) -> None:
-    from qitos.core.errors import ConfigurationError
+    from qitos.core._errors import ConfigurationError
 
     db = str(tmp_path / "evals.db")
     with pytest.raises(ConfigurationError, match="on_divergence must be one of stop, live, mark"):

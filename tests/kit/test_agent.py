@@ -14,7 +14,7 @@ import pytest
 import agent_app
 from qitos import Agent, AgentModule, Engine, compose, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
 from qitos.engine.delegation import delegate
 from qitos.engine.handoff import Team, TeamState

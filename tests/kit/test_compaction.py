@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextBudget
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import (
     CompactionError,
     CompactionPolicy,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qitos.core.codec import sha256_hex
+from qitos.core._codec import sha256_hex
 from qitos.core.memory import MemoryRecord, MemoryResourceError
 from qitos.kit.memory.memdir_memory import SEGMENT_NAME, MemdirMemory
 

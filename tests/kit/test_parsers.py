@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from qitos.core.errors import RunError
+from qitos.core._errors import RunError
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.json_protocol import JsonDecisionParser
 from qitos.kit.parsers.native import decision_from_tool_calls

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qitos.core.errors import ConfigurationError
-from qitos.core.tool import ToolRegistry
+from qitos.core._errors import ConfigurationError
+from qitos.core._tool import ToolRegistry
 from qitos.kit.tools.shell import shell_environment, shell_tool
 
 PY = sys.executable

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qitos.core.tool import ToolRegistry
+from qitos.core._tool import ToolRegistry
 from qitos.kit.tools.files import WorkspacePathError, workspace_tools
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from qitos.core.errors import ConfigurationError
-from qitos.core.exchange import ExchangeLog
+from qitos.core._errors import ConfigurationError
+from qitos.core._exchange import ExchangeLog
+from qitos.core._tool import tool
 from qitos.core.request_view import RequestView
-from qitos.core.tool import tool
 from qitos.engine.engine import Engine
 from qitos.models.base import ModelResponse, ToolCall
 from qitos.models.function import FunctionModel, as_model

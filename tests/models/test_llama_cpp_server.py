@@ -29,12 +29,12 @@ from typing import Any
 import httpx
 import pytest
 
+from qitos.core._errors import ModelError
+from qitos.core._exchange import ExchangeLog
+from qitos.core._state import StopReason
+from qitos.core._tool import tool
 from qitos.core.context import ContextRequest
-from qitos.core.errors import ModelError
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.core.state import StopReason
-from qitos.core.tool import tool
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import RuntimeBudget

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from qitos.core.codec import digest
+from qitos.core._codec import digest
+from qitos.core._errors import ConfigurationError, ModelError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextContribution
-from qitos.core.errors import ConfigurationError, ModelError
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.models.base import ModelAdapter, ModelResponse, ToolCall, Usage, request_digest
 from qitos.models.function import FunctionModel

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
 from qitos.engine.composition import compose
 from qitos.sessions.payload import SnapshotPayload
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from qitos import compose
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.redaction import REDACTED
+from qitos.core._redaction import REDACTED
 from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY, KeyedModel, SecretAgent, stored_texts
 
 SECRETS = (TASK_KEY, API_KEY, HEADER_SECRET)

@@ -12,8 +12,8 @@ import pytest
 
 import session_agents as sa
 from qitos.checkpoint.packing import unpack
-from qitos.core.codec import canonical_json
-from qitos.core.exchange import ExchangeLog
+from qitos.core._codec import canonical_json
+from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.engine.composition import Composition
 from qitos.models.scripted import ScriptedModel

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import session_agents as sa
-from qitos.core.errors import IntegrityError
+from qitos.core._errors import IntegrityError
 
 Flip = Callable[[bytes], bytes]
 

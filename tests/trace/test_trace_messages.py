@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextContribution
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.trace.reader import RunTrace
 from qitos.trace.writer import MESSAGES_FILE, TraceWriter, message_runs

@@ -11,7 +11,7 @@ import pytest
 from viewer_support import HOSTILE, HostileAgent, ViewerData, get
 
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import UsageError
+from qitos.core._errors import UsageError
 from qitos.engine.composition import compose
 from qitos.viewer.server import ViewerServer
 

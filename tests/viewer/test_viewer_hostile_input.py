@@ -12,7 +12,7 @@ import pytest
 from hostile_support import PAYLOADS, build_hostile_store
 from viewer_support import get
 
-from qitos.core.redaction import REDACTED
+from qitos.core._redaction import REDACTED
 from qitos.viewer.server import ViewerServer
 from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY
 

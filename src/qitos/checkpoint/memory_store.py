@@ -42,7 +42,7 @@ from qitos.checkpoint._rules import (
     renewed_lease,
 )
 from qitos.checkpoint.store import SyncCheckpointStore
-from qitos.core.errors import (
+from qitos.core._errors import (
     CheckpointError,
     HeadConflictError,
     SessionNotFoundError,

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 
 __all__ = ["SCHEMA_VERSION", "Migration", "StoreSql", "channel_name"]
 

@@ -82,8 +82,7 @@ from qitos.checkpoint._rules import (
 from qitos.checkpoint.packing import PackingError, pack, unpack
 from qitos.checkpoint.postgres_sql import SCHEMA_VERSION, StoreSql
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core._install import install_command
-from qitos.core.errors import (
+from qitos.core._errors import (
     CheckpointError,
     ConfigurationError,
     HeadConflictError,
@@ -91,6 +90,7 @@ from qitos.core.errors import (
     SessionNotFoundError,
     SnapshotIntegrityError,
 )
+from qitos.core._install import install_command
 
 if TYPE_CHECKING:
     import psycopg_pool

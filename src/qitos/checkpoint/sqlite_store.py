@@ -11,7 +11,7 @@ Design (STYLE practice 6, SPEC sections 3 and 7):
 - every write is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
   any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff, so
   "database is locked" never reaches the caller unless the file stays locked for
-  ``retry_timeout`` seconds (then a :class:`~qitos.core.errors.CheckpointError` says so);
+  ``retry_timeout`` seconds (then a :class:`~qitos.core._errors.CheckpointError` says so);
 - a ``schema_version`` table and ordered migrations, each applied in one transaction together
   with its version row; a file written by a newer schema is refused;
 - fixed SQL strings (compiled once and reused from sqlite3's statement cache); payloads stored
@@ -80,7 +80,7 @@ from qitos.checkpoint._rules import (
 from qitos.checkpoint.packing import PackingError, pack, unpack
 from qitos.checkpoint.store import SyncCheckpointStore
 from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
-from qitos.core.errors import (
+from qitos.core._errors import (
     CheckpointError,
     ConfigurationError,
     HeadConflictError,

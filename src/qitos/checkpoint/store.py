@@ -20,11 +20,11 @@ I/O is synchronous (SQLite, in-memory) derive from :class:`SyncCheckpointStore` 
 The records and the store's own errors are defined in ``qitos.checkpoint._records`` and named here,
 beside the contract that reads and writes them; the I/O-free rules every store applies
 (verification, lease arithmetic, fences) are in ``qitos.checkpoint._rules``. Errors:
-:class:`~qitos.core.errors.HeadConflictError` (a stale expected head),
-:class:`~qitos.core.errors.SessionNotFoundError`, :class:`~qitos.core.errors.SnapshotIntegrityError`
+:class:`~qitos.core._errors.HeadConflictError` (a stale expected head),
+:class:`~qitos.core._errors.SessionNotFoundError`, :class:`~qitos.core._errors.SnapshotIntegrityError`
 (stored bytes do not match their digest), plus :class:`SnapshotNotFoundError`,
 :class:`DuplicateOperationError` and :class:`BlobIntegrityError`. Payloads must be JSON-native;
-anything else raises :class:`~qitos.core.errors.CodecError` naming what was wrong.
+anything else raises :class:`~qitos.core._errors.CodecError` naming what was wrong.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from qitos.checkpoint._records import (
     StepWrite,
 )
 from qitos.checkpoint._rules import name_set
-from qitos.core.errors import UsageError
+from qitos.core._errors import UsageError
 
 __all__ = [
     "BlobIntegrityError",

@@ -20,8 +20,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.errors import CheckpointError, ConfigurationError
-from qitos.core.redaction import redact_text
+from qitos.core._errors import CheckpointError, ConfigurationError
+from qitos.core._redaction import redact_text
 
 __all__ = [
     "check_target",
@@ -130,7 +130,7 @@ def store_exists(target: str | os.PathLike[str]) -> bool:
 
 def describe_target(target: str | os.PathLike[str]) -> str:
     """The store for messages and JSON: a SQLite file's absolute path, or a URL with its password
-    redacted wherever it is written (``user:password@``, ``?password=``; see ``qitos.core.redaction``)."""
+    redacted wherever it is written (``user:password@``, ``?password=``; see ``qitos.core._redaction``)."""
     path = sqlite_path(target)
     if path is not None:
         return os.path.abspath(path)

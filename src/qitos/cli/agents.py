@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import ConfigurationError
+from qitos.core._agent_module import AgentModule
+from qitos.core._errors import ConfigurationError
 from qitos.engine._agent_ref import SCRIPT_ATTRIBUTE, split_reference
 
 __all__ = ["AGENT_FORMS", "load_agent", "session_agent"]

@@ -31,8 +31,8 @@ from rich.console import Console
 
 from qitos.checkpoint.store import SnapshotNotFoundError
 from qitos.checkpoint.targets import check_target
-from qitos.core.errors import QitosError, SessionNotFoundError, UsageError
-from qitos.core.redaction import redact_text
+from qitos.core._errors import QitosError, SessionNotFoundError, UsageError
+from qitos.core._redaction import redact_text
 from qitos.viewer.data import NotFoundError
 
 __all__ = [

@@ -21,7 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.engine.progress import preview

@@ -28,10 +28,10 @@ from qitos.cli.common import (
 )
 from qitos.cli.models import DEFAULT_OPENAI_WINDOW, MODEL_FORMS, RequestOptions, load_local_model, resolve_model
 from qitos.cli.render import LiveRenderer
-from qitos.core.agent_module import AgentModule
-from qitos.core.redaction import Redactor
+from qitos.core._agent_module import AgentModule
+from qitos.core._redaction import Redactor
+from qitos.core._task import Task, TaskBudget
 from qitos.core.request_view import TOOL_USE_POLICIES
-from qitos.core.task import Task, TaskBudget
 from qitos.engine.composition import compose
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineResult
@@ -71,7 +71,7 @@ _COMPACTION = {"closed_window": ClosedExchangeWindowCompactor}
 
 def outcome(result: EngineResult[Any], **extra: Any) -> dict[str, Any]:
     """The JSON shape of a finished run (``--json`` of demo, run and sessions resume), redacted
-    like everything qitos shows (``qitos.core.redaction``).
+    like everything qitos shows (``qitos.core._redaction``).
 
     ``steps`` and ``tokens`` are this run's own (its committed step records); ``session_steps`` is
     where the state is now, which for a resumed session run also counts the earlier runs' steps.

@@ -35,7 +35,7 @@ from qitos.cli.common import (
 )
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
-from qitos.core.redaction import redact_text
+from qitos.core._redaction import redact_text
 from qitos.engine.composition import Composition, compose
 from qitos.engine.otlp import otlp_export
 from qitos.sessions.control import answer_approval, pause_session, steer_session

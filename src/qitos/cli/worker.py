@@ -18,8 +18,8 @@ from typing import Annotated
 import typer
 
 from qitos.cli.common import cli_command, console, print_json, store_target
+from qitos.core._errors import ConfigurationError
 from qitos.core._install import install_command
-from qitos.core.errors import ConfigurationError
 from qitos.distributed.fleet import Fleet
 from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engine_options
 from qitos.distributed.worker import Worker

@@ -34,11 +34,11 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, ToolSpec
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, ToolSpec
 from qitos.kit.tools.files import workspace_tools
 
 __all__ = [

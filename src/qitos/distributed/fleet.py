@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from qitos.checkpoint.store import SessionPosition
-from qitos.core.errors import ConfigurationError, SessionNotFoundError
-from qitos.core.task import Task
+from qitos.core._errors import ConfigurationError, SessionNotFoundError
+from qitos.core._task import Task
 from qitos.distributed.naming import (
     APP_NAME,
     DEFAULT_QUEUE,

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from qitos.checkpoint.targets import open_store, postgres_dsn
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.engine.composition import Composition
 
 __all__ = [

@@ -55,7 +55,7 @@ from typing import Any
 
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.targets import postgres_dsn
-from qitos.core.errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError
+from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError
 from qitos.distributed.naming import (
     APP_NAME,
     DEFAULT_QUEUE,

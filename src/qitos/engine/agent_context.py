@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.kit.memory.adapter import MemorySourceAdapter
 
 __all__ = ["AGENT_MEMORY_NAMESPACE", "check_history_policy", "request_compaction", "request_contributors"]

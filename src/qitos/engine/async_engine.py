@@ -29,10 +29,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import StateSchema
-from qitos.core.task import Task
+from qitos.core._agent_module import AgentModule
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import StateSchema
+from qitos.core._task import Task
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEvent, EngineResult, EventStream
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qitos.core.decision import Action
-from qitos.core.tool import ToolRegistry
+from qitos.core._decision import Action
+from qitos.core._tool import ToolRegistry
 from qitos.engine.subagent import SubAgentRunner
 
 __all__ = ["may_run_together", "plan_calls"]

@@ -23,10 +23,10 @@ from typing import Any
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import open_store
-from qitos.core.agent_module import AgentModule
+from qitos.core._agent_module import AgentModule
+from qitos.core._errors import ConfigurationError
+from qitos.core._task import Task
 from qitos.core.context import ContextRequest
-from qitos.core.errors import ConfigurationError
-from qitos.core.task import Task
 from qitos.engine.engine import Engine
 from qitos.engine.model_path import ModelContext
 from qitos.engine.runtime import LifecyclePolicy

@@ -33,10 +33,10 @@ from collections.abc import Callable
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import ConfigurationError, UsageError
-from qitos.core.state import StopReason
-from qitos.core.tool import ToolResult, ToolSpec
+from qitos.core._agent_module import AgentModule
+from qitos.core._errors import ConfigurationError, UsageError
+from qitos.core._state import StopReason
+from qitos.core._tool import ToolResult, ToolSpec
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineResult
 from qitos.engine.runtime import RuntimeBudget

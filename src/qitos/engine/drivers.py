@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from qitos.core.state import StopReason
+from qitos.core._state import StopReason
 from qitos.engine.effects import BOUNDARY, Effect, Loop, ToolCall
 from qitos.engine.run_context import StopRun
 from qitos.engine.tool_threads import ToolThreads

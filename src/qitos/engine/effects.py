@@ -41,8 +41,8 @@ import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from qitos.core.decision import Action
-from qitos.core.tool import ToolRegistry, ToolResult
+from qitos.core._decision import Action
+from qitos.core._tool import ToolRegistry, ToolResult
 from qitos.engine._call_start import RecordedStart, StepResults, outlast_cancel
 
 __all__ = [

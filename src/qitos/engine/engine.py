@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from qitos.core.state import StateSchema
-from qitos.core.task import Task
+from qitos.core._state import StateSchema
+from qitos.core._task import Task
 from qitos.engine.loop import DEFAULT_TOOL_WORKERS, EngineLoop, status_for_stop_reason
 from qitos.engine.session_runtime import Session, new_session, restore_session
 

@@ -1,4 +1,4 @@
-"""Events pass the redaction policy before anyone sees them (``qitos.core.redaction``).
+"""Events pass the redaction policy before anyone sees them (``qitos.core._redaction``).
 
 Only events that can carry free text are rewritten: ``run_start`` (the task), ``run_end`` (the final
 result), ``model_delta`` (streamed model text), ``steer``, ``approval``, ``model_retry``,
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qitos.core.redaction import Redactor
+from qitos.core._redaction import Redactor
 from qitos.engine.events import EngineEvent, EngineEventType
 
 __all__ = ["TEXT_EVENTS", "redact_event", "redacting_sink"]

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from qitos.core.decision import Decision, Observation
-from qitos.core.task import TaskResult
+from qitos.core._decision import Decision, Observation
+from qitos.core._task import TaskResult
 
 __all__ = [
     "EngineEvent",

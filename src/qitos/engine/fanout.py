@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Decision
-from qitos.core.errors import ConfigurationError
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Decision
+from qitos.core._errors import ConfigurationError
 from qitos.engine.engine import Engine
 from qitos.engine.runtime import RuntimeBudget
 from qitos.engine.session_runtime import restore_session

@@ -31,11 +31,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Decision
-from qitos.core.errors import ConfigurationError, UsageError
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, ToolResult, ToolSpec
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Decision
+from qitos.core._errors import ConfigurationError, UsageError
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, ToolResult, ToolSpec
 
 __all__ = ["HANDOFF_PREFIX", "HandoffTool", "Team", "TeamState", "handoff_of", "team_state_type"]
 

@@ -37,14 +37,14 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import CheckpointError, ConfigurationError, ContextError, UsageError
-from qitos.core.identity import RunIdentity
-from qitos.core.redaction import Redactor, model_credentials
-from qitos.core.state import StateSchema, StopReason
-from qitos.core.task import Env, Task, TaskResult
-from qitos.core.tool import ToolResult
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import CheckpointError, ConfigurationError, ContextError, UsageError
+from qitos.core._identity import RunIdentity
+from qitos.core._redaction import Redactor, model_credentials
+from qitos.core._state import StateSchema, StopReason
+from qitos.core._task import Env, Task, TaskResult
+from qitos.core._tool import ToolResult
 from qitos.engine._call_start import RecordedStart, StepResults
 from qitos.engine.agent_context import check_history_policy
 from qitos.engine.call_plan import plan_calls

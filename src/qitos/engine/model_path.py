@@ -4,14 +4,14 @@ Each model turn is one exchange of the run's ExchangeLog: its inputs (the task o
 steering, environment observations, repair feedback), the model's output, and the results of its
 tool calls. The request sent is ``RequestView.from_exchange_log`` under the model's declared budget.
 The log redacts what it records (token shapes and the model's configured credentials, see
-``qitos.core.redaction``), so the model is sent, and a session stores, the redacted text.
+``qitos.core._redaction``), so the model is sent, and a session stores, the redacted text.
 
 A reply that cannot be used (malformed tool calls, unparseable text, empty, cut off) never becomes
 a final answer: the step becomes ``Decision.wait`` and the repair feedback is recorded in the log,
 once, so the model sees what went wrong on its next turn: as the result of the reply's first tool
 call (its other calls point there), or, for a reply without tool calls, as the next exchange's input.
 
-A typed final answer (the agent's ``output_type``; see ``qitos.core.output``): the request offers
+A typed final answer (the agent's ``output_type``; see ``qitos.core._output``): the request offers
 the ``final_answer`` tool (with a text protocol: an instruction giving the schema) and asks for
 ``structured_output``; a ``final_answer`` call, or a text reply holding the JSON object, is
 validated, and one that does not validate is repaired like any unusable reply. A valid answer is
@@ -43,13 +43,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from qitos.core._decision import Decision, Observation
+from qitos.core._exchange import CATEGORY_BITS, ExchangeLog
+from qitos.core._output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT, OutputSpec, OutputValidationError
+from qitos.core._redaction import Redactor, model_credentials
+from qitos.core._tool import ToolResult
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
-from qitos.core.decision import Decision, Observation
-from qitos.core.exchange import CATEGORY_BITS, ExchangeLog
-from qitos.core.output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT, OutputSpec, OutputValidationError
-from qitos.core.redaction import Redactor, model_credentials
 from qitos.core.request_view import ReasoningPolicy, RequestView
-from qitos.core.tool import ToolResult
 from qitos.engine.agent_context import request_compaction, request_contributors
 from qitos.engine.effects import Loop, ModelCall
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase

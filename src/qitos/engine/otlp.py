@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from qitos.core._errors import ConfigurationError
 from qitos.core._install import install_command
-from qitos.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

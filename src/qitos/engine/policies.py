@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from qitos.core.decision import Decision, Observation
-from qitos.core.state import StateSchema, StopReason
+from qitos.core._decision import Decision, Observation
+from qitos.core._state import StateSchema, StopReason
 
 __all__ = [
     "BranchSelector",

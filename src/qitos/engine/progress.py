@@ -23,7 +23,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType
 from qitos.engine.hooks import EngineHook
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.core.state import StopReason
-from qitos.core.task import Task
+from qitos.core._state import StopReason
+from qitos.core._task import Task
 from qitos.engine.events import EngineEvent, StepRecord
 from qitos.sessions.journal import BoundaryCommit, PendingStep, RunJournal
 from qitos.trace.writer import TraceWriter

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.core.decision import Action
+from qitos.core._decision import Action
 
 __all__ = ["LifecyclePolicy", "NeverPause", "RuntimeBudget", "RuntimeSnapshotContext"]
 

@@ -59,13 +59,13 @@ from qitos.checkpoint.store import (
     SessionSnapshot,
     SessionSnapshotCommit,
 )
-from qitos.core.codec import check_text, sha256_hex
-from qitos.core.errors import (
+from qitos.core._codec import check_text, sha256_hex
+from qitos.core._errors import (
     ConfigurationError,
     SessionNotFoundError,
 )
-from qitos.core.exchange import ExchangeLog
-from qitos.core.identity import (
+from qitos.core._exchange import ExchangeLog
+from qitos.core._identity import (
     AgentIdentity,
     AttemptIdentity,
     RunIdentity,
@@ -73,9 +73,9 @@ from qitos.core.identity import (
     SnapshotIdentity,
     WorkItemIdentity,
 )
-from qitos.core.redaction import Redactor, model_credentials
-from qitos.core.state import StateSchema
-from qitos.core.task import Task
+from qitos.core._redaction import Redactor, model_credentials
+from qitos.core._state import StateSchema
+from qitos.core._task import Task
 from qitos.engine._agent_ref import agent_reference
 from qitos.engine.events import EngineResult
 from qitos.engine.loop import EngineLoop
@@ -606,7 +606,7 @@ def _first_snapshot(
         state.task = the_task.objective
     state.drain_changes()
     session_id = SessionIdentity(given_id) if given_id is not None else SessionIdentity.new()
-    redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
+    redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core._redaction)
     full = redactor.redact_value(state.to_dict())
     payload = first_payload(full, ExchangeLog(f"log-{session_id.value}"), SessionLifecycle.CREATED.value)
     snapshot = SessionSnapshot.create(

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.core.state import StopReason
-from qitos.core.tool import ToolResult
+from qitos.core._state import StopReason
+from qitos.core._tool import ToolResult
 from qitos.engine.effects import AsyncServices, Effect
 from qitos.sessions.children import child_session_id
 

@@ -60,8 +60,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+from qitos.core._errors import ConfigurationError
 from qitos.core._install import DISTRIBUTION, install_command
-from qitos.core.errors import ConfigurationError
 from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.engine.hooks import EngineHook, HookContext
 from qitos.sessions.step_journal import SessionJournal

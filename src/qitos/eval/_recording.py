@@ -6,7 +6,7 @@ the step's ``decision`` pending write (``qitos.sessions.step_journal``) holds ``
 the snapshot that closes the step names the request view that was sent (a blob, see
 ``qitos.sessions.stored_view``). :func:`recorded_calls` reads the first, in order; every row is
 checked against its digest by the store, so a damaged row raises
-:class:`~qitos.core.errors.IntegrityError` naming it, never a wrong reply. :func:`recorded_request`
+:class:`~qitos.core._errors.IntegrityError` naming it, never a wrong reply. :func:`recorded_request`
 reads the second, only to explain a divergence: :func:`request_diff` says in a few words what
 changed between the recorded request and the new one (system prompt, a message, the tools, the
 parameters).
@@ -21,7 +21,7 @@ from typing import Any
 
 from qitos.checkpoint.packing import unpack
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.errors import IntegrityError
+from qitos.core._errors import IntegrityError
 from qitos.core.request_view import RequestView
 from qitos.models.base import ModelResponse
 from qitos.sessions.payload import SnapshotPayload

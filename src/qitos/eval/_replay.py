@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import ConfigurationError, IntegrityError, UsageError
-from qitos.core.redaction import model_credentials
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError, IntegrityError, UsageError
+from qitos.core._redaction import model_credentials
 from qitos.eval._recording import RecordedCall, recorded_calls, recorded_request, request_diff, request_parameters
 from qitos.eval._store import CachedReply, DivergenceRecord, EvalStore, ScoreRecord
 from qitos.eval.scorers import Scorer, _ModelGraded

@@ -29,9 +29,9 @@ from typing import Any
 
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
-from qitos.core.agent_module import AgentModule
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
+from qitos.core._agent_module import AgentModule
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
 from qitos.engine.composition import Composition, compose
 from qitos.engine.engine import Engine
 from qitos.engine.events import EngineEventType, EngineResult

@@ -27,7 +27,7 @@ table                 key                                         ``data`` (cano
 ===================== =========================================== ==========================================
 
 Every row keeps its record's canonical JSON in ``data`` and the SHA-256 of it in ``digest``; a
-read checks it, so a damaged row raises :class:`~qitos.core.errors.IntegrityError` naming the
+read checks it, so a damaged row raises :class:`~qitos.core._errors.IntegrityError` naming the
 table and the row, never a wrong result. ``qitos_evals.status`` (``running``, ``complete``,
 ``incomplete``, ``failed``) is outside the digest: it is shown, never trusted (a resume looks at
 the results themselves). Query the rows with SQL (``json_extract(data, '$.answer')`` in SQLite,
@@ -51,9 +51,9 @@ from typing import Any, TypeVar
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import open_store
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError, IntegrityError
 from qitos.core._install import install_command
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import ConfigurationError, IntegrityError
 
 __all__ = [
     "SCHEMA_VERSION",

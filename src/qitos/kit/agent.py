@@ -7,15 +7,15 @@
     agent = Agent(model, tools=[word_count], instructions="Answer in one sentence.")
     print(agent.run("How many words are in 'the quick brown fox'?"))
 
-An ``Agent`` is an ordinary :class:`~qitos.core.agent_module.AgentModule` whose ``decide`` always
+An ``Agent`` is an ordinary :class:`~qitos.core._agent_module.AgentModule` whose ``decide`` always
 takes the engine's model path: every step asks the model, which calls tools or answers. The
 conversation is the run's exchange log (the task is its first user message, ``instructions`` the
 system prompt, steering and tool results follow), so the agent itself keeps nothing between steps
 and one instance serves any number of runs. Its typed state is :class:`AgentState` (the built-in
-fields of :class:`~qitos.core.state.StateSchema`). ``memory`` is recalled into every request.
+fields of :class:`~qitos.core._state.StateSchema`). ``memory`` is recalled into every request.
 
 Typed output: with ``output_type=`` a dataclass or a pydantic model, the final answer is a
-validated object of that type (see ``qitos.core.output``: the model answers through a
+validated object of that type (see ``qitos.core._output``: the model answers through a
 ``final_answer`` tool, or a ``response_format`` where the adapter declares one, and an answer that
 does not validate is sent back with repair feedback, bounded by the step budget). ``agent.run``
 returns it typed, and the state keeps it as ``state.output``: the state type is then
@@ -41,13 +41,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.output import OutputSpec
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry
+from qitos.core._agent_module import AgentModule
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._output import OutputSpec
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry
 
 if TYPE_CHECKING:
     from qitos.core.memory import Memory

@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import ConfigurationError
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
@@ -235,7 +235,7 @@ class ModelResponse:
     def message(self) -> dict[str, Any]:
         """The assistant message this response adds to an exchange log (provider-neutral).
 
-        Always valid for :class:`~qitos.core.exchange.ExchangeLog`, even for unusable calls:
+        Always valid for :class:`~qitos.core._exchange.ExchangeLog`, even for unusable calls:
         arguments that were not a JSON object are kept as ``{"_raw_arguments": "<text>"}`` and a
         missing name becomes ``"missing_tool_name"``, so nothing the model said is lost.
         """

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall, Unit, Usage, check_capacity
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ holds (``view.messages()``: a list of ``{"role", "content", ...}`` dicts), the s
 ``AgentModule(llm=fn)`` with a plain callable works through :func:`as_model`: the engine wraps it
 as ``FunctionModel(fn, takes="messages")``. A model adapter (anything with a callable
 ``complete``) is used as is; anything else is refused with a
-:class:`~qitos.core.errors.ConfigurationError`.
+:class:`~qitos.core._errors.ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.models.base import DeltaCallback, ModelResponse, Unit
 from qitos.models.doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
 
@@ -36,7 +36,7 @@ class FunctionModel(RecordingAdapter):
     """A model backed by a plain function: ``fn(view)``, or ``fn(messages)`` with ``takes="messages"``.
 
     The function's result is coerced like a scripted response (a ``str`` is the final text); its
-    exceptions propagate unchanged (raise :class:`~qitos.core.errors.ModelError` to simulate a
+    exceptions propagate unchanged (raise :class:`~qitos.core._errors.ModelError` to simulate a
     provider failure). Every view received is kept in ``requests``.
     """
 
@@ -80,7 +80,7 @@ def as_model(llm: Any) -> Any:
     None stays None (no model: the model path then reports that none is configured); an object
     with a callable ``complete`` is a model adapter and is returned as is; any other callable is
     wrapped as ``FunctionModel(llm, takes="messages")`` (model id: its name). Anything else raises
-    :class:`~qitos.core.errors.ConfigurationError` naming what was given.
+    :class:`~qitos.core._errors.ConfigurationError` naming what was given.
     """
     if llm is None or (not inspect.isclass(llm) and callable(getattr(llm, "complete", None))):
         return llm

@@ -55,9 +55,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from qitos.core._codec import digest
+from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._install import install_command
-from qitos.core.codec import digest
-from qitos.core.errors import ConfigurationError, ModelError
 from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall, Unit, Usage, check_capacity
 
 if TYPE_CHECKING:

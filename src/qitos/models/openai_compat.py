@@ -11,7 +11,7 @@ Requests: the view's provider-neutral messages become chat messages (``developer
 ``null``: OpenAI accepts both, but servers that validate with a strict schema (llama-cpp-python's
 server answers HTTP 500 to a ``null``) accept only the empty string. Every tool message must
 answer a call declared by the assistant message before it, and every declared call must be
-answered before the next turn; otherwise a :class:`~qitos.core.errors.ContextError` is raised
+answered before the next turn; otherwise a :class:`~qitos.core._errors.ContextError` is raised
 before anything is sent. Tools go out in the function format.
 
 Per-request settings from the view: :meth:`~qitos.core.request_view.RequestView.tool_choice`
@@ -23,7 +23,7 @@ there are tools: llama-cpp-python's server offers the tools to the model only wh
 ``tool_choice`` is given. ``view.reasoning_policy.effort`` becomes ``reasoning_effort`` (servers
 without reasoning models ignore it).
 
-A request for a typed answer (``view.output_schema()``, see ``qitos.core.output``) goes out as its
+A request for a typed answer (``view.output_schema()``, see ``qitos.core._output``) goes out as its
 ``final_answer`` tool, unless the constructor declares that the server takes a JSON schema as
 ``response_format``: ``"json_schema"`` (OpenAI, vLLM, llama.cpp's llama-server, Ollama:
 ``{"type": "json_schema", "json_schema": {"name", "schema", "strict": false}}``) or
@@ -63,7 +63,7 @@ Failures: 408/409/429/5xx responses and connection errors or timeouts are retrie
 already delivered text is never retried (the text was shown). A request the server rejected as
 invalid is never retried either: other 4xx responses (400, 404, 422...) and a 5xx whose body
 says the request failed validation (some servers answer a schema error with 500) raise
-:class:`~qitos.core.errors.ModelError` at once with ``status_code``, the provider's message and
+:class:`~qitos.core._errors.ModelError` at once with ``status_code``, the provider's message and
 ``body``. A body that is not the expected JSON raises ModelError naming what is wrong.
 
 Concurrency: at most ``max_connections`` requests are open to the server at once (default
@@ -102,10 +102,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from qitos.core.codec import canonical_json
+from qitos.core._codec import canonical_json
+from qitos.core._errors import ConfigurationError, ContextError, ModelError
+from qitos.core._output import FINAL_ANSWER_TOOL
 from qitos.core.context import UnitCounter, unit_counter_for
-from qitos.core.errors import ConfigurationError, ContextError, ModelError
-from qitos.core.output import FINAL_ANSWER_TOOL
 from qitos.models.base import (
     DeltaCallback,
     ModelAdapter,

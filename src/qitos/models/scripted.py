@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qitos.core.errors import ConfigurationError, ModelError
+from qitos.core._errors import ConfigurationError, ModelError
 from qitos.models.base import DeltaCallback, ModelResponse, Unit, request_digest
 from qitos.models.doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
 from qitos.models.function import FunctionModel
@@ -58,7 +58,7 @@ __all__ = [
 class ScriptedModel(RecordingAdapter):
     """Answers with a fixed list of responses, in order; records every view it received.
 
-    Running out of responses raises :class:`~qitos.core.errors.ModelError` saying how many there
+    Running out of responses raises :class:`~qitos.core._errors.ModelError` saying how many there
     were, rather than inventing an answer.
     """
 

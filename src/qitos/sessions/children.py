@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
-from qitos.core.codec import sha256_hex
+from qitos.core._codec import sha256_hex
 from qitos.sessions.journal import PendingStep
 from qitos.sessions.step_journal import restore
 

@@ -5,7 +5,7 @@ at its next boundary, in any process. Where it concerns a delegated child sessio
 goes there (see ``pause_session``, ``steer_session``, ``answer_approval``). Nothing here needs
 the agent's code, so the ``Session`` facade, ``qitos sessions steer/pause/approve/reject`` and the
 viewer share these functions, with async twins built on the same validation. Text is redacted before it is stored
-(``qitos.core.redaction``).
+(``qitos.core._redaction``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionHeadRecord, SessionSnapshot
-from qitos.core.codec import sha256_hex
-from qitos.core.errors import ConfigurationError
-from qitos.core.redaction import Redactor
+from qitos.core._codec import sha256_hex
+from qitos.core._errors import ConfigurationError
+from qitos.core._redaction import Redactor
 from qitos.sessions.children import active_children, pending_of
 from qitos.sessions.inspection import SessionInspection, inspect_session
 from qitos.sessions.payload import SnapshotPayload

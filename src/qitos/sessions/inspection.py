@@ -23,9 +23,9 @@ from typing import Any
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.packing import unpack
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord, SessionSnapshot
-from qitos.core.errors import CheckpointError, IntegrityError, SessionNotFoundError
+from qitos.core._errors import CheckpointError, IntegrityError, SessionNotFoundError
+from qitos.core._task import Task
 from qitos.core.request_view import RequestView
-from qitos.core.task import Task
 from qitos.sessions.children import active_children, delegated_child, pending_of
 from qitos.sessions.journal import PendingStep
 from qitos.sessions.lease import holder_is_dead

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.core.decision import Action
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolResult
+from qitos.core._decision import Action
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolResult
 
 __all__ = ["Approval", "BoundaryCommit", "ControlBatch", "PendingStep", "ResumePoint", "RunJournal", "SteeringItem"]
 

@@ -2,7 +2,7 @@
 
 A session has one owner at a time (SPEC section 3). ``Session.run`` takes the store's lease
 (:meth:`~qitos.checkpoint.store.CheckpointStore.acquire_lease`) before anything executes, so a second
-runner gets :class:`~qitos.core.errors.SessionBusyError` and runs nothing. While the run goes on the
+runner gets :class:`~qitos.core._errors.SessionBusyError` and runs nothing. While the run goes on the
 keeper renews the lease: whenever the journal touches the store and a third of the lease has passed,
 and from a heartbeat (a daemon thread for the sync driver, a task for the async one) so a long model
 or tool call does not let it lapse. A renewal that fails on the store (a dropped connection, a
@@ -10,7 +10,7 @@ server restart) is retried with backoff until one succeeds or the store says the
 only then does the heartbeat stop. Every commit and pending write carries the lease's fencing token
 and the store refuses a stale one; a runner that lost the lease (it stalled past the expiry, or
 another runner took over) can therefore never record a step or start a tool, and the keeper raises
-:class:`~qitos.core.errors.LeaseLostError` at its next store operation. At the end the lease is
+:class:`~qitos.core._errors.LeaseLostError` at its next store operation. At the end the lease is
 released (retried, too, until it lands or the lease lapses), so the next run need not wait for it to
 expire.
 """
@@ -26,7 +26,7 @@ import time
 import uuid
 
 from qitos.checkpoint.store import CheckpointStore, SessionLease
-from qitos.core.errors import CheckpointError, LeaseLostError, SessionBusyError
+from qitos.core._errors import CheckpointError, LeaseLostError, SessionBusyError
 
 __all__ = ["DEFAULT_LEASE_TTL", "LeaseKeeper", "holder_is_dead", "runner_id"]
 

@@ -21,8 +21,8 @@ canonical JSON of :meth:`SnapshotPayload.to_json` (the store never reads it). Th
 Versioned: a base records its :data:`FORMAT`, and the deltas after it are read by that format.
 Format 1 (no ``chunks``) and format 2 are read; a payload with a key this version does not know,
 a field of the wrong type, or a base of an unknown format is refused with a
-:class:`~qitos.core.errors.CodecError` naming the field (:meth:`SnapshotPayload.of` reports it as
-the snapshot's :class:`~qitos.core.errors.SnapshotIntegrityError`).
+:class:`~qitos.core._errors.CodecError` naming the field (:meth:`SnapshotPayload.of` reports it as
+the snapshot's :class:`~qitos.core._errors.SnapshotIntegrityError`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from qitos.checkpoint.store import SessionSnapshot
-from qitos.core.codec import canonical_json
-from qitos.core.errors import CodecError, SnapshotIntegrityError
+from qitos.core._codec import canonical_json
+from qitos.core._errors import CodecError, SnapshotIntegrityError
 from qitos.sessions.journal import PendingStep
 from qitos.sessions.state_chunks import ChunkRef, parse_refs
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qitos.checkpoint.packing import PackingError, pack_or_raw, unpack
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
 
 __all__ = ["CHUNK_BYTES", "MIN_CHUNKED_BYTES", "ChunkRef", "chunk_list", "join_chunks", "parse_refs", "reusable_runs"]
 

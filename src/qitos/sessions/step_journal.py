@@ -11,7 +11,7 @@ last one plus its references, so bases stay frequent and a restore reads a short
 its runs and at most a few dozen deltas. Format 1 payloads (no ``chunks``) are read the same way.
 
 Redaction: every payload and blob the journal writes (pending writes, snapshot payloads, state runs,
-the stored request view) passes its ``redactor`` (``qitos.core.redaction``: token shapes plus the
+the stored request view) passes its ``redactor`` (``qitos.core._redaction``: token shapes plus the
 model's configured credentials) in :meth:`SessionJournal._clean`, so no secret reaches the store;
 the exchange-log entries were redacted when recorded. A snapshot payload's other keys hold only
 counters, ids, digests and kinds, so only its ``state`` and ``pending`` parts are cleaned. A
@@ -30,13 +30,13 @@ from typing import Any, Literal, TypeVar
 
 from qitos.checkpoint.packing import pack_or_raw, unpack
 from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
-from qitos.core.codec import canonical_json, encode_value, field_hints, sha256_hex
-from qitos.core.decision import Action
-from qitos.core.errors import CheckpointError, IntegrityError, SnapshotIntegrityError
-from qitos.core.exchange import ExchangeLog
-from qitos.core.redaction import Redactor
-from qitos.core.state import apply_changes
-from qitos.core.tool import ToolResult
+from qitos.core._codec import canonical_json, encode_value, field_hints, sha256_hex
+from qitos.core._decision import Action
+from qitos.core._errors import CheckpointError, IntegrityError, SnapshotIntegrityError
+from qitos.core._exchange import ExchangeLog
+from qitos.core._redaction import Redactor
+from qitos.core._state import apply_changes
+from qitos.core._tool import ToolResult
 from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
 from qitos.sessions.lease import LeaseKeeper
 from qitos.sessions.payload import FORMAT, CallSummary, ForkOrigin, LogMark, SnapshotPayload, StepSummary

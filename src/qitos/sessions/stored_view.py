@@ -23,7 +23,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from qitos.core.exchange import ExchangeLog, ExchangeLogError, exchange_id_at
+from qitos.core._exchange import ExchangeLog, ExchangeLogError, exchange_id_at
 from qitos.core.request_view import RequestView
 
 __all__ = ["view_from_record", "view_record"]

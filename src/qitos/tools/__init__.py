@@ -1,13 +1,13 @@
 """qitos.tools: everything for giving an agent tools, in one place.
 
-``tool`` and ``ToolRegistry`` (defined in ``qitos.core.tool``), the workspace file tools and the
+``tool`` and ``ToolRegistry`` (defined in ``qitos.core._tool``), the workspace file tools and the
 shell tool (``qitos.kit.tools``), and the MCP toolset, which loads on first access because it needs
 the ``qitos-kernel[mcp]`` extra::
 
     from qitos.tools import ToolRegistry, tool, workspace_tools, shell_tool
     from qitos.tools import MCPToolset            # imports the mcp SDK now
 
-The modules named by the seeds and SPEC (``qitos.core.tool``, ``qitos.kit.tools.files`` ...) stay
+The modules named by the seeds and SPEC (``qitos.core._tool``, ``qitos.kit.tools.files`` ...) stay
 where they are; these are the same objects.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from qitos.core.tool import ToolRegistry, ToolResult, ToolSpec, tool
+from qitos.core._tool import ToolRegistry, ToolResult, ToolSpec, tool
 from qitos.kit.tools.files import WorkspacePathError, workspace_tools
 from qitos.kit.tools.shell import shell_tool
 

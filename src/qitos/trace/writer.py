@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
-from qitos.core.codec import canonical_json, escape_surrogates, sha256_hex
+from qitos.core._codec import canonical_json, escape_surrogates, sha256_hex
 from qitos.trace.redact import Redactor
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.errors import UsageError
+from qitos.core._errors import UsageError
 from qitos.distributed.naming import fleet_queue
 from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
 from qitos.sessions.inspection import SessionLifecycle, observed_lifecycle

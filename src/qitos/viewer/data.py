@@ -3,7 +3,7 @@
 Everything here reads through the library (the trace reader, a ``CheckpointStore`` and
 ``Session.inspect``) and returns JSON-native dicts with stable shapes. No SQL, no loop logic, and
 no third-party imports: the viewer runs on the standard library alone. Every view passes the
-redaction policy (:mod:`qitos.core.redaction`: token shapes and secret fields) on its way out, so a
+redaction policy (:mod:`qitos.core._redaction`: token shapes and secret fields) on its way out, so a
 key that reached a store or trace before it was redacted there is still not shown.
 
 Shapes (every key is always present; missing values are ``null``):
@@ -31,8 +31,8 @@ from datetime import datetime
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
-from qitos.core.errors import CheckpointError, QitosError, UsageError
-from qitos.core.redaction import Redactor
+from qitos.core._errors import CheckpointError, QitosError, UsageError
+from qitos.core._redaction import Redactor
 from qitos.distributed.naming import fleet_queue
 from qitos.sessions.control import delegation_root
 from qitos.sessions.inspection import inspect_session, observed_lifecycle

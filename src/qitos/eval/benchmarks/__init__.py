@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import ConfigurationError
+from qitos.core._agent_module import AgentModule
+from qitos.core._errors import ConfigurationError
 from qitos.eval._dataset import Dataset
 from qitos.eval._report import EvalReport
 from qitos.eval._stats import mean

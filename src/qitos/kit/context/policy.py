@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, Literal
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError, ContextError
 from qitos.core.context import UnitCounter, unit_counter_for
-from qitos.core.errors import ConfigurationError, ContextError
 from qitos.core.request_view import CompactionReceipt, RequestView, projection_digest
 
 __all__ = [

@@ -34,7 +34,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, NoReturn
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
 from qitos.core.memory import MemoryRecord, MemoryResourceError
 
 __all__ = [

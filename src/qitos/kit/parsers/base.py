@@ -1,7 +1,7 @@
 """The text decision protocol contract: ``DecisionParser`` and ``ParseError``.
 
 A text protocol lets a model without native tool calls act: the parser's ``instructions`` go into
-the system prompt, and ``parse`` turns the model's reply into a :class:`~qitos.core.decision.Decision`.
+the system prompt, and ``parse`` turns the model's reply into a :class:`~qitos.core._decision.Decision`.
 A reply that does not follow the protocol raises :class:`ParseError`, whose ``feedback`` tells the
 model what was wrong and what is expected; the engine records that feedback in the exchange log and
 asks again. A malformed reply is never turned into a final answer.
@@ -14,8 +14,8 @@ import json
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from qitos.core.decision import Decision
-from qitos.core.errors import RunError
+from qitos.core._decision import Decision
+from qitos.core._errors import RunError
 
 __all__ = ["DecisionParser", "ParseError", "check_tool_name", "describe_tools"]
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from qitos.core.decision import Action, Decision
+from qitos.core._decision import Action, Decision
 from qitos.kit.parsers.base import DecisionParser, ParseError, check_tool_name, describe_tools
 
 __all__ = ["JsonDecisionParser"]

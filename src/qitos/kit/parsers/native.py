@@ -2,7 +2,7 @@
 
 For models with native tool calling (OpenAI-compatible servers, the embedded local model), the
 model's :class:`~qitos.models.base.ModelResponse` already separates tool calls from text. This turns
-it into a :class:`~qitos.core.decision.Decision`:
+it into a :class:`~qitos.core._decision.Decision`:
 
 - tool calls -> ``Decision.act`` with one ``Action`` per call, keeping the provider's call ids (the
   tool results must answer those ids), and the accompanying text as the rationale;
@@ -19,7 +19,7 @@ import json
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from qitos.core.decision import Action, Decision
+from qitos.core._decision import Action, Decision
 from qitos.kit.parsers.base import ParseError
 
 if TYPE_CHECKING:

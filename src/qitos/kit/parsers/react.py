@@ -25,7 +25,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from qitos.core.decision import Action, Decision
+from qitos.core._decision import Action, Decision
 from qitos.kit.parsers.base import DecisionParser, ParseError, check_tool_name, describe_tools
 
 __all__ = ["ReActParser"]

@@ -1,7 +1,7 @@
 """Workspace file tools confined to one root: list, read, write, edit, search.
 
-``workspace_tools(root)`` returns :class:`~qitos.core.tool.ToolSpec` objects ready for a
-:class:`~qitos.core.tool.ToolRegistry`:
+``workspace_tools(root)`` returns :class:`~qitos.core._tool.ToolSpec` objects ready for a
+:class:`~qitos.core._tool.ToolRegistry`:
 
 ========================  =========================================  ==========
 tool                      does                                       idempotent
@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from qitos.core.errors import RunError
-from qitos.core.tool import DEFAULT_MAX_OUTPUT_CHARS, ToolRegistry, ToolSpec, tool
+from qitos.core._errors import RunError
+from qitos.core._tool import DEFAULT_MAX_OUTPUT_CHARS, ToolRegistry, ToolSpec, tool
 
 __all__ = ["HardLinkError", "WorkspacePathError", "resolve_in_workspace", "workspace_tools"]
 

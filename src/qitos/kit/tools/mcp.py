@@ -7,8 +7,8 @@ over stdio, or to a streamable-HTTP endpoint::
         registry = ToolRegistry(toolset.tools())
         registry.call("add", {"a": 1, "b": 2})          # a real tools/call over the protocol
 
-Each server tool becomes a :class:`~qitos.core.tool.ToolSpec` whose ``parameters`` are the tool's
-``inputSchema`` as the server declared it, so :class:`~qitos.core.tool.ToolRegistry` validates
+Each server tool becomes a :class:`~qitos.core._tool.ToolSpec` whose ``parameters`` are the tool's
+``inputSchema`` as the server declared it, so :class:`~qitos.core._tool.ToolRegistry` validates
 arguments before anything is sent. A tool annotated ``readOnlyHint`` or ``idempotentHint`` is
 marked idempotent. A call that the server answers with ``isError`` raises :class:`MCPToolError`
 (the registry turns it into a failed observation). Text content comes back as text (several blocks
@@ -32,9 +32,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from qitos.core._errors import ConfigurationError, RunError
 from qitos.core._install import install_command
-from qitos.core.errors import ConfigurationError, RunError
-from qitos.core.tool import DEFAULT_MAX_OUTPUT_CHARS, ToolSpec
+from qitos.core._tool import DEFAULT_MAX_OUTPUT_CHARS, ToolSpec
 
 __all__ = ["MCPConnectionError", "MCPToolError", "MCPToolset"]
 

@@ -1,6 +1,6 @@
 """A shell-command tool that needs approval unless explicitly allowed.
 
-``shell_tool(cwd=...)`` returns one :class:`~qitos.core.tool.ToolSpec` named ``shell`` taking a
+``shell_tool(cwd=...)`` returns one :class:`~qitos.core._tool.ToolSpec` named ``shell`` taking a
 ``command`` string. By default ``needs_approval=True``: the engine pauses the session with
 ``awaiting_approval`` and runs the command only after a human approves that call;
 ``allow=True`` runs commands without asking.
@@ -44,8 +44,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import cast
 
-from qitos.core.errors import ConfigurationError
-from qitos.core.tool import ToolSpec
+from qitos.core._errors import ConfigurationError
+from qitos.core._tool import ToolSpec
 
 __all__ = ["DEFAULT_ENV_ALLOW", "shell_environment", "shell_tool"]
 

@@ -17,7 +17,7 @@ model path the answer then has to be a JSON object of that type:
   bounded by the step budget. A valid one ends the run: ``Decision.final`` with the JSON text as
   the answer and the JSON data as ``meta["output"]``.
 
-The typed value round-trips the strict codec (``qitos.core.codec`` encodes a dataclass field by
+The typed value round-trips the strict codec (``qitos.core._codec`` encodes a dataclass field by
 field and a pydantic model with ``model_dump(mode="json")``), so a state field declared with the
 type survives sessions, forks and restores.
 """
@@ -32,9 +32,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from qitos.core.codec import decode_value, encode_value, is_model_class
-from qitos.core.errors import CodecError, ConfigurationError, RunError, ToolDefinitionError
-from qitos.core.tool import compile_validator, schema_for_type
+from qitos.core._codec import decode_value, encode_value, is_model_class
+from qitos.core._errors import CodecError, ConfigurationError, RunError, ToolDefinitionError
+from qitos.core._tool import compile_validator, schema_for_type
 
 __all__ = [
     "FINAL_ANSWER_TOOL",

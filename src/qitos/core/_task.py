@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from qitos.core.codec import check_text
-from qitos.core.errors import UsageError
+from qitos.core._codec import check_text
+from qitos.core._errors import UsageError
 
 __all__ = [
     "Env",

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field, replace
 from json.encoder import encode_basestring as _json_string
 from typing import Any, Literal, Protocol, cast, overload
 
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import UsageError
-from qitos.core.identity import new_id
-from qitos.core.redaction import Redactor
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import UsageError
+from qitos.core._identity import new_id
+from qitos.core._redaction import Redactor
 
 __all__ = [
     "CATEGORY_BITS",
@@ -471,7 +471,7 @@ class ExchangeLog:
         self._exchanges_cache: tuple[Exchange, ...] | None = ()
         # Applied to every message and tool result recorded from now on (never to replayed
         # entries, which were redacted when first recorded): the log is what the model is sent and
-        # what a session stores, so a secret redacted here is in neither (see qitos.core.redaction).
+        # what a session stores, so a secret redacted here is in neither (see qitos.core._redaction).
         self.redactor: Redactor | None = None
         self._replaying = False
 

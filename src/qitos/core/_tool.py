@@ -50,8 +50,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Union, overload
 
-from qitos.core.codec import check_text
-from qitos.core.errors import CodecError, ToolDefinitionError
+from qitos.core._codec import check_text
+from qitos.core._errors import CodecError, ToolDefinitionError
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",

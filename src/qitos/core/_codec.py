@@ -4,14 +4,14 @@
 insignificant whitespace, UTF-8, no NaN or infinity. A lone surrogate (``"\\ud800"``, which has no
 UTF-8 form) is written as its JSON escape ``\\ud800``, so the text always encodes as UTF-8 and
 ``json.loads`` gives the same string back; :func:`check_text` finds such strings where a value must
-be refused instead (a task, see :class:`~qitos.core.task.Task`).
+be refused instead (a task, see :class:`~qitos.core._task.Task`).
 
 ``encode_value`` / ``decode_value`` turn typed Python values into JSON-native data and back, guided
 by type hints. They round-trip dataclasses (nested, subclassed as declared), enums, tuples, lists,
 sets, dicts, datetimes and ``Optional``/``Union``/``Literal`` fields, and pydantic models declared
 by their class (``model_dump(mode="json")`` / ``model_validate``; told by those methods, so
 pydantic itself is never imported here). Anything they cannot bring back
-exactly raises :class:`~qitos.core.errors.CodecError` naming the field path; nothing is silently
+exactly raises :class:`~qitos.core._errors.CodecError` naming the field path; nothing is silently
 turned into ``None`` or a plain dict. That includes a cyclic value (a list or dict that contains
 itself) and one nested deeper than the interpreter's recursion limit allows: the error names the
 path where the cycle closes or the nesting gets too deep, never a bare ``RecursionError``.
@@ -32,7 +32,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Union
 
-from qitos.core.errors import CodecError
+from qitos.core._errors import CodecError
 
 __all__ = [
     "canonical_json",

@@ -11,12 +11,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TextIO, TypeVar
 
-from qitos.core.decision import Decision
-from qitos.core.errors import ConfigurationError, RunFailedError
-from qitos.core.output import OutputSpec
-from qitos.core.state import StateSchema
-from qitos.core.task import Task
-from qitos.core.tool import ToolRegistry
+from qitos.core._decision import Decision
+from qitos.core._errors import ConfigurationError, RunFailedError
+from qitos.core._output import OutputSpec
+from qitos.core._state import StateSchema
+from qitos.core._task import Task
+from qitos.core._tool import ToolRegistry
 
 if TYPE_CHECKING:
     from qitos.core.memory import Memory
@@ -39,7 +39,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
     ``output_type`` (class or instance attribute; None: text) types the final answer of the model
     path: a dataclass or a pydantic model. The model is then asked for a JSON object of that type,
     an answer that does not validate gets repair feedback, and ``run`` returns the typed value
-    (see ``qitos.core.output``).
+    (see ``qitos.core._output``).
 
     Args:
         tool_registry: the tools the agent may call: a ``ToolRegistry`` or a sequence of tools
@@ -162,7 +162,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         answer is returned as that type (None when the run ended without one).
 
         A run that ends with status ``failed`` (the model unreachable, an HTTP error, a request that
-        does not fit its budget...) raises :class:`~qitos.core.errors.RunFailedError` carrying the
+        does not fit its budget...) raises :class:`~qitos.core._errors.RunFailedError` carrying the
         ``EngineResult``; with ``return_state=True`` the result is returned instead. A run that
         stopped (a budget, max steps, a pause) returns its final result, which may be None.
 

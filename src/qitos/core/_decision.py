@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
 
-from qitos.core.errors import UsageError
-from qitos.core.tool import ToolResult
+from qitos.core._errors import UsageError
+from qitos.core._tool import ToolResult
 
 __all__ = ["Action", "Decision", "DecisionError", "DecisionMode", "Observation"]
 

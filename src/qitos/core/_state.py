@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Optional, Self, SupportsIndex, Union
 
-from qitos.core.codec import decode_dataclass, encode_key, encode_value, field_hints, recursion_error
-from qitos.core.errors import CodecError, StateValidationError
+from qitos.core._codec import decode_dataclass, encode_key, encode_value, field_hints, recursion_error
+from qitos.core._errors import CodecError, StateValidationError
 
 __all__ = [
     "StateSchema",
@@ -96,7 +96,7 @@ class _Tracked:
 
 def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> Any:
     """Wrap plain lists/dicts (recursively) as tracked containers bound to ``owner.name``; a cyclic
-    or too deeply nested value raises CodecError naming the field (see ``qitos.core.codec``)."""
+    or too deeply nested value raises CodecError naming the field (see ``qitos.core._codec``)."""
     try:
         return _adopt_tree(value, owner, name, nested)
     except RecursionError:
