@@ -50,9 +50,9 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.composition import compose
-from qitos.engine.engine import Engine
-from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine._composition import compose
+from qitos.engine._engine import Engine
+from qitos.engine._hooks import EngineHook, HookContext
 from qitos.sessions.payload import SnapshotPayload
 
 HERE = Path(__file__).resolve().parent

@@ -39,7 +39,7 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.composition import Composition, compose
+from qitos.engine._composition import Composition, compose
 
 __all__ = ["ChargeAgent", "ChargeState", "charge_composition", "ledger", "main", "observed"]
 

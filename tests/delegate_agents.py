@@ -39,8 +39,8 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.delegation import delegate
-from qitos.engine.engine import Engine
+from qitos.engine._delegation import delegate
+from qitos.engine._engine import Engine
 from qitos.engine.session_runtime import Session, restore_session
 from session_agents import start_module
 

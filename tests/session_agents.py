@@ -44,7 +44,7 @@ from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import QitosError
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.composition import Composition, compose
+from qitos.engine._composition import Composition, compose
 from qitos.engine.runtime import LifecyclePolicy, RuntimeSnapshotContext
 from qitos.models.scripted import ScriptedModel
 

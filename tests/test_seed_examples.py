@@ -25,7 +25,7 @@ from qitos import (
     ToolRegistry,
     tool,
 )
-from qitos.engine.events import EngineEvent, EngineEventType, EventStream
+from qitos.engine._events import EngineEvent, EngineEventType, EventStream
 from qitos.models.scripted import ScriptedModel
 
 # --------------------------------------------------------------------------- seed 002

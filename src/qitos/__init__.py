@@ -24,10 +24,10 @@ from qitos.core._errors import RunFailedError
 from qitos.core._state import StateSchema, StopReason
 from qitos.core._task import Task, TaskBudget, TaskResource
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.async_engine import AsyncEngine
-from qitos.engine.composition import compose
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineResult
+from qitos.engine._async_engine import AsyncEngine
+from qitos.engine._composition import compose
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineResult
 from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.agent import Agent
 

@@ -576,7 +576,7 @@ def test_a_sessions_statements_find_rows_by_key_and_never_scan_a_table(pg_dsn: s
     """Generic plans (which the store's connections keep) guess ten rows for every array: a
     statement that joins an array to a table could then scan the whole table at every step."""
     from fleet_app import FleetAgent
-    from qitos.engine.composition import compose
+    from qitos.engine._composition import compose
 
     schema, application_name = fresh_schema(), f"qitos_plans_{fresh_schema()}"
     separator = "&" if "?" in pg_dsn else "?"
@@ -615,7 +615,7 @@ def test_the_many_heads_reads_find_each_head_by_key_though_planned_on_a_small_ta
     """What Fleet.wait reads at every poll. A generic plan is made once per connection, here while
     the table holds three sessions: it must still look each head up by key at three hundred."""
     from fleet_app import FleetAgent
-    from qitos.engine.composition import compose
+    from qitos.engine._composition import compose
 
     schema, application_name = fresh_schema(), f"qitos_plans_{fresh_schema()}"
     separator = "&" if "?" in pg_dsn else "?"

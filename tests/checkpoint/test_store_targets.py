@@ -11,7 +11,7 @@ from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.targets import describe_target, open_store, postgres_dsn, sqlite_path, store_exists
 from qitos.core._errors import ConfigurationError
-from qitos.engine.composition import compose
+from qitos.engine._composition import compose
 
 
 def test_paths_and_sqlite_urls_name_sqlite_files(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from qitos.core._errors import ConfigurationError
 from qitos.core._tool import ToolResult
 from qitos.demo import NotesAgent, NotesState, bundled_note_paths, prepare_workspace, scripted_model_responses
 from qitos.demo.notes_agent import INDEX_FILE, parse_note, render_index
-from qitos.engine.composition import compose
-from qitos.engine.model_path import ModelContext
+from qitos.engine._composition import compose
+from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.models.scripted import ScriptedModel
 

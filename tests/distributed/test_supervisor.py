@@ -22,8 +22,8 @@ from fleet_app import delegating
 from qitos.checkpoint.store import CheckpointStore
 from qitos.distributed import Fleet, Worker
 from qitos.distributed.naming import dbos_schema
-from qitos.engine.composition import compose
-from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine._composition import compose
+from qitos.engine._hooks import EngineHook, HookContext
 from qitos.sessions.control import answer_approval
 
 STEPS = 10

@@ -11,7 +11,7 @@ import pytest
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, tool
 from qitos.core._errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
-from qitos.engine.model_path import ModelContext
+from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.kit.memory.adapter import MemorySourceAdapter
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory

@@ -14,7 +14,7 @@ import driven
 from qitos import Action, AgentModule, Decision, Engine, EngineResult, StateSchema, tool
 from qitos.core._errors import ConfigurationError
 from qitos.core._state import apply_changes
-from qitos.engine.events import StepRecord
+from qitos.engine._events import StepRecord
 from qitos.models.scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers

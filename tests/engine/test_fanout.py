@@ -17,9 +17,9 @@ from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.engine import Engine
-from qitos.engine.fanout import CandidateOutcome, FanoutSelector
-from qitos.engine.subagent import FanoutRequest
+from qitos.engine._engine import Engine
+from qitos.engine._fanout import CandidateOutcome, FanoutSelector
+from qitos.engine._subagent import FanoutRequest
 from qitos.sessions.step_journal import restore as restore_chain
 from qitos.viewer.data import lineage
 

@@ -16,8 +16,8 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.engine import Engine
-from qitos.engine.handoff import Team, TeamState
+from qitos.engine._engine import Engine
+from qitos.engine._handoff import Team, TeamState
 from qitos.engine.session_runtime import restore_session
 from qitos.models.scripted import ScriptedModel
 

@@ -15,10 +15,10 @@ from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._tool import tool
 from qitos.core.context import ContextRequest
 from qitos.core.request_view import ReasoningPolicy, RequestView
-from qitos.engine.async_engine import AsyncEngine
-from qitos.engine.composition import compose
-from qitos.engine.engine import Engine
-from qitos.engine.model_path import ModelContext
+from qitos.engine._async_engine import AsyncEngine
+from qitos.engine._composition import compose
+from qitos.engine._engine import Engine
+from qitos.engine._model_path import ModelContext
 from qitos.models.function import FunctionModel
 from qitos.trace.reader import RunTrace
 from qitos.viewer.data import NotFoundError, run_request

@@ -25,8 +25,8 @@ from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.call_plan import plan_calls
-from qitos.engine.engine import Engine
+from qitos.engine._call_plan import plan_calls
+from qitos.engine._engine import Engine
 
 pytestmark = pytest.mark.usefixtures("driver")
 

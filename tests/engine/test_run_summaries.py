@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from qitos import Action, Decision, compose, tool
-from qitos.engine.events import EngineEventType
+from qitos.engine._events import EngineEventType
 from qitos.trace import open_run
 
 

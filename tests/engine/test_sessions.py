@@ -28,8 +28,8 @@ from qitos.core._errors import CheckpointError, ConfigurationError, SessionNotFo
 from qitos.core._identity import SnapshotIdentity
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.composition import Composition, compose
-from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine._composition import Composition, compose
+from qitos.engine._hooks import EngineHook, HookContext
 from qitos.models.scripted import ScriptedModel
 from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.step_journal import materialize
@@ -809,7 +809,7 @@ def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_pa
 
 
 def test_engine_restore_continues_a_session_beside_engine_session(tmp_path: Path) -> None:
-    from qitos.engine.engine import Engine
+    from qitos.engine._engine import Engine
 
     db, side = str(tmp_path / "s.db"), str(tmp_path / "side.log")
     first = Engine(sa.NotesAgent(side, approval_at=1), checkpoint_store=SqliteCheckpointStore(db))

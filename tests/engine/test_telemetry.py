@@ -22,11 +22,11 @@ from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._install import install_command
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
-from qitos.engine.composition import compose
-from qitos.engine.events import EngineEventType
-from qitos.engine.hooks import EngineHook
-from qitos.engine.model_path import ModelContext
-from qitos.engine.telemetry import OtelHook, OtelSettings, otel_settings
+from qitos.engine._composition import compose
+from qitos.engine._events import EngineEventType
+from qitos.engine._hooks import EngineHook
+from qitos.engine._model_path import ModelContext
+from qitos.engine._telemetry import OtelHook, OtelSettings, otel_settings
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.models.scripted import FunctionModel, ScriptedModel
 from qitos.sessions.payload import SnapshotPayload

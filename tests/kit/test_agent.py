@@ -16,8 +16,8 @@ from qitos import Agent, AgentModule, Engine, compose, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
-from qitos.engine.delegation import delegate
-from qitos.engine.handoff import Team, TeamState
+from qitos.engine._delegation import delegate
+from qitos.engine._handoff import Team, TeamState
 from qitos.eval import Dataset, EvalChangedError, Sample, evaluate, scorers
 from qitos.kit.agent import AgentState
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory

@@ -10,7 +10,7 @@ from qitos.core._errors import ConfigurationError
 from qitos.core._exchange import ExchangeLog
 from qitos.core._tool import tool
 from qitos.core.request_view import RequestView
-from qitos.engine.engine import Engine
+from qitos.engine._engine import Engine
 from qitos.models.base import ModelResponse, ToolCall
 from qitos.models.function import FunctionModel, as_model
 from qitos.models.openai_compat import OpenAICompatibleModel

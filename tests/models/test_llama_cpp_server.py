@@ -35,8 +35,8 @@ from qitos.core._state import StopReason
 from qitos.core._tool import tool
 from qitos.core.context import ContextRequest
 from qitos.core.request_view import RequestView
-from qitos.engine.engine import Engine
-from qitos.engine.model_path import ModelContext
+from qitos.engine._engine import Engine
+from qitos.engine._model_path import ModelContext
 from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.agent import Agent
 from qitos.models.base import ModelResponse

@@ -13,7 +13,7 @@ import pytest
 from loopback_chat_server import LoopbackChatServer, delta_chunk, json_reply, sse_reply, usage_chunk
 
 from qitos import AgentModule, AsyncEngine, StateSchema
-from qitos.engine.events import EngineEvent
+from qitos.engine._events import EngineEvent
 from qitos.models.openai_compat import OpenAICompatibleModel
 
 

@@ -31,7 +31,7 @@ from qitos.core._state import StopReason
 from qitos.core._tool import tool
 from qitos.core.context import TokenCounter
 from qitos.core.request_view import ReasoningPolicy, RequestView
-from qitos.engine.engine import Engine
+from qitos.engine._engine import Engine
 from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.agent import Agent
 from qitos.kit.parsers.base import ParseError

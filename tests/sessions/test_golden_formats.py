@@ -19,7 +19,7 @@ import pytest
 import session_agents as sa
 from qitos.checkpoint.sqlite_store import SCHEMA_VERSION
 from qitos.core._state import StopReason
-from qitos.engine.composition import compose
+from qitos.engine._composition import compose
 from qitos.engine.runtime import RuntimeBudget
 from qitos.sessions.step_journal import restore
 

@@ -17,7 +17,7 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
-from qitos.engine.composition import compose
+from qitos.engine._composition import compose
 from qitos.sessions.payload import SnapshotPayload
 
 

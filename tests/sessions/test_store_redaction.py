@@ -55,7 +55,7 @@ def test_passwords_in_connection_urls_reach_no_postgres_row_span_or_sessions_sho
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from pg_server import drop_schema, fresh_schema
-    from qitos.engine.telemetry import OtelSettings
+    from qitos.engine._telemetry import OtelSettings
     from secret_agents import REDIS_PASSWORD, URL_PASSWORDS, URL_TASK, UrlAgent, pg_stored_texts
 
     passwords = [*URL_PASSWORDS.values(), REDIS_PASSWORD]

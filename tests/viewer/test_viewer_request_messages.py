@@ -20,7 +20,7 @@ from viewer_support import get
 from qitos import AgentModule, StateSchema, ToolRegistry, tool
 from qitos.core._errors import ModelError
 from qitos.core.request_view import RequestView
-from qitos.engine.engine import Engine
+from qitos.engine._engine import Engine
 from qitos.models.function import FunctionModel
 from qitos.viewer.server import ViewerServer
 

@@ -20,8 +20,8 @@ from typing import Any
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
-from qitos.engine.composition import compose
-from qitos.engine.model_path import ModelContext
+from qitos.engine._composition import compose
+from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.models.scripted import ScriptedModel
 from qitos.trace import TraceWriter

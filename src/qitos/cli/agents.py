@@ -26,7 +26,7 @@ from typing import Any
 
 from qitos.core._agent_module import AgentModule
 from qitos.core._errors import ConfigurationError
-from qitos.engine._agent_ref import SCRIPT_ATTRIBUTE, split_reference
+from qitos.engine._agent_ref import SCRIPT_ATTRIBUTE, import_recorded, split_reference
 
 __all__ = ["AGENT_FORMS", "load_agent", "session_agent"]
 
@@ -59,7 +59,7 @@ def load_agent(spec: str) -> AgentFactory:
         if cwd not in sys.path:
             sys.path.insert(0, cwd)
         try:
-            module = importlib.import_module(where)
+            module = import_recorded(where)
         except ImportError as exc:
             raise ConfigurationError(f"cannot import agent module {where!r}: {exc}") from exc
     target: Any = module

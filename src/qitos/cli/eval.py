@@ -589,7 +589,7 @@ def _fleet(factory: Any, adapter: Any, db: str) -> Any:
     if not is_postgres_target(db):
         fail("--fleet needs the fleet's PostgreSQL database as --db postgresql://...", EXIT_USAGE)
     from qitos.distributed.fleet import Fleet
-    from qitos.engine.composition import compose
+    from qitos.engine._composition import compose
 
     return Fleet(compose(agent=factory, model=adapter), db=db)
 

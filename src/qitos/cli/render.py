@@ -22,9 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from qitos.core._errors import ConfigurationError
-from qitos.engine.events import EngineEvent, EngineEventType
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.engine.progress import preview
+from qitos.engine._events import EngineEvent, EngineEventType
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.engine._progress import preview
 
 __all__ = ["THEMES", "LiveRenderer", "preview"]
 

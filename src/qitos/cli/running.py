@@ -32,11 +32,11 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._redaction import Redactor
 from qitos.core._task import Task, TaskBudget
 from qitos.core.request_view import TOOL_USE_POLICIES
-from qitos.engine.composition import compose
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineResult
-from qitos.engine.model_path import ModelContext
-from qitos.engine.otlp import otlp_export
+from qitos.engine._composition import compose
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineResult
+from qitos.engine._model_path import ModelContext
+from qitos.engine._otlp import otlp_export
 from qitos.engine.session_runtime import new_session
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.viewer.data import CLI_OPTIONS

@@ -36,8 +36,8 @@ from qitos.cli.common import (
 from qitos.cli.models import MODEL_FORMS, resolve_model
 from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
 from qitos.core._redaction import redact_text
-from qitos.engine.composition import Composition, compose
-from qitos.engine.otlp import otlp_export
+from qitos.engine._composition import Composition, compose
+from qitos.engine._otlp import otlp_export
 from qitos.sessions.control import answer_approval, pause_session, steer_session
 from qitos.viewer.data import how_it_continues, session_detail, session_summary, to_jsonable
 

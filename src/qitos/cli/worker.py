@@ -23,7 +23,7 @@ from qitos.core._install import install_command
 from qitos.distributed.fleet import Fleet
 from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engine_options
 from qitos.distributed.worker import Worker
-from qitos.engine.otlp import otlp_export
+from qitos.engine._otlp import otlp_export
 
 __all__ = ["EVENT_LOOPS", "submit", "tune_collector", "use_event_loop", "worker"]
 

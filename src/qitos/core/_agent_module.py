@@ -171,12 +171,12 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         or None; ``theme`` is set on it (a renderer without a ``theme`` attribute, or no renderer,
         accepts only the default theme). ``history_policy`` goes to the Engine (a compaction policy).
         ``otel`` turns on OpenTelemetry spans (``True``, a TracerProvider or ``OtelSettings``; see
-        ``qitos.engine.telemetry``). ``progress=True`` prints a line per step to stderr (or to the
-        text stream given), rendered from the run's events (``qitos.engine.progress``).
+        ``qitos.engine._telemetry``). ``progress=True`` prints a line per step to stderr (or to the
+        text stream given), rendered from the run's events (``qitos.engine._progress``).
         ``state_kwargs`` go to ``init_state``.
         """
         # The one place core reaches up to the engine: the convenience entry point of seed 004.
-        engine_module = importlib.import_module("qitos.engine.engine")
+        engine_module = importlib.import_module("qitos.engine._engine")
         kwargs: dict[str, Any] = dict(engine_kwargs or {})
         all_hooks = [*(hooks or []), *(render_hooks or [])]
         if render is not None and render is not False:
@@ -188,7 +188,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         elif theme != DEFAULT_THEME:
             raise ConfigurationError(f"theme={theme!r} styles a renderer, but no render= hook was given")
         if progress is not False:
-            printer = importlib.import_module("qitos.engine.progress").progress_printer(progress)
+            printer = importlib.import_module("qitos.engine._progress").progress_printer(progress)
             if printer is not None:
                 all_hooks.append(printer)
         kwargs["hooks"] = [*(kwargs.get("hooks") or []), *all_hooks]  # engine_kwargs' hooks and these

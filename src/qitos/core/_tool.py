@@ -669,7 +669,7 @@ class ToolRegistry:
             if is_async:
                 pending = spec.func(**prepared)
             else:
-                # qitos' own tool threads (qitos.engine.tool_threads) put the result straight on the
+                # qitos' own tool threads (qitos.engine._tool_threads) put the result straight on the
                 # loop; any other executor goes through run_in_executor.
                 run_soon = getattr(executor, "run_soon", None)
                 call = _Bound(spec.func, prepared) if start is None else _Begun(start, spec.func, prepared)

@@ -28,7 +28,7 @@ from qitos.distributed.naming import (
     run_workflow_id,
 )
 from qitos.distributed.worker import Worker, dbos_url
-from qitos.engine.composition import Composition
+from qitos.engine._composition import Composition
 from qitos.engine.session_runtime import Session, new_session
 from qitos.sessions.control import (
     ApprovalReceipt,

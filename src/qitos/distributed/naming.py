@@ -15,7 +15,7 @@ from typing import Any
 
 from qitos.checkpoint.targets import open_store, postgres_dsn
 from qitos.core._errors import ConfigurationError
-from qitos.engine.composition import Composition
+from qitos.engine._composition import Composition
 
 __all__ = [
     "APP_NAME",

@@ -65,7 +65,7 @@ from qitos.distributed.naming import (
     dbos_schema,
     redispatch_workflow_id,
 )
-from qitos.engine.composition import Composition
+from qitos.engine._composition import Composition
 from qitos.sessions.control import acontinuation, continuation, continuation_position, delegation_root
 from qitos.sessions.inspection import SessionLifecycle
 from qitos.sessions.lease import LeaseKeeper, holder_is_dead, runner_id

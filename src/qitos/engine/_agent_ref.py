@@ -16,16 +16,29 @@ defined inside another) it is None, and the CLI asks for ``--agent``.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
-__all__ = ["SCRIPT_ATTRIBUTE", "agent_reference", "split_reference"]
+__all__ = ["MOVED_MODULES", "SCRIPT_ATTRIBUTE", "agent_reference", "import_recorded", "split_reference"]
 
 SCRIPT_ATTRIBUTE = "__qitos_script__"
 """Set on a module imported from a script's path: the absolute path its references name."""
+
+
+# Modules that became private (``pkg.mod`` -> ``pkg._mod``) after sessions had recorded them: a
+# stored ``agent``, ``agent_ref`` or state type may name the old path, and must keep loading.
+MOVED_MODULES: Mapping[str, str] = {
+}
+
+
+def import_recorded(module_name: str) -> ModuleType:
+    """Import the module a stored reference names, following ``MOVED_MODULES``."""
+    return importlib.import_module(MOVED_MODULES.get(module_name, module_name))
 
 
 def agent_reference(*candidates: object) -> str | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from qitos.core._decision import Action
 
-__all__ = ["LifecyclePolicy", "NeverPause", "RuntimeBudget", "RuntimeSnapshotContext"]
+__all__ = ["LifecyclePolicy"]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,6 @@ Durability modes:
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TextIO
@@ -76,10 +75,10 @@ from qitos.core._identity import (
 from qitos.core._redaction import Redactor, model_credentials
 from qitos.core._state import StateSchema
 from qitos.core._task import Task
-from qitos.engine._agent_ref import agent_reference
-from qitos.engine.events import EngineResult
-from qitos.engine.loop import EngineLoop
-from qitos.engine.progress import progress_printer
+from qitos.engine._agent_ref import agent_reference, import_recorded
+from qitos.engine._events import EngineResult
+from qitos.engine._loop import EngineLoop
+from qitos.engine._progress import progress_printer
 from qitos.sessions.control import (
     ApprovalReceipt,
     PauseReceipt,
@@ -92,11 +91,8 @@ from qitos.sessions.control import (
     steer_session,
 )
 from qitos.sessions.inspection import (
-    SessionHead,
     SessionInspection,
     SessionLifecycle,
-    ToolBatchSnapshot,
-    ToolCallStatus,
     inspect_session,
     session_capabilities,
 )
@@ -114,29 +110,11 @@ from qitos.sessions.step_journal import (
     restore,
 )
 
-__all__ = [
-    "PauseReceipt",
-    "Session",
-    "SessionForkReceipt",
-    "SessionHead",
-    "SessionHost",
-    "SessionInspection",
-    "SessionJournal",
-    "SessionLifecycle",
-    "SessionReference",
-    "SessionSettings",
-    "SteeringReceipt",
-    "ToolBatchSnapshot",
-    "ToolCallStatus",
-    "anew_session",
-    "arestore_session",
-    "new_session",
-    "restore_session",
-]
+__all__ = ["Session", "SessionInspection"]
 
 
 class SessionReference(Protocol):
-    """A name bound in a composition (``qitos.engine.composition.ResolverReference`` is one)."""
+    """A name bound in a composition (``qitos.engine._composition.ResolverReference`` is one)."""
 
     @property
     def name(self) -> str: ...
@@ -250,7 +228,7 @@ class Session:
         names that runner and nothing executes. The lease is renewed while the run goes on and
         released when it ends (see ``qitos.sessions.lease``). ``progress=True`` prints a line per
         step to stderr (or to the text stream given), rendered from the run's events
-        (``qitos.engine.progress``).
+        (``qitos.engine._progress``).
         """
         printer = progress_printer(progress)
         if steering is not None:
@@ -530,7 +508,7 @@ def _state_type_name(cls: type) -> str:
 def _resolve_state_type(name: str, engine: EngineLoop[Any, Any, Any]) -> type[StateSchema]:
     module_name, _, qualname = name.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = import_recorded(module_name)
         for part in qualname.split("."):
             target = getattr(target, part)
         if isinstance(target, type) and issubclass(target, StateSchema):

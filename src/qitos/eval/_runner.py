@@ -32,9 +32,9 @@ from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core._agent_module import AgentModule
 from qitos.core._codec import canonical_json, sha256_hex
 from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
-from qitos.engine.composition import Composition, compose
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineEventType, EngineResult
+from qitos.engine._composition import Composition, compose
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineEventType, EngineResult
 from qitos.engine.session_runtime import Session, anew_session, arestore_session
 from qitos.eval._dataset import Dataset, Sample
 from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan, UnitKey

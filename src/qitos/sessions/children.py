@@ -1,6 +1,6 @@
 """Delegated child sessions, found from the store alone.
 
-A delegated call (``qitos.engine.delegation``) runs a child session whose id is derived from the
+A delegated call (``qitos.engine._delegation``) runs a child session whose id is derived from the
 parent session and the call id (:func:`child_session_id`), and whose metadata names the parent
 (``delegated_from``). So inspection, control and the viewer find a session's children without its
 agent's code: a call of the pending step that started, has no result, and has a derived child

@@ -236,7 +236,7 @@ def _child_continuation(
 def delegation_root(store: CheckpointStore, session_id: str) -> str:
     """The session a runner runs to continue ``session_id``: the top of its delegation chain.
 
-    A delegated child session is run by its parent's run (``qitos.engine.delegation``), so an answer
+    A delegated child session is run by its parent's run (``qitos.engine._delegation``), so an answer
     given to a waiting child continues the parent (and the parent's parent, up to the top).
     """
     seen = {session_id}

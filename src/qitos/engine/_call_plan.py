@@ -1,7 +1,7 @@
 """Which calls of one decision run together: the one place the engine decides it.
 
 A decision's calls are split, in order, into groups. Consecutive calls whose tools are declared
-``concurrency_safe`` form one group and run at the same time (``qitos.engine.effects.ToolBatch``);
+``concurrency_safe`` form one group and run at the same time (``qitos.engine._effects.ToolBatch``);
 every other call is a group of its own, a barrier: it starts after everything before it has
 finished, and nothing after it starts before it ends. Never grouped, whatever their flag says:
 unknown tools, tools that need approval (a call waits for its approval first) and sub-agent tools
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from qitos.core._decision import Action
 from qitos.core._tool import ToolRegistry
-from qitos.engine.subagent import SubAgentRunner
+from qitos.engine._subagent import SubAgentRunner
 
 __all__ = ["may_run_together", "plan_calls"]
 

@@ -18,7 +18,7 @@ buffers without bound and never drops an event for this consumer). Events emitte
 (a model's streamed deltas, say) are bounded by what that phase produces. Breaking out of the
 stream (or cancelling its consumer) cancels the run immediately; the run still finishes its records.
 ``event_stream`` is the fan-out ``EventStream`` of the active ``arun_stream`` (extra subscribers
-follow its own drop rule, see ``qitos.engine.events``).
+follow its own drop rule, see ``qitos.engine._events``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._errors import ConfigurationError
 from qitos.core._state import StateSchema
 from qitos.core._task import Task
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineEvent, EngineResult, EventStream
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineEvent, EngineResult, EventStream
 
 __all__ = ["AsyncEngine", "EventChannel"]
 

@@ -24,8 +24,8 @@ import sys
 from typing import Any, TextIO
 
 from qitos.core._errors import ConfigurationError
-from qitos.engine.events import EngineEvent, EngineEventType
-from qitos.engine.hooks import EngineHook
+from qitos.engine._events import EngineEvent, EngineEventType
+from qitos.engine._hooks import EngineHook
 
 __all__ = ["ProgressPrinter", "preview", "progress_printer"]
 

@@ -1,7 +1,7 @@
 """The two drivers of the one loop: :func:`drive` (synchronous) and :class:`AsyncDriver`.
 
 A driver takes the loop generator (``Engine._execute``), performs every effect it yields (see
-``qitos.engine.effects``) and sends the result back, or throws the effect's exception in at the
+``qitos.engine._effects``) and sends the result back, or throws the effect's exception in at the
 same point, until the loop returns its ``EngineResult``.
 
 - :func:`drive` performs effects in the calling thread: ``Engine.run``, ``agent.run``,
@@ -17,7 +17,7 @@ running in the executor cannot be interrupted and finishes there unobserved), ex
 operation, which is allowed to finish so the journal stays in step with the store, and a durable
 step's non-idempotent call: one still waiting for a thread or a slot is given up (it has not
 begun, so it runs on resume), one running in a thread is waited for and its result kept in the
-boundary the stop commits (``qitos.engine.effects.StartedToolCall``). The loop then
+boundary the stop commits (``qitos.engine._effects.StartedToolCall``). The loop then
 stops as ``Engine.cancel(immediate=True)`` makes it stop: stop reason ``cancelled_immediate``, the
 last boundary committed, ``run_end`` last, trace status ``stopped``. After that the driver raises
 ``CancelledError`` to its caller, as a cancelled task must.
@@ -35,9 +35,9 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from qitos.core._state import StopReason
-from qitos.engine.effects import BOUNDARY, Effect, Loop, ToolCall
-from qitos.engine.run_context import StopRun
-from qitos.engine.tool_threads import ToolThreads
+from qitos.engine._effects import BOUNDARY, Effect, Loop, ToolCall
+from qitos.engine._run_context import StopRun
+from qitos.engine._tool_threads import ToolThreads
 
 __all__ = ["AsyncDriver", "Backpressure", "drive"]
 
@@ -104,7 +104,7 @@ class AsyncDriver:
         self._last_wait = time.perf_counter()
         self._cancelled = False
 
-    # ---- the services effects use (qitos.engine.effects.AsyncServices)
+    # ---- the services effects use (qitos.engine._effects.AsyncServices)
 
     @property
     def executor(self) -> concurrent.futures.Executor:

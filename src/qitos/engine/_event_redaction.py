@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qitos.core._redaction import Redactor
-from qitos.engine.events import EngineEvent, EngineEventType
+from qitos.engine._events import EngineEvent, EngineEventType
 
 __all__ = ["TEXT_EVENTS", "redact_event", "redacting_sink"]
 

@@ -50,10 +50,10 @@ from qitos.core._redaction import Redactor, model_credentials
 from qitos.core._tool import ToolResult
 from qitos.core.context import ContextRequest, DeclaredContextBudgetPolicy
 from qitos.core.request_view import ReasoningPolicy, RequestView
-from qitos.engine.agent_context import request_compaction, request_contributors
-from qitos.engine.effects import Loop, ModelCall
-from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
-from qitos.engine.run_context import RunContext
+from qitos.engine._agent_context import request_compaction, request_contributors
+from qitos.engine._effects import Loop, ModelCall
+from qitos.engine._events import EngineEvent, EngineEventType, RuntimePhase
+from qitos.engine._run_context import RunContext
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
 from qitos.models.base import ModelResponse, request_digest
@@ -109,7 +109,7 @@ class ModelPath:
         content_events: put the prompt and the reply in the model_request/model_response events.
         history_policy: the engine's ``history_policy`` (a compaction policy), used when the context
             names none; the agent's ``memory`` is recalled after the context's contributors (see
-            ``qitos.engine.agent_context``).
+            ``qitos.engine._agent_context``).
 
     It keeps no per-run state: everything a run needs is in its ``RunContext``, so one ModelPath
     serves any number of runs at once.

@@ -27,11 +27,11 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._errors import ConfigurationError
 from qitos.core._task import Task
 from qitos.core.context import ContextRequest
-from qitos.engine.engine import Engine
-from qitos.engine.model_path import ModelContext
+from qitos.engine._engine import Engine
+from qitos.engine._model_path import ModelContext
+from qitos.engine._tool_threads import ToolThreads
 from qitos.engine.runtime import LifecyclePolicy
 from qitos.engine.session_runtime import Session, anew_session, arestore_session, new_session, restore_session
-from qitos.engine.tool_threads import ToolThreads
 from qitos.sessions.lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -151,7 +151,7 @@ def compose(
     ``tool_use_policy``: the tool use of each model request: ``"auto"`` (the model chooses),
     ``"none"``, ``"required"`` or a tool's name (both hold until a tool was used, then ``auto``: the
     model must act first and can still finish), or a function ``ContextRequest -> str`` deciding per
-    request (see ``qitos.engine.model_path.ModelContext``).
+    request (see ``qitos.engine._model_path.ModelContext``).
     Other keyword arguments go to the Engine (``budget=``, ``hooks=``, ``critics=`` ...).
     """
     if durability not in ("sync", "batched"):

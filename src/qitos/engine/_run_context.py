@@ -6,10 +6,10 @@ as such (a durable run's journal persists what a restore needs). It depends on n
 sessions' journal seam, events and the trace writer, so every engine module can import it without
 importing each other:
 
-- the loop (``qitos.engine.engine``) creates it, advances it step by step and finishes it;
-- the model path (``qitos.engine.model_path``) reads the task, state, steering and exchange log from
+- the loop (``qitos.engine._engine``) creates it, advances it step by step and finishes it;
+- the model path (``qitos.engine._model_path``) reads the task, state, steering and exchange log from
   it and records the log it builds there;
-- the drivers (``qitos.engine.drivers``) set its cancellation flags when the awaiting task is
+- the drivers (``qitos.engine._drivers``) set its cancellation flags when the awaiting task is
   cancelled.
 
 Fields that matter outside the loop:
@@ -34,7 +34,7 @@ from typing import Any
 
 from qitos.core._state import StopReason
 from qitos.core._task import Task
-from qitos.engine.events import EngineEvent, StepRecord
+from qitos.engine._events import EngineEvent, StepRecord
 from qitos.sessions.journal import BoundaryCommit, PendingStep, RunJournal
 from qitos.trace.writer import TraceWriter
 

@@ -1,9 +1,9 @@
-"""The ``Engine``: the canonical loop (``qitos.engine.loop.EngineLoop``) plus durable sessions.
+"""The ``Engine``: the canonical loop (``qitos.engine._loop.EngineLoop``) plus durable sessions.
 
 ``Engine.run`` / ``Engine.arun`` run a task through the one loop with the sync / async driver;
 ``Engine.session(task)`` starts a durable Session on the engine's checkpoint store and
 ``Engine.restore(session_id)`` continues one. The loop itself,
-its phases and its drivers are described in ``qitos.engine.loop`` and ``qitos.engine.drivers``.
+its phases and its drivers are described in ``qitos.engine._loop`` and ``qitos.engine._drivers``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from qitos.core._state import StateSchema
 from qitos.core._task import Task
-from qitos.engine.loop import DEFAULT_TOOL_WORKERS, EngineLoop, status_for_stop_reason
+from qitos.engine._loop import DEFAULT_TOOL_WORKERS, EngineLoop, status_for_stop_reason
 from qitos.engine.session_runtime import Session, new_session, restore_session
 
 __all__ = ["DEFAULT_TOOL_WORKERS", "Engine", "status_for_stop_reason"]

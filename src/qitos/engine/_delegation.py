@@ -11,7 +11,7 @@ plain run the sub-agent simply runs to its end and its final answer is the call'
 durable session (``Session.run`` / ``arun``) the loop runs the call as a child session:
 
 - the child's session id is derived from the parent session and the call id
-  (``qitos.engine.subagent.child_session_id``): a restore of the parent finds the same child and
+  (``qitos.engine._subagent.child_session_id``): a restore of the parent finds the same child and
   continues it where it stopped, never from scratch and never a second one. The child's metadata
   links it to the parent's session, step, call and run (``parent_session_id``, ``delegated_from``);
 - the child has its own snapshots, lease and budget: ``max_steps`` of its own, and the tokens and
@@ -37,11 +37,11 @@ from qitos.core._agent_module import AgentModule
 from qitos.core._errors import ConfigurationError, UsageError
 from qitos.core._state import StopReason
 from qitos.core._tool import ToolResult, ToolSpec
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineResult
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineResult
+from qitos.engine._subagent import ChildOutcome, ChildRequest, SubAgentRunner, child_session_id
 from qitos.engine.runtime import RuntimeBudget
 from qitos.engine.session_runtime import Session, anew_session, new_session, restore_session
-from qitos.engine.subagent import ChildOutcome, ChildRequest, SubAgentRunner, child_session_id
 
 __all__ = ["Delegation", "delegate"]
 

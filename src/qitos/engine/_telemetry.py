@@ -3,7 +3,7 @@
 Off unless asked for: ``Engine(agent, otel=...)`` (also ``compose(..., otel=...)`` and
 ``agent.run(..., otel=...)``) takes ``True`` (the global tracer provider), a ``TracerProvider``, or
 :class:`OtelSettings` (a provider plus content capture). Nothing sends anything anywhere unless the
-provider has an exporter (``qitos.engine.otlp`` builds one from the ``OTEL_EXPORTER_OTLP_*``
+provider has an exporter (``qitos.engine._otlp`` builds one from the ``OTEL_EXPORTER_OTLP_*``
 variables). opentelemetry is imported only when a run asks for spans, and a run without them pays
 nothing: the bridge is an ``EngineHook`` appended to the engine's hooks, fed by the events the engine
 emits anyway and by the ACT hooks (for tool results and their durations).
@@ -62,8 +62,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from qitos.core._errors import ConfigurationError
 from qitos.core._install import DISTRIBUTION, install_command
-from qitos.engine.events import EngineEvent, EngineEventType, RuntimePhase
-from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine._events import EngineEvent, EngineEventType, RuntimePhase
+from qitos.engine._hooks import EngineHook, HookContext
 from qitos.sessions.step_journal import SessionJournal
 from qitos.trace.redact import Redactor
 

@@ -3,18 +3,18 @@
 Every entry point runs this loop: ``AgentModule.run``, ``Engine.run``, ``AsyncEngine.arun`` /
 ``arun_stream`` and ``Session.run`` / ``Session.arun`` (with a durable journal). The loop is written
 once, free of I/O: it is a generator (``EngineLoop._execute``) that yields an effect whenever it needs the
-model, a tool, the store or an environment (``qitos.engine.effects``), and one of two drivers
-(``qitos.engine.drivers``) performs them: :func:`~qitos.engine.drivers.drive` in the calling thread
-for ``run``, :class:`~qitos.engine.drivers.AsyncDriver` on an event loop for ``arun``. Per step:
+model, a tool, the store or an environment (``qitos.engine._effects``), and one of two drivers
+(``qitos.engine._drivers``) performs them: :func:`~qitos.engine._drivers.drive` in the calling thread
+for ``run``, :class:`~qitos.engine._drivers.AsyncDriver` on an event loop for ``arun``. Per step:
 
 1. boundary: cancellation, pause requests and the LifecyclePolicy, steering intake, budgets;
 2. DECIDE: the agent's ``decide`` hook, or the model path when it returns None;
 3. branch resolution by the BranchSelector;
 4. ACT: tool calls through the ToolRegistry (or the Env); failures become observations. The
-   calls of one decision run in the groups ``qitos.engine.call_plan`` makes: consecutive
+   calls of one decision run in the groups ``qitos.engine._call_plan`` makes: consecutive
    ``concurrency_safe`` calls together (at most ``max_parallel_tools`` at a time), every other call
    alone; results keep the decision's order. A sub-agent tool's call in a durable session runs a
-   child session (``qitos.engine.delegation``);
+   child session (``qitos.engine._delegation``);
 5. REDUCE: ``agent.reduce(state, observation, decision)``;
 6. CRITICS and CHECK_STOP;
 7. COMMIT: the step record, the state diff, the journal boundary, events.
@@ -45,20 +45,19 @@ from qitos.core._redaction import Redactor, model_credentials
 from qitos.core._state import StateSchema, StopReason
 from qitos.core._task import Env, Task, TaskResult
 from qitos.core._tool import ToolResult
+from qitos.engine._agent_context import check_history_policy
+from qitos.engine._call_plan import plan_calls
 from qitos.engine._call_start import RecordedStart, StepResults
-from qitos.engine.agent_context import check_history_policy
-from qitos.engine.call_plan import plan_calls
-from qitos.engine.drivers import AsyncDriver, Backpressure, drive
-from qitos.engine.effects import BOUNDARY, BlockingCall, JournalCall, Loop, StartedToolCall, ToolBatch, ToolCall
-from qitos.engine.event_redaction import redact_event, redacting_sink
-from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
-from qitos.engine.handoff import handoff_of
-from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
-from qitos.engine.model_path import ModelContext, ModelPath
-from qitos.engine.policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
-from qitos.engine.run_context import RunContext, StopRun
-from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
-from qitos.engine.subagent import (
+from qitos.engine._drivers import AsyncDriver, Backpressure, drive
+from qitos.engine._effects import BOUNDARY, BlockingCall, JournalCall, Loop, StartedToolCall, ToolBatch, ToolCall
+from qitos.engine._event_redaction import redact_event, redacting_sink
+from qitos.engine._events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
+from qitos.engine._handoff import handoff_of
+from qitos.engine._hooks import HOOK_METHODS, EngineHook, HookContext
+from qitos.engine._model_path import ModelContext, ModelPath
+from qitos.engine._policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
+from qitos.engine._run_context import RunContext, StopRun
+from qitos.engine._subagent import (
     ChildOutcome,
     ChildRequest,
     FanoutCall,
@@ -68,8 +67,9 @@ from qitos.engine.subagent import (
     SubAgentRunner,
     child_session_id,
 )
-from qitos.engine.telemetry import OtelOption, otel_hook
-from qitos.engine.tool_threads import ToolThreads
+from qitos.engine._telemetry import OtelOption, otel_hook
+from qitos.engine._tool_threads import ToolThreads
+from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
 from qitos.models.function import as_model
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
@@ -119,7 +119,7 @@ def status_for_stop_reason(reason: str | None) -> str:
 
 
 class EngineLoop(Generic[StateT, ObservationT, ActionT]):
-    """Runs an AgentModule through the canonical loop (``qitos.engine.engine.Engine`` is the public class).
+    """Runs an AgentModule through the canonical loop (``qitos.engine._engine.Engine`` is the public class).
 
     Args:
         agent: the agent to run.
@@ -129,18 +129,18 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         critics: Critics consulted after each REDUCE.
         env: an Env that executes actions instead of the ToolRegistry.
         history_policy: a compaction policy shaping what the model sees of the run's history (used when
-            ``context`` names none; see ``qitos.engine.agent_context``); anything else is refused.
+            ``context`` names none; see ``qitos.engine._agent_context``); anything else is refused.
         trace_writer: a TraceWriter; or pass ``trace_logdir`` to create one.
         hooks: EngineHooks.
         search: the BranchSelector for ``branch`` decisions (default: first candidate).
         model: the model adapter (defaults to ``agent.llm``); a plain function ``messages -> text``
             is wrapped as a ``FunctionModel``, anything else raises ConfigurationError.
         lifecycle: a LifecyclePolicy consulted at every boundary and before each tool call.
-        context: model-path settings (contributors, budget policy, compactor); see ``qitos.engine.model_path``.
+        context: model-path settings (contributors, budget policy, compactor); see ``qitos.engine._model_path``.
         checkpoint_store: the store used by ``Engine.session``.
         max_critic_retries: how often one step may be retried on a critic's request.
         otel: OpenTelemetry spans: ``True`` (the global tracer provider), a TracerProvider, or
-            ``OtelSettings``; off when None/False (see ``qitos.engine.telemetry``).
+            ``OtelSettings``; off when None/False (see ``qitos.engine._telemetry``).
         tool_workers: size of this engine's own executor for sync tools and other blocking calls
             made by async runs (``arun``); None: ``tool_executor``, else a process-wide executor of
             ``DEFAULT_TOOL_WORKERS`` threads shared by all engines.
@@ -253,7 +253,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
 
         ``journal``/``resume`` are how durable sessions drive the loop; ``on_event`` receives each
         event as it is emitted (and makes the model stream, unless it has ``wants_model_deltas =
-        False``, as ``qitos.engine.progress.ProgressPrinter`` has). Effects are performed in the
+        False``, as ``qitos.engine._progress.ProgressPrinter`` has). Effects are performed in the
         calling thread (the sync driver).
         """
         return drive(
@@ -282,7 +282,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         backpressure: Backpressure | None = None,
         **state_kwargs: Any,
     ) -> EngineResult[StateT]:
-        """``run`` through the async driver, on the running event loop (see ``qitos.engine.drivers``).
+        """``run`` through the async driver, on the running event loop (see ``qitos.engine._drivers``).
 
         ``backpressure``: a bounded event consumer the run waits for at its boundaries (used by
         ``AsyncEngine.arun_stream``). Cancelling the awaiting task stops the run as

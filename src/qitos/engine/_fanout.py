@@ -33,10 +33,10 @@ from typing import Any
 from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Decision
 from qitos.core._errors import ConfigurationError
-from qitos.engine.engine import Engine
+from qitos.engine._engine import Engine
+from qitos.engine._subagent import FanoutRequest, FanoutRunner
 from qitos.engine.runtime import RuntimeBudget
 from qitos.engine.session_runtime import restore_session
-from qitos.engine.subagent import FanoutRequest, FanoutRunner
 
 __all__ = ["CandidateOutcome", "FanoutSelector"]
 

@@ -1,6 +1,6 @@
 """The loop's side of delegation: a tool whose work is another agent's run (a child session).
 
-``qitos.engine.delegation`` builds the tools; this module holds only what the loop needs to tell
+``qitos.engine._delegation`` builds the tools; this module holds only what the loop needs to tell
 such a call apart and hand it to its driver, so the loop does not depend on sessions:
 
 - :class:`SubAgentRunner`: the base of a tool function that runs a sub-agent. Called as a plain
@@ -21,7 +21,7 @@ from typing import Any
 
 from qitos.core._state import StopReason
 from qitos.core._tool import ToolResult
-from qitos.engine.effects import AsyncServices, Effect
+from qitos.engine._effects import AsyncServices, Effect
 from qitos.sessions.children import child_session_id
 
 __all__ = [
@@ -114,7 +114,7 @@ class FanoutRequest:
 
 
 class FanoutRunner(ABC):
-    """Base of a BranchSelector that explores candidates in forked child sessions (``qitos.engine.fanout``)."""
+    """Base of a BranchSelector that explores candidates in forked child sessions (``qitos.engine._fanout``)."""
 
     @abstractmethod
     def select(self, candidates: Any, state: Any) -> Any:
