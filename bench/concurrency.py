@@ -52,7 +52,7 @@ from typing import Any
 
 from qitos import AgentModule, AsyncEngine, StateSchema, ToolRegistry, compose, tool
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.models.base import ModelAdapter, ModelResponse, ToolCall
+from qitos.models._base import ModelAdapter, ModelResponse, ToolCall
 
 variant, n, k, latency, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 

@@ -43,7 +43,7 @@ import httpx
 
 from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.models._openai_compat import OpenAICompatibleModel
 
 TOOLS = [
     {
@@ -142,7 +142,7 @@ def build_view(with_tools: bool) -> RequestView:
 
 
 def openai_args(view: RequestView) -> dict[str, Any]:
-    from qitos.models.openai_compat import to_openai_messages, to_openai_tools
+    from qitos.models._openai_compat import to_openai_messages, to_openai_tools
 
     args: dict[str, Any] = {"model": "bench-model", "messages": to_openai_messages(view.messages())}
     if view.tools():
@@ -220,7 +220,7 @@ def adapter_overhead(calls: int, rounds: int) -> None:
 
 def local_model(threads: int | None) -> None:
     try:
-        from qitos.models.local import LocalModel
+        from qitos.models._local import LocalModel
     except ImportError as exc:  # pragma: no cover - depends on the extra
         print(f"local model skipped: {exc}")
         return

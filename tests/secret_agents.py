@@ -19,7 +19,7 @@ from typing import Any
 
 from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, tool
 from qitos.checkpoint.packing import unpack
-from qitos.models.scripted import FunctionModel
+from qitos.models._scripted import FunctionModel
 
 __all__ = [
     "API_KEY",

@@ -46,7 +46,7 @@ from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
 from qitos.engine._composition import Composition, compose
 from qitos.engine.runtime import LifecyclePolicy, RuntimeSnapshotContext
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 __all__ = [
     "NotesAgent",

@@ -89,16 +89,16 @@ def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
 
 SURFACES = {
     "qitos.models": {
-        "FunctionModel": "qitos.models.scripted",
-        "LocalModel": "qitos.models.local",
-        "ModelAdapter": "qitos.models.base",
-        "ModelResponse": "qitos.models.base",
-        "OpenAICompatibleModel": "qitos.models.openai_compat",
-        "ReplayDivergenceError": "qitos.models.scripted",
-        "ReplayModel": "qitos.models.scripted",
-        "ScriptedModel": "qitos.models.scripted",
-        "ToolCall": "qitos.models.base",
-        "Usage": "qitos.models.base",
+        "FunctionModel": "qitos.models._scripted",
+        "LocalModel": "qitos.models._local",
+        "ModelAdapter": "qitos.models._base",
+        "ModelResponse": "qitos.models._base",
+        "OpenAICompatibleModel": "qitos.models._openai_compat",
+        "ReplayDivergenceError": "qitos.models._scripted",
+        "ReplayModel": "qitos.models._scripted",
+        "ScriptedModel": "qitos.models._scripted",
+        "ToolCall": "qitos.models._base",
+        "Usage": "qitos.models._base",
     },
     "qitos.checkpoint": {
         "CheckpointStore": "qitos.checkpoint.store",

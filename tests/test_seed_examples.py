@@ -26,7 +26,7 @@ from qitos import (
     tool,
 )
 from qitos.engine._events import EngineEvent, EngineEventType, EventStream
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 # --------------------------------------------------------------------------- seed 002
 

@@ -196,7 +196,7 @@ def _local_model_loadable() -> bool:
     if importlib.util.find_spec("cyllama") is None:
         return False
     try:
-        from qitos.models.local import default_model_path
+        from qitos.models._local import default_model_path
 
         default_model_path()
     except (ImportError, OSError):

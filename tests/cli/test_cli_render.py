@@ -12,7 +12,7 @@ from qitos.cli.render import LiveRenderer, preview
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 def _console(*, terminal: bool) -> tuple[Console, io.StringIO]:

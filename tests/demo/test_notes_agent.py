@@ -19,7 +19,7 @@ from qitos.demo.notes_agent import INDEX_FILE, parse_note, render_index
 from qitos.engine._composition import compose
 from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 def _bundle_digest() -> str:

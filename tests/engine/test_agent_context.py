@@ -15,7 +15,7 @@ from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.kit.memory.adapter import MemorySourceAdapter
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 @tool

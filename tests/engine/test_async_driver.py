@@ -22,7 +22,7 @@ from qitos.core._errors import ConfigurationError
 from qitos.engine._composition import compose
 from qitos.engine._events import EngineEvent
 from qitos.engine._hooks import EngineHook, HookContext
-from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall
+from qitos.models._base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall
 
 
 @tool

@@ -155,7 +155,7 @@ def test_a_huge_list_output_is_capped_before_it_reaches_the_store(tmp_path: Path
 
 
 def test_a_model_reply_with_a_lone_surrogate_is_stored_traced_and_restored(tmp_path: Path) -> None:
-    from qitos.models.scripted import ScriptedModel
+    from qitos.models._scripted import ScriptedModel
     from qitos.trace import list_runs
     from secret_agents import SecretAgent
 

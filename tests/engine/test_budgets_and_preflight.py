@@ -12,7 +12,7 @@ import driven
 from qitos import Action, Decision, Engine, Task, TaskBudget, TaskResource, tool
 from qitos.core._task import EnvSpec, TaskValidationError
 from qitos.engine.runtime import RuntimeBudget
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -15,7 +15,7 @@ from qitos import Action, AgentModule, Decision, Engine, EngineResult, StateSche
 from qitos.core._errors import ConfigurationError
 from qitos.core._state import apply_changes
 from qitos.engine._events import StepRecord
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -19,7 +19,7 @@ from qitos.core._tool import ToolRegistry, tool
 from qitos.engine._engine import Engine
 from qitos.engine._handoff import Team, TeamState
 from qitos.engine.session_runtime import restore_session
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")
 

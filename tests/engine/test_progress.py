@@ -16,7 +16,7 @@ from qitos.engine._engine import Engine
 from qitos.engine._events import EngineEvent
 from qitos.engine._events import EngineEventType as E
 from qitos.engine._progress import ProgressPrinter
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 @tool

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import session_agents as sa
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 from qitos.sessions.payload import SnapshotPayload
 
 TARGET = 20

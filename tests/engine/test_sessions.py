@@ -30,7 +30,7 @@ from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
 from qitos.engine._composition import Composition, compose
 from qitos.engine._hooks import EngineHook, HookContext
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.step_journal import materialize
 

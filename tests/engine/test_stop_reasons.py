@@ -16,7 +16,7 @@ from qitos.core._task import EnvSpec
 from qitos.engine._hooks import EngineHook, HookContext
 from qitos.engine._policies import CriticVerdict
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -28,7 +28,7 @@ from qitos.engine._hooks import EngineHook
 from qitos.engine._model_path import ModelContext
 from qitos.engine._telemetry import OtelHook, OtelSettings, otel_settings
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import FunctionModel, ScriptedModel
+from qitos.models._scripted import FunctionModel, ScriptedModel
 from qitos.sessions.payload import SnapshotPayload
 
 
@@ -411,7 +411,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from engine.test_telemetry import FINAL, ModelAgent
 from qitos import Engine
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 """
 
 

@@ -21,8 +21,8 @@ from qitos.engine._handoff import Team, TeamState
 from qitos.eval import Dataset, EvalChangedError, Sample, evaluate, scorers
 from qitos.kit.agent import AgentState
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
-from qitos.models.function import FunctionModel
-from qitos.models.scripted import ScriptedModel
+from qitos.models._function import FunctionModel
+from qitos.models._scripted import ScriptedModel
 from session_agents import subprocess_env
 
 

@@ -236,7 +236,7 @@ def test_without_omission_the_summary_model_is_never_called() -> None:
 
 
 def test_the_shipped_scripted_model_can_write_summaries() -> None:
-    from qitos.models.scripted import ScriptedModel
+    from qitos.models._scripted import ScriptedModel
 
     model = ScriptedModel(["The user filed notes 0 to 22 with save; every save succeeded."])
     compactor = SummaryCompactor(model, model_reference="scripted:summary", reserve_units=600)

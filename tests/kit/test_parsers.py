@@ -11,7 +11,7 @@ from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.json_protocol import JsonDecisionParser
 from qitos.kit.parsers.native import decision_from_tool_calls
 from qitos.kit.parsers.react import ReActParser
-from qitos.models.base import ModelResponse, ToolCall
+from qitos.models._base import ModelResponse, ToolCall
 
 TOOLS = [
     {

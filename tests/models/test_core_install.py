@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from qitos import AgentModule, StateSchema
 from qitos.core.context import tokenizer_available
 from qitos.engine._hooks import EngineHook
-from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.models._openai_compat import OpenAICompatibleModel
 
 try:
     import quicktok  # noqa: F401

@@ -39,8 +39,8 @@ from qitos.engine._engine import Engine
 from qitos.engine._model_path import ModelContext
 from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.agent import Agent
-from qitos.models.base import ModelResponse
-from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.models._base import ModelResponse
+from qitos.models._openai_compat import OpenAICompatibleModel
 from qitos.trace.reader import RunTrace
 from qitos.viewer.data import run_request
 

@@ -19,7 +19,7 @@ from qitos.core._tool import validate_arguments
 from qitos.core.request_view import RequestView
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import decision_from_tool_calls
-from qitos.models import local as local_module
+from qitos.models import _local as local_module
 
 ADD = {
     "name": "add",

@@ -14,7 +14,7 @@ from loopback_chat_server import LoopbackChatServer, delta_chunk, json_reply, ss
 
 from qitos import AgentModule, AsyncEngine, StateSchema
 from qitos.engine._events import EngineEvent
-from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.models._openai_compat import OpenAICompatibleModel
 
 
 @dataclass

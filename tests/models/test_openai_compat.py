@@ -22,7 +22,7 @@ from loopback_chat_server import (
     usage_chunk,
 )
 
-import qitos.models.base as model_base
+import qitos.models._base as model_base
 from qitos.core._codec import canonical_json
 from qitos.core._errors import ConfigurationError, ContextError, ModelError
 from qitos.core._exchange import ExchangeLog
@@ -36,8 +36,8 @@ from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.agent import Agent
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import decision_from_tool_calls
-from qitos.models.base import ModelRequestsDisabledError, Usage
-from qitos.models.openai_compat import MissingAPIKeyWarning, OpenAICompatibleModel, to_openai_messages
+from qitos.models._base import ModelRequestsDisabledError, Usage
+from qitos.models._openai_compat import MissingAPIKeyWarning, OpenAICompatibleModel, to_openai_messages
 
 ADD_TOOL = {
     "name": "add",

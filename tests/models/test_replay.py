@@ -13,7 +13,7 @@ from qitos import Engine, tool
 from qitos.core._errors import ConfigurationError
 from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.models.scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
+from qitos.models._scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
 
 
 @tool

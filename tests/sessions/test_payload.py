@@ -20,7 +20,7 @@ from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
 from qitos.core._codec import canonical_json
 from qitos.core._errors import CodecError, SnapshotIntegrityError
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 from qitos.sessions.journal import PendingStep
 from qitos.sessions.payload import (
     FORMAT,

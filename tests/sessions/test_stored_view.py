@@ -16,7 +16,7 @@ from qitos.core._codec import canonical_json
 from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.engine._composition import Composition
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.stored_view import view_from_record, view_record
 

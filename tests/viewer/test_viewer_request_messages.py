@@ -21,7 +21,7 @@ from qitos import AgentModule, StateSchema, ToolRegistry, tool
 from qitos.core._errors import ModelError
 from qitos.core.request_view import RequestView
 from qitos.engine._engine import Engine
-from qitos.models.function import FunctionModel
+from qitos.models._function import FunctionModel
 from qitos.viewer.server import ViewerServer
 
 CHROMIUM = "/usr/bin/chromium"

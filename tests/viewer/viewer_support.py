@@ -23,7 +23,7 @@ from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine._composition import compose
 from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 from qitos.trace import TraceWriter
 from qitos.viewer.server import ViewerServer
 

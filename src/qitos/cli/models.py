@@ -7,8 +7,8 @@
                             window is ``--max-input-units`` tokens, by default
                             :data:`DEFAULT_OPENAI_WINDOW` (8,192): a conservative guess that
                             fits most small local servers; set the real window for more
-``local``                   the embedded local model (``qitos.models.local``; offline)
-``scripted:FILE.json``      a :class:`~qitos.models.scripted.ScriptedModel` replaying the JSON
+``local``                   the embedded local model (``qitos.models._local``; offline)
+``scripted:FILE.json``      a :class:`~qitos.models._scripted.ScriptedModel` replaying the JSON
                             list of responses in FILE (strings or ``{"tool_calls": [...]}``)
 ==========================  ================================================================
 """
@@ -85,7 +85,7 @@ def resolve_model(
     if kind == "openai":
         if not sep or not rest:
             fail("--model openai needs a model name: openai:NAME (for example openai:gpt-4o-mini)", EXIT_USAGE)
-        from qitos.models.openai_compat import OpenAICompatibleModel
+        from qitos.models._openai_compat import OpenAICompatibleModel
 
         key = next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)
         url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
@@ -107,7 +107,7 @@ def resolve_model(
 
 
 def _scripted_from_file(path: str, *, max_input_units: int | None) -> Any:
-    from qitos.models.scripted import ScriptedModel
+    from qitos.models._scripted import ScriptedModel
 
     try:
         with open(path, encoding="utf-8") as handle:
@@ -122,9 +122,9 @@ def _scripted_from_file(path: str, *, max_input_units: int | None) -> Any:
 
 
 def load_local_model(*, max_input_units: int | None = None) -> Any:
-    """The embedded local model from ``qitos.models.local``, or a usage error saying why not."""
+    """The embedded local model from ``qitos.models._local``, or a usage error saying why not."""
     try:
-        module = importlib.import_module("qitos.models.local")
+        module = importlib.import_module("qitos.models._local")
     except ImportError as exc:
         fail(
             f"the embedded local model is not available ({exc}); install it with: {install_command('local')} && "
@@ -133,7 +133,7 @@ def load_local_model(*, max_input_units: int | None = None) -> Any:
         )
     factory = getattr(module, "LocalModel", None)
     if factory is None:
-        fail("qitos.models.local has no LocalModel; this install is incomplete", EXIT_USAGE)
+        fail("qitos.models._local has no LocalModel; this install is incomplete", EXIT_USAGE)
     kwargs: dict[str, Any] = {}
     if max_input_units is not None:
         kwargs["max_input_units"] = max_input_units

@@ -224,7 +224,7 @@ def demo(
     root, copied = prepare_workspace(workspace)
     adapter: Any = None
     if model_spec == "scripted":
-        from qitos.models.scripted import ScriptedModel
+        from qitos.models._scripted import ScriptedModel
 
         adapter = ScriptedModel(scripted_model_responses(root), max_input_units=DEMO_SCRIPTED_CAPACITY)
     elif model_spec == "local":

@@ -47,7 +47,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         llm: the model used when ``decide`` returns None (the model path); seed 004's name, an alias
             of ``model=``. Stored as ``self.llm``. A model adapter, or a plain function
             ``messages -> text | ModelResponse`` (the engine wraps it as a
-            ``qitos.models.function.FunctionModel``); anything else raises ConfigurationError.
+            ``qitos.models._function.FunctionModel``); anything else raises ConfigurationError.
         model_parser: a text protocol parser turning model text into a ``Decision``.
         memory: an optional ``Memory`` (anything with ``retrieve()``). On every model request the
             engine recalls it fresh into the request context through

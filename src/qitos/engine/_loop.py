@@ -70,7 +70,7 @@ from qitos.engine._subagent import (
 from qitos.engine._telemetry import OtelOption, otel_hook
 from qitos.engine._tool_threads import ToolThreads
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
-from qitos.models.function import as_model
+from qitos.models._function import as_model
 from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace.writer import TraceWriter
 

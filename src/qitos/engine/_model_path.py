@@ -56,7 +56,7 @@ from qitos.engine._events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.engine._run_context import RunContext
 from qitos.kit.parsers.base import ParseError
 from qitos.kit.parsers.native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
-from qitos.models.base import ModelResponse, request_digest
+from qitos.models._base import ModelResponse, request_digest
 
 __all__ = ["ModelContext", "ModelOutcome", "ModelPath"]
 

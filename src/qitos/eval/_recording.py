@@ -23,7 +23,7 @@ from qitos.checkpoint.packing import unpack
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import IntegrityError
 from qitos.core.request_view import RequestView
-from qitos.models.base import ModelResponse
+from qitos.models._base import ModelResponse
 from qitos.sessions.payload import SnapshotPayload
 from qitos.sessions.step_journal import restore
 from qitos.sessions.stored_view import view_from_record

@@ -33,7 +33,7 @@ from qitos.core.context import ContextBudget
 from qitos.core.request_view import RequestView
 from qitos.eval._dataset import Sample
 from qitos.eval._result import SampleResult
-from qitos.models.base import ModelAdapter, request_digest
+from qitos.models._base import ModelAdapter, request_digest
 
 __all__ = [
     "REDUCERS",

@@ -6,7 +6,7 @@ never pulls in ``httpx`` or ``cyllama``::
 
     from qitos.models import ScriptedModel                 # light
     from qitos.models import OpenAICompatibleModel         # imports httpx now
-    from qitos.models.local import LocalModel              # imports cyllama now
+    from qitos.models import LocalModel                    # imports cyllama now
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from qitos.models.base import ModelAdapter, ModelResponse, ToolCall, Usage
-from qitos.models.function import FunctionModel
-from qitos.models.scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
+from qitos.models._base import ModelAdapter, ModelResponse, ToolCall, Usage
+from qitos.models._function import FunctionModel
+from qitos.models._scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
 
 __all__ = [
     "FunctionModel",
@@ -31,7 +31,7 @@ __all__ = [
     "Usage",
 ]
 
-_LAZY = {"OpenAICompatibleModel": "qitos.models.openai_compat", "LocalModel": "qitos.models.local"}
+_LAZY = {"OpenAICompatibleModel": "qitos.models._openai_compat", "LocalModel": "qitos.models._local"}
 
 
 def __getattr__(name: str) -> Any:

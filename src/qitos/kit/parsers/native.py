@@ -1,7 +1,7 @@
 """Decisions from native tool calls: :func:`decision_from_tool_calls`.
 
 For models with native tool calling (OpenAI-compatible servers, the embedded local model), the
-model's :class:`~qitos.models.base.ModelResponse` already separates tool calls from text. This turns
+model's :class:`~qitos.models._base.ModelResponse` already separates tool calls from text. This turns
 it into a :class:`~qitos.core._decision.Decision`:
 
 - tool calls -> ``Decision.act`` with one ``Action`` per call, keeping the provider's call ids (the
@@ -23,7 +23,7 @@ from qitos.core._decision import Action, Decision
 from qitos.kit.parsers.base import ParseError
 
 if TYPE_CHECKING:
-    from qitos.models.base import ModelResponse
+    from qitos.models._base import ModelResponse
 
 __all__ = ["NATIVE_PROTOCOL_ID", "decision_from_tool_calls"]
 

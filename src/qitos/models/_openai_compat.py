@@ -106,7 +106,7 @@ from qitos.core._codec import canonical_json
 from qitos.core._errors import ConfigurationError, ContextError, ModelError
 from qitos.core._output import FINAL_ANSWER_TOOL
 from qitos.core.context import UnitCounter, unit_counter_for
-from qitos.models.base import (
+from qitos.models._base import (
     DeltaCallback,
     ModelAdapter,
     ModelResponse,

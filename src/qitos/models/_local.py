@@ -12,7 +12,7 @@ Tool calls are native. When the request has tools and ``grammar="tool_call"`` (t
 generation is constrained by a GBNF grammar to exactly one JSON object, either
 ``{"tool": <one of the tool names>, "arguments": <an object valid for that tool's schema>}`` or
 ``{"final": "<answer>"}``; so a tool call is always well-formed and names a real tool. The adapter
-turns it into a :class:`~qitos.models.base.ModelResponse` with ``tool_calls`` (or ``text`` for a
+turns it into a :class:`~qitos.models._base.ModelResponse` with ``tool_calls`` (or ``text`` for a
 final answer). The system prompt gets a short description of this format and of the tools.
 The view's :meth:`~qitos.core.request_view.RequestView.tool_choice` shapes the grammar: ``none``
 allows only a final answer, ``required`` only a tool call, a tool's name only a call of that tool.
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from qitos.core._codec import digest
 from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._install import install_command
-from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall, Unit, Usage, check_capacity
+from qitos.models._base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall, Unit, Usage, check_capacity
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView

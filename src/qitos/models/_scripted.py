@@ -1,7 +1,7 @@
 """Test doubles that are real adapters: ``ScriptedModel`` and ``ReplayModel``.
 
-``FunctionModel`` lives in :mod:`qitos.models.function` and is importable from here too (its
-earlier home). Each of the three implements :class:`~qitos.models.base.ModelAdapter` fully (capacity, streaming through
+``FunctionModel`` lives in :mod:`qitos.models._function` and is importable from here too (its
+earlier home). Each of the three implements :class:`~qitos.models._base.ModelAdapter` fully (capacity, streaming through
 ``on_delta``, events), need no network and are deterministic, so tests and offline demos run the
 same engine path as a real provider.
 
@@ -11,13 +11,13 @@ A scripted response is one of:
 - a mapping with ``"tool_calls": [{"name": ..., "arguments": {...} | "<raw json>", "id"?: ...}]``
   and optionally ``"text"``, ``"finish_reason"`` and ``"usage": {"input_tokens", "output_tokens"}``
   (``arguments`` given as a string is kept raw, to script malformed JSON from a model);
-- a :class:`~qitos.models.base.ModelResponse`, used as is.
+- a :class:`~qitos.models._base.ModelResponse`, used as is.
 
 Replay: ``ReplayModel.from_trace(run_dir)`` reads ``run_dir/steps.jsonl``. Every line is one step
 record (a JSON object); a step that called the model carries::
 
     "model": {"request_id": "<RequestView.request_id>",
-              "request_digest": "<qitos.models.base.request_digest(view)>",   # optional
+              "request_digest": "<qitos.models._base.request_digest(view)>",   # optional
               "response": <ModelResponse.to_dict()>}
 
 and its step number under ``"step_id"`` (or ``"step"``; else its line position). A step may also
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qitos.core._errors import ConfigurationError, ModelError
-from qitos.models.base import DeltaCallback, ModelResponse, Unit, request_digest
-from qitos.models.doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
-from qitos.models.function import FunctionModel
+from qitos.models._base import DeltaCallback, ModelResponse, Unit, request_digest
+from qitos.models._doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
+from qitos.models._function import FunctionModel
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView

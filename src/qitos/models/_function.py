@@ -5,8 +5,8 @@ user passes as ``llm=`` into a model adapter.
 ``FunctionModel(fn, takes="messages")`` calls ``fn(messages)`` with the chat messages the view
 holds (``view.messages()``: a list of ``{"role", "content", ...}`` dicts), the shape of most
 "call my LLM" functions. Either way the function returns a ``str`` (the assistant's text), a
-:class:`~qitos.models.base.ModelResponse`, or a scripted-response mapping (see
-:mod:`qitos.models.doubles`); its exceptions propagate unchanged.
+:class:`~qitos.models._base.ModelResponse`, or a scripted-response mapping (see
+:mod:`qitos.models._doubles`); its exceptions propagate unchanged.
 
 ``AgentModule(llm=fn)`` with a plain callable works through :func:`as_model`: the engine wraps it
 as ``FunctionModel(fn, takes="messages")``. A model adapter (anything with a callable
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from qitos.core._errors import ConfigurationError
-from qitos.models.base import DeltaCallback, ModelResponse, Unit
-from qitos.models.doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
+from qitos.models._base import DeltaCallback, ModelResponse, Unit
+from qitos.models._doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView

@@ -20,7 +20,7 @@ e.g. ``("model_retry", {"attempt": 1, "max_retries": 3, "delay_s": 0.42, "reason
 raises propagates its exception to the caller of ``complete``; keep listeners trivial.
 
 Network guard (STYLE practice 10): adapters that reach a real service call
-:func:`check_allow_model_requests` first; tests set ``qitos.models.base.ALLOW_MODEL_REQUESTS =
+:func:`check_allow_model_requests` first; tests set ``qitos.models._base.ALLOW_MODEL_REQUESTS =
 False`` to make any accidental network call fail loudly. Loopback test servers are still
 "model requests": a test that talks to one flips the flag back on for its duration.
 """
@@ -73,7 +73,7 @@ def check_allow_model_requests() -> None:
     """Raise :class:`ModelRequestsDisabledError` when model requests are switched off."""
     if not ALLOW_MODEL_REQUESTS:
         raise ModelRequestsDisabledError(
-            "model requests are disabled (qitos.models.base.ALLOW_MODEL_REQUESTS is False); "
+            "model requests are disabled (qitos.models._base.ALLOW_MODEL_REQUESTS is False); "
             "use ScriptedModel/FunctionModel/ReplayModel in tests, or set the flag to True"
         )
 

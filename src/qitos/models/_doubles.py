@@ -1,13 +1,13 @@
 """What the offline adapters share: scripted responses, streaming them, and recording requests.
 
-A scripted response (what :class:`~qitos.models.scripted.ScriptedModel` is given and what a
-:class:`~qitos.models.function.FunctionModel` function returns) is one of:
+A scripted response (what :class:`~qitos.models._scripted.ScriptedModel` is given and what a
+:class:`~qitos.models._function.FunctionModel` function returns) is one of:
 
 - a ``str``: plain assistant text (the engine reads it as the final answer);
 - a mapping with ``"tool_calls": [{"name": ..., "arguments": {...} | "<raw json>", "id"?: ...}]``
   and optionally ``"text"``, ``"finish_reason"`` and ``"usage": {"input_tokens", "output_tokens"}``
   (``arguments`` given as a string is kept raw, to script malformed JSON from a model);
-- a :class:`~qitos.models.base.ModelResponse`, used as is.
+- a :class:`~qitos.models._base.ModelResponse`, used as is.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from qitos.core._errors import ConfigurationError
-from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall, Unit, Usage, check_capacity
+from qitos.models._base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall, Unit, Usage, check_capacity
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
