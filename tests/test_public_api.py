@@ -108,16 +108,16 @@ SURFACES = {
         "open_store": "qitos.checkpoint.targets",
     },
     "qitos.tools": {
-        "MCPConnectionError": "qitos.kit.tools.mcp",
-        "MCPToolError": "qitos.kit.tools.mcp",
-        "MCPToolset": "qitos.kit.tools.mcp",
+        "MCPConnectionError": "qitos.kit.tools._mcp",
+        "MCPToolError": "qitos.kit.tools._mcp",
+        "MCPToolset": "qitos.kit.tools._mcp",
         "ToolRegistry": "qitos.core._tool",
         "ToolResult": "qitos.core._tool",
         "ToolSpec": "qitos.core._tool",
-        "WorkspacePathError": "qitos.kit.tools.files",
-        "shell_tool": "qitos.kit.tools.shell",
+        "WorkspacePathError": "qitos.kit.tools._files",
+        "shell_tool": "qitos.kit.tools._shell",
         "tool": "qitos.core._tool",
-        "workspace_tools": "qitos.kit.tools.files",
+        "workspace_tools": "qitos.kit.tools._files",
     },
 }
 

@@ -14,7 +14,7 @@ import pytest
 
 from qitos.core._errors import ConfigurationError
 from qitos.core._tool import ToolRegistry
-from qitos.kit.tools.mcp import MCPConnectionError, MCPToolset
+from qitos.kit.tools._mcp import MCPConnectionError, MCPToolset
 
 pytest.importorskip("mcp", reason="the mcp SDK (qitos[mcp]) is not installed")
 

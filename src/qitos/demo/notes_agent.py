@@ -1,6 +1,6 @@
 """``NotesAgent``: the demo agent. It lists, reads and indexes the Markdown notes of a workspace.
 
-The agent works through the workspace file tools of :mod:`qitos.kit.tools.files` (``list_files``,
+The agent works through the workspace file tools of :mod:`qitos.kit.tools._files` (``list_files``,
 ``read_file``, ``write_file``) and ends with a short index of the notes, also written to
 ``INDEX.md`` in the workspace. The same class runs in two modes:
 
@@ -39,7 +39,7 @@ from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, ToolSpec
-from qitos.kit.tools.files import workspace_tools
+from qitos.kit.tools._files import workspace_tools
 
 __all__ = [
     "INDEX_FILE",
