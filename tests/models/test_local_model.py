@@ -17,8 +17,8 @@ from qitos.core._exchange import ExchangeLog
 from qitos.core._install import install_command
 from qitos.core._tool import validate_arguments
 from qitos.core.request_view import RequestView
-from qitos.kit.parsers.base import ParseError
-from qitos.kit.parsers.native import decision_from_tool_calls
+from qitos.kit.parsers._base import ParseError
+from qitos.kit.parsers._native import decision_from_tool_calls
 from qitos.models import _local as local_module
 
 ADD = {

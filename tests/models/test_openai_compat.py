@@ -34,8 +34,8 @@ from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.engine._engine import Engine
 from qitos.engine.runtime import RuntimeBudget
 from qitos.kit.agent import Agent
-from qitos.kit.parsers.base import ParseError
-from qitos.kit.parsers.native import decision_from_tool_calls
+from qitos.kit.parsers._base import ParseError
+from qitos.kit.parsers._native import decision_from_tool_calls
 from qitos.models._base import ModelRequestsDisabledError, Usage
 from qitos.models._openai_compat import MissingAPIKeyWarning, OpenAICompatibleModel, to_openai_messages
 

@@ -54,8 +54,8 @@ from qitos.engine._agent_context import request_compaction, request_contributors
 from qitos.engine._effects import Loop, ModelCall
 from qitos.engine._events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.engine._run_context import RunContext
-from qitos.kit.parsers.base import ParseError
-from qitos.kit.parsers.native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
+from qitos.kit.parsers._base import ParseError
+from qitos.kit.parsers._native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
 from qitos.models._base import ModelResponse, request_digest
 
 __all__ = ["ModelContext", "ModelOutcome", "ModelPath"]

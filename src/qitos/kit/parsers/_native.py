@@ -7,7 +7,7 @@ it into a :class:`~qitos.core._decision.Decision`:
 - tool calls -> ``Decision.act`` with one ``Action`` per call, keeping the provider's call ids (the
   tool results must answer those ids), and the accompanying text as the rationale;
 - text only -> ``Decision.final(text)``;
-- anything unusable -> :class:`~qitos.kit.parsers.base.ParseError` with repair feedback: a call
+- anything unusable -> :class:`~qitos.kit.parsers._base.ParseError` with repair feedback: a call
   without a name, arguments that are not a JSON object (``raw_arguments`` is quoted back), a tool
   name not in ``tool_names`` (when given), an empty reply, or a text reply cut off at the output
   limit (``finish_reason == "length"``, never passed off as a final answer).
@@ -20,7 +20,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from qitos.core._decision import Action, Decision
-from qitos.kit.parsers.base import ParseError
+from qitos.kit.parsers._base import ParseError
 
 if TYPE_CHECKING:
     from qitos.models._base import ModelResponse

@@ -15,7 +15,7 @@ Accepted reply forms (keywords are case-insensitive, each at the start of a line
 Several ``Action:`` lines in one reply are parallel tool calls. Anything from the first line that
 starts with ``Observation:`` on is ignored (a model inventing its own tool results). A reply with
 both an action and a final answer, with neither, with arguments that are not a JSON object, or with
-an empty final answer raises :class:`~qitos.kit.parsers.base.ParseError` with repair feedback.
+an empty final answer raises :class:`~qitos.kit.parsers._base.ParseError` with repair feedback.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from qitos.core._decision import Action, Decision
-from qitos.kit.parsers.base import DecisionParser, ParseError, check_tool_name, describe_tools
+from qitos.kit.parsers._base import DecisionParser, ParseError, check_tool_name, describe_tools
 
 __all__ = ["ReActParser"]
 

@@ -3,7 +3,7 @@
 The reply is one JSON object, optionally inside a Markdown code fence, optionally with a
 ``"thought"`` string. ``"arguments"`` may be left out for a tool without arguments. Anything else
 (no object, invalid JSON, both or neither of ``tool`` and ``final``, unknown keys, arguments that
-are not an object, an empty final answer) raises :class:`~qitos.kit.parsers.base.ParseError` with
+are not an object, an empty final answer) raises :class:`~qitos.kit.parsers._base.ParseError` with
 repair feedback. The embedded local model produces exactly this format under a grammar.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from qitos.core._decision import Action, Decision
-from qitos.kit.parsers.base import DecisionParser, ParseError, check_tool_name, describe_tools
+from qitos.kit.parsers._base import DecisionParser, ParseError, check_tool_name, describe_tools
 
 __all__ = ["JsonDecisionParser"]
 
