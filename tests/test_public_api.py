@@ -78,7 +78,7 @@ def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
         "tool": "qitos.core._tool",
         "ToolRegistry": "qitos.core._tool",
         "compose": "qitos.engine._composition",
-        "Agent": "qitos.kit.agent",
+        "Agent": "qitos.kit._agent",
         "Observation": "qitos.core._decision",
         "RuntimeBudget": "qitos.engine.runtime",
         "RunFailedError": "qitos.core._errors",

@@ -29,7 +29,7 @@ from qitos.engine._composition import compose
 from qitos.engine._engine import Engine
 from qitos.engine._events import EngineResult
 from qitos.engine.runtime import RuntimeBudget
-from qitos.kit.agent import Agent
+from qitos.kit._agent import Agent
 
 __version__ = "0.1.0"
 

@@ -38,7 +38,7 @@ from qitos.core.request_view import RequestView
 from qitos.engine._engine import Engine
 from qitos.engine._model_path import ModelContext
 from qitos.engine.runtime import RuntimeBudget
-from qitos.kit.agent import Agent
+from qitos.kit._agent import Agent
 from qitos.models._base import ModelResponse
 from qitos.models._openai_compat import OpenAICompatibleModel
 from qitos.trace.reader import RunTrace

@@ -33,7 +33,7 @@ from qitos.core.context import TokenCounter
 from qitos.core.request_view import ReasoningPolicy, RequestView
 from qitos.engine._engine import Engine
 from qitos.engine.runtime import RuntimeBudget
-from qitos.kit.agent import Agent
+from qitos.kit._agent import Agent
 from qitos.kit.parsers._base import ParseError
 from qitos.kit.parsers._native import decision_from_tool_calls
 from qitos.models._base import ModelRequestsDisabledError, Usage

@@ -33,12 +33,7 @@ from qitos.core.request_view import (
     RequestView,
 )
 
-__all__ = [
-    "DEFAULT_SUMMARY_INSTRUCTIONS",
-    "ClosedExchangeWindowCompactor",
-    "SummaryCompactor",
-    "SummaryModel",
-]
+__all__ = ["ClosedExchangeWindowCompactor", "SummaryCompactor", "SummaryModel"]
 
 DEFAULT_SUMMARY_INSTRUCTIONS = (
     "You compress the earlier part of an agent conversation so the agent can continue without it. "

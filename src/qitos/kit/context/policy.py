@@ -47,26 +47,15 @@ from qitos.core.context import UnitCounter, unit_counter_for
 from qitos.core.request_view import CompactionReceipt, RequestView, projection_digest
 
 __all__ = [
-    "REQUEST_FRAGMENT_IDS",
-    "AuditPolicy",
     "ContextFragment",
     "ContextPolicy",
     "ContextPolicyError",
     "ContextPolicyReceipt",
-    "ContextPolicyResult",
     "ContextPolicyViolation",
-    "ReducePolicy",
-    "SequenceSelection",
-    "StepEffect",
-    "TrimReduction",
-    "UserTurnGrouping",
-    "ValidatePolicy",
     "apply_context_policy",
     "audit_context",
-    "context_policy_to_dict",
     "parse_context_policy",
     "reduce_context",
-    "request_fragments",
     "validate_context_policy",
 ]
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from qitos.kit.memory.memdir_files import FileKey, read_text_if_present
-from qitos.kit.memory.memdir_segment import MARKER, RecordEntry, legacy_file_stem, parse_blocks, read_record_file
+from qitos.kit.memory._memdir_files import FileKey, read_text_if_present
+from qitos.kit.memory._memdir_segment import MARKER, RecordEntry, legacy_file_stem, parse_blocks, read_record_file
 
 __all__ = ["CachedFile", "load_file", "merge_files", "segment_file"]
 
