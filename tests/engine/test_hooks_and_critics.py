@@ -10,7 +10,7 @@ import driven
 from qitos import Action, Decision, Engine, tool
 from qitos.engine._hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine._policies import CriticVerdict
-from qitos.trace.reader import open_run
+from qitos.trace._reader import open_run
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -16,7 +16,7 @@ from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.engine._composition import compose
 from qitos.engine._hooks import EngineHook, HookContext
 from qitos.sessions.payload import SnapshotPayload
-from qitos.trace.writer import TraceWriter
+from qitos.trace._writer import TraceWriter
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -41,7 +41,7 @@ from qitos.engine.runtime import RuntimeBudget
 from qitos.kit._agent import Agent
 from qitos.models._base import ModelResponse
 from qitos.models._openai_compat import OpenAICompatibleModel
-from qitos.trace.reader import RunTrace
+from qitos.trace._reader import RunTrace
 from qitos.viewer.data import run_request
 
 ADD_TOOL = {

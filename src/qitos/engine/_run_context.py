@@ -36,7 +36,7 @@ from qitos.core._state import StopReason
 from qitos.core._task import Task
 from qitos.engine._events import EngineEvent, StepRecord
 from qitos.sessions.journal import BoundaryCommit, PendingStep, RunJournal
-from qitos.trace.writer import TraceWriter
+from qitos.trace._writer import TraceWriter
 
 __all__ = ["RunContext", "StopRun"]
 

@@ -65,7 +65,7 @@ from qitos.core._install import DISTRIBUTION, install_command
 from qitos.engine._events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.engine._hooks import EngineHook, HookContext
 from qitos.sessions.step_journal import SessionJournal
-from qitos.trace.redact import Redactor
+from qitos.trace._redact import Redactor
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context

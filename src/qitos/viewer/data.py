@@ -36,8 +36,8 @@ from qitos.core._redaction import Redactor
 from qitos.distributed.naming import fleet_queue
 from qitos.sessions.control import delegation_root
 from qitos.sessions.inspection import inspect_session, observed_lifecycle
-from qitos.trace.reader import RunTrace, TraceError, list_runs
-from qitos.trace.writer import displayed_messages
+from qitos.trace._reader import RunTrace, TraceError, list_runs
+from qitos.trace._writer import displayed_messages
 
 __all__ = [
     "CLI_OPTIONS",

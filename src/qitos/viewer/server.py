@@ -53,7 +53,7 @@ from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import describe_target, open_store, store_exists
 from qitos.core._errors import QitosError, UsageError
 from qitos.core._redaction import Redactor
-from qitos.trace.reader import TraceError
+from qitos.trace._reader import TraceError
 from qitos.viewer._controls import ConflictError, Controls
 from qitos.viewer._evals import eval_api, session_request
 from qitos.viewer.data import (

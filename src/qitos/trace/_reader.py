@@ -56,7 +56,7 @@ class RunTrace:
 
     def request_messages(self, runs: Any, *, stored: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The messages a request sent, from the runs of positions its record holds (see
-        :mod:`qitos.trace.writer`); ``stored`` is :meth:`messages` when already read. A position
+        :mod:`qitos.trace._writer`); ``stored`` is :meth:`messages` when already read. A position
         past the end (a line a live run has not written yet) raises TraceError."""
         lines = self.messages() if stored is None else stored
         out: list[dict[str, Any]] = []

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from qitos.core._codec import canonical_json, escape_surrogates, sha256_hex
-from qitos.trace.redact import Redactor
+from qitos.trace._redact import Redactor
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
