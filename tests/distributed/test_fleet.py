@@ -19,7 +19,7 @@ pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qito
 
 from qitos.core._errors import ConfigurationError, SessionNotFoundError
 from qitos.distributed import Fleet
-from qitos.distributed.naming import dbos_schema
+from qitos.distributed._naming import dbos_schema
 
 STEPS = 10
 

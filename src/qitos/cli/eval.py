@@ -588,7 +588,7 @@ def _fail_on_error(value: float | None) -> int | float | None:
 def _fleet(factory: Any, adapter: Any, db: str) -> Any:
     if not is_postgres_target(db):
         fail("--fleet needs the fleet's PostgreSQL database as --db postgresql://...", EXIT_USAGE)
-    from qitos.distributed.fleet import Fleet
+    from qitos.distributed._fleet import Fleet
     from qitos.engine._composition import compose
 
     return Fleet(compose(agent=factory, model=adapter), db=db)

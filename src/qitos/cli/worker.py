@@ -20,9 +20,9 @@ import typer
 from qitos.cli.common import cli_command, console, print_json, store_target
 from qitos.core._errors import ConfigurationError
 from qitos.core._install import install_command
-from qitos.distributed.fleet import Fleet
-from qitos.distributed.naming import DEFAULT_QUEUE, load_composition, with_engine_options
-from qitos.distributed.worker import Worker
+from qitos.distributed._fleet import Fleet
+from qitos.distributed._naming import DEFAULT_QUEUE, load_composition, with_engine_options
+from qitos.distributed._worker import Worker
 from qitos.engine._otlp import otlp_export
 
 __all__ = ["EVENT_LOOPS", "submit", "tune_collector", "use_event_loop", "worker"]

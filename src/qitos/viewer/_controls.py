@@ -27,7 +27,7 @@ from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import UsageError
-from qitos.distributed.naming import fleet_queue
+from qitos.distributed._naming import fleet_queue
 from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
 from qitos.sessions.inspection import SessionLifecycle, observed_lifecycle
 from qitos.viewer.data import NotFoundError, how_it_continues, resume_argv, to_jsonable

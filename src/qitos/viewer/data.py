@@ -33,7 +33,7 @@ from typing import Any
 from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core._errors import CheckpointError, QitosError, UsageError
 from qitos.core._redaction import Redactor
-from qitos.distributed.naming import fleet_queue
+from qitos.distributed._naming import fleet_queue
 from qitos.sessions.control import delegation_root
 from qitos.sessions.inspection import inspect_session, observed_lifecycle
 from qitos.trace._reader import RunTrace, TraceError, list_runs

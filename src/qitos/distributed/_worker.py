@@ -56,7 +56,7 @@ from typing import Any
 from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.targets import postgres_dsn
 from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError
-from qitos.distributed.naming import (
+from qitos.distributed._naming import (
     APP_NAME,
     DEFAULT_QUEUE,
     WORKFLOW_NAME,

@@ -3,7 +3,7 @@
 The fleet's client side needs no worker in its process: it writes sessions and control items to
 the checkpoint store and enqueues runs with a ``DBOSClient`` (DBOS's system tables must exist:
 a worker creates them when it first starts). Outcomes are read back from the store alone. See
-``qitos.distributed.worker`` for what DBOS does and what qitos adds.
+``qitos.distributed._worker`` for what DBOS does and what qitos adds.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from qitos.checkpoint.store import SessionPosition
 from qitos.core._errors import ConfigurationError, SessionNotFoundError
 from qitos.core._task import Task
-from qitos.distributed.naming import (
+from qitos.distributed._naming import (
     APP_NAME,
     DEFAULT_QUEUE,
     FLEET_METADATA,
@@ -27,7 +27,7 @@ from qitos.distributed.naming import (
     dbos_schema,
     run_workflow_id,
 )
-from qitos.distributed.worker import Worker, dbos_url
+from qitos.distributed._worker import Worker, dbos_url
 from qitos.engine._composition import Composition
 from qitos.engine.session_runtime import Session, new_session
 from qitos.sessions.control import (
