@@ -165,7 +165,7 @@ def test_console_script_version_and_demo_run_in_a_real_process(tmp_path: Path) -
 
 def test_importing_qitos_and_the_viewer_does_not_import_typer_or_rich() -> None:
     code = (
-        "import sys, qitos, qitos.demo, qitos.viewer.server, qitos.viewer.data\n"
+        "import sys, qitos, qitos.demo, qitos.viewer._server, qitos.viewer._data\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'rich', 'click'))\n"
         "assert not bad, bad\n"
     )

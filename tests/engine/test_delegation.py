@@ -23,7 +23,7 @@ from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.engine._subagent import child_session_id
 from qitos.sessions.step_journal import restore as restore_chain
-from qitos.viewer.data import lineage
+from qitos.viewer._data import lineage
 from session_agents import subprocess_env
 
 

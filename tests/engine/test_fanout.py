@@ -21,7 +21,7 @@ from qitos.engine._engine import Engine
 from qitos.engine._fanout import CandidateOutcome, FanoutSelector
 from qitos.engine._subagent import FanoutRequest
 from qitos.sessions.step_journal import restore as restore_chain
-from qitos.viewer.data import lineage
+from qitos.viewer._data import lineage
 
 pytestmark = pytest.mark.usefixtures("driver")
 

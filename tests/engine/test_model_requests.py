@@ -21,7 +21,7 @@ from qitos.engine._engine import Engine
 from qitos.engine._model_path import ModelContext
 from qitos.models._function import FunctionModel
 from qitos.trace._reader import RunTrace
-from qitos.viewer.data import NotFoundError, run_request
+from qitos.viewer._data import NotFoundError, run_request
 
 
 @tool

@@ -42,7 +42,7 @@ from qitos.kit._agent import Agent
 from qitos.models._base import ModelResponse
 from qitos.models._openai_compat import OpenAICompatibleModel
 from qitos.trace._reader import RunTrace
-from qitos.viewer.data import run_request
+from qitos.viewer._data import run_request
 
 ADD_TOOL = {
     "name": "add",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from controls_support import control_items, lifecycle, make_session, post
 
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 
 @pytest.fixture

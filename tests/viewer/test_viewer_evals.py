@@ -24,7 +24,7 @@ from viewer_support import get  # noqa: E402
 
 from qitos.eval import Dataset, Sample, evaluate, scorers  # noqa: E402
 from qitos.models import FunctionModel  # noqa: E402
-from qitos.viewer.server import ViewerServer  # noqa: E402
+from qitos.viewer._server import ViewerServer  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
 

@@ -22,7 +22,7 @@ from qitos.core._errors import ModelError
 from qitos.core.request_view import RequestView
 from qitos.engine._engine import Engine
 from qitos.models._function import FunctionModel
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 CHROMIUM = "/usr/bin/chromium"
 

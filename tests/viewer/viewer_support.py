@@ -25,7 +25,7 @@ from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.models._scripted import ScriptedModel
 from qitos.trace import TraceWriter
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 CHROMIUM = "/usr/bin/chromium"
 """Debian's Chromium, which the browser tests drive headless through Playwright."""

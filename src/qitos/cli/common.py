@@ -33,7 +33,7 @@ from qitos.checkpoint.store import SnapshotNotFoundError
 from qitos.checkpoint.targets import check_target
 from qitos.core._errors import QitosError, SessionNotFoundError, UsageError
 from qitos.core._redaction import redact_text
-from qitos.viewer.data import NotFoundError
+from qitos.viewer._data import NotFoundError
 
 __all__ = [
     "DEFAULT_DB",

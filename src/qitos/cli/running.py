@@ -39,7 +39,7 @@ from qitos.engine._model_path import ModelContext
 from qitos.engine._otlp import otlp_export
 from qitos.engine.session_runtime import new_session
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.viewer.data import CLI_OPTIONS
+from qitos.viewer._data import CLI_OPTIONS
 
 __all__ = [
     "DEMO_DEFAULT_MODEL",

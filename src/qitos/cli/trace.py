@@ -16,7 +16,7 @@ from rich.text import Text
 
 from qitos.checkpoint.targets import describe_target
 from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, cli_command, console, print_json, store_target
-from qitos.viewer.data import find_run, run_detail, runs_board
+from qitos.viewer._data import find_run, run_detail, runs_board
 
 __all__ = ["app"]
 
@@ -165,7 +165,7 @@ def serve(
 ) -> None:
     """Serve the viewer on 127.0.0.1 (runs, steps, request inspector, sessions and forks, and controls
     for sessions: approve, reject, steer, pause, resume, at the printed address with its token)."""
-    from qitos.viewer.server import ViewerServer
+    from qitos.viewer._server import ViewerServer
 
     server = ViewerServer(logdir, db=db, port=port)
     typer.echo(f"qitos viewer on {server.url}  (traces: {os.path.abspath(logdir)}; sessions: {describe_target(db)})")

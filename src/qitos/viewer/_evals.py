@@ -28,7 +28,7 @@ from qitos.eval import CompareError, compare, open_eval_store
 from qitos.eval._recording import recorded_calls, recorded_request
 from qitos.eval._report import EvalReport, build_report
 from qitos.eval._store import EvalStore
-from qitos.viewer.data import NotFoundError
+from qitos.viewer._data import NotFoundError
 
 __all__ = ["eval_api", "session_request"]
 

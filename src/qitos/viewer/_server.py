@@ -18,7 +18,7 @@ fetched from the network) and a read-only JSON API over the trace reader and the
                                         pause, resume (see :mod:`qitos.viewer._controls`)
 ======================================  =====================================================
 
-Shapes are documented in :mod:`qitos.viewer.data` (the eval pages' in :mod:`qitos.viewer._evals`).
+Shapes are documented in :mod:`qitos.viewer._data` (the eval pages' in :mod:`qitos.viewer._evals`).
 Errors are ``{"error": message}`` with 404 (not found), 400 (bad request), 403 (refused), 409 (the
 action does not apply now; ``command`` may say what to run), 413, 415 or 500. Requests whose
 ``Host`` is not this loopback address are refused (a guard against DNS rebinding), every response
@@ -55,8 +55,7 @@ from qitos.core._errors import QitosError, UsageError
 from qitos.core._redaction import Redactor
 from qitos.trace._reader import TraceError
 from qitos.viewer._controls import ConflictError, Controls
-from qitos.viewer._evals import eval_api, session_request
-from qitos.viewer.data import (
+from qitos.viewer._data import (
     NotFoundError,
     find_run,
     run_detail,
@@ -66,6 +65,7 @@ from qitos.viewer.data import (
     session_detail,
     session_summary,
 )
+from qitos.viewer._evals import eval_api, session_request
 
 __all__ = ["DEFAULT_PORT", "HOST", "ViewerServer"]
 
