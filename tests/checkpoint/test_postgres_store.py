@@ -505,7 +505,7 @@ def test_bad_options_are_refused_naming_them(pg_dsn: str) -> None:
 def test_importing_qitos_never_imports_psycopg_and_a_missing_extra_is_named() -> None:
     code = (
         "import sys\n"
-        "import qitos, qitos.checkpoint.postgres_store, qitos.checkpoint.targets, qitos.cli.sessions\n"
+        "import qitos, qitos.checkpoint.postgres_store, qitos.checkpoint.targets, qitos.cli._sessions\n"
         "print('psycopg' in sys.modules, 'psycopg_pool' in sys.modules)\n"
         "sys.modules['psycopg'] = None\n"
         "from qitos.checkpoint.targets import open_store\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from qitos import Engine
-from qitos.cli.render import LiveRenderer, preview
+from qitos.cli._render import LiveRenderer, preview
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor

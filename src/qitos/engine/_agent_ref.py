@@ -71,7 +71,7 @@ def _reference(candidate: object) -> str | None:
         return None  # shadowed, or not reachable by its name
     script = getattr(module, SCRIPT_ATTRIBUTE, None)
     if isinstance(script, str):
-        return f"{script}:{qualname}"  # a script imported by path (qitos.cli.agents)
+        return f"{script}:{qualname}"  # a script imported by path (qitos.cli._agents)
     if module_name != "__main__":
         return f"{module_name}:{qualname}"
     spec = getattr(module, "__spec__", None)

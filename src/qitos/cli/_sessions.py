@@ -3,7 +3,7 @@
 Every command takes ``--db``: a SQLite file (default ``./.qitos/sessions.db``) or a ``postgresql://``
 URL. Commands that act on a session restore it through ``compose(...).restore(id)``, which needs its
 agent: the reference recorded in the session's metadata (``module:qualname``, or a script's path
-and the name in it; see :mod:`qitos.cli.agents`) is imported, or ``--agent`` names another one.
+and the name in it; see :mod:`qitos.cli._agents`) is imported, or ``--agent`` names another one.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from qitos.checkpoint.postgres_store import PostgresCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
 from qitos.checkpoint.targets import describe_target, missing_store
 from qitos.checkpoint.targets import open_store as open_target
-from qitos.cli.agents import AGENT_FORMS, session_agent
-from qitos.cli.common import (
+from qitos.cli._agents import AGENT_FORMS, session_agent
+from qitos.cli._common import (
     DEFAULT_DB,
     DEFAULT_LOGDIR,
     EXIT_NOT_FOUND,
@@ -33,8 +33,8 @@ from qitos.cli.common import (
     print_json,
     store_target,
 )
-from qitos.cli.models import MODEL_FORMS, resolve_model
-from qitos.cli.running import compaction_extensions, finish, renderer_hooks, require_model
+from qitos.cli._models import MODEL_FORMS, resolve_model
+from qitos.cli._running import compaction_extensions, finish, renderer_hooks, require_model
 from qitos.core._redaction import redact_text
 from qitos.engine._composition import Composition, compose
 from qitos.engine._otlp import otlp_export

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qitos.checkpoint.targets import describe_target
-from qitos.cli.common import DEFAULT_DB, DEFAULT_LOGDIR, cli_command, console, print_json, store_target
+from qitos.cli._common import DEFAULT_DB, DEFAULT_LOGDIR, cli_command, console, print_json, store_target
 from qitos.viewer._data import find_run, run_detail, runs_board
 
 __all__ = ["app"]

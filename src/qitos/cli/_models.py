@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.cli.common import EXIT_NOT_FOUND, EXIT_USAGE, fail
+from qitos.cli._common import EXIT_NOT_FOUND, EXIT_USAGE, fail
 from qitos.core._install import install_command
 
 __all__ = ["API_KEY_ENV", "DEFAULT_OPENAI_WINDOW", "MODEL_FORMS", "RequestOptions", "load_local_model", "resolve_model"]

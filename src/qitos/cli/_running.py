@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from qitos.checkpoint.targets import open_store, sqlite_path
-from qitos.cli.agents import AGENT_FORMS, load_agent
-from qitos.cli.common import (
+from qitos.cli._agents import AGENT_FORMS, load_agent
+from qitos.cli._common import (
     DEFAULT_DB,
     DEFAULT_LOGDIR,
     EXIT_FAILED,
@@ -26,8 +26,8 @@ from qitos.cli.common import (
     shown_command,
     store_target,
 )
-from qitos.cli.models import DEFAULT_OPENAI_WINDOW, MODEL_FORMS, RequestOptions, load_local_model, resolve_model
-from qitos.cli.render import LiveRenderer
+from qitos.cli._models import DEFAULT_OPENAI_WINDOW, MODEL_FORMS, RequestOptions, load_local_model, resolve_model
+from qitos.cli._render import LiveRenderer
 from qitos.core._agent_module import AgentModule
 from qitos.core._redaction import Redactor
 from qitos.core._task import Task, TaskBudget

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from qitos.cli.common import (
+from qitos.cli._common import (
     DEFAULT_MEMORY_DIR,
     EXIT_NOT_FOUND,
     EXIT_USAGE,

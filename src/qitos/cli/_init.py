@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from qitos.cli.common import EXIT_USAGE, cli_command, console, fail, print_json
+from qitos.cli._common import EXIT_USAGE, cli_command, console, fail, print_json
 
 __all__ = ["init"]
 

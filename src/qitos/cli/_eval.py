@@ -42,8 +42,8 @@ from rich.table import Table
 from rich.text import Text
 
 from qitos.checkpoint.targets import describe_target, is_postgres_target, store_exists
-from qitos.cli.agents import load_agent
-from qitos.cli.common import (
+from qitos.cli._agents import load_agent
+from qitos.cli._common import (
     EXIT_FAILED,
     EXIT_NOT_FOUND,
     EXIT_USAGE,
@@ -53,8 +53,8 @@ from qitos.cli.common import (
     print_json,
     shown_command,
 )
-from qitos.cli.models import MODEL_FORMS, resolve_model
-from qitos.cli.running import require_model
+from qitos.cli._models import MODEL_FORMS, resolve_model
+from qitos.cli._running import require_model
 from qitos.eval import CompareError, Comparison, Dataset, EvalProgress, EvalReport, compare, open_eval_store, scorers
 from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan
 from qitos.eval._report import build_report

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from qitos.cli.common import cli_command, console, print_json, store_target
+from qitos.cli._common import cli_command, console, print_json, store_target
 from qitos.core._errors import ConfigurationError
 from qitos.core._install import install_command
 from qitos.distributed._fleet import Fleet
