@@ -20,7 +20,8 @@ from qitos.cli._common import (
     shown_command,
 )
 from qitos.core.memory import MemoryRecord
-from qitos.kit.memory.memdir_memory import MEMORY_TYPES, MemdirMemory
+from qitos.kit.memory._memdir_segment import MEMORY_TYPES
+from qitos.kit.memory.memdir_memory import MemdirMemory
 
 __all__ = ["app", "record_to_dict"]
 

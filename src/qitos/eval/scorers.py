@@ -36,11 +36,6 @@ from qitos.eval._result import SampleResult
 from qitos.models._base import ModelAdapter, request_digest
 
 __all__ = [
-    "REDUCERS",
-    "Score",
-    "Scorer",
-    "ScorerError",
-    "ScoringError",
     "choice",
     "code",
     "exact",

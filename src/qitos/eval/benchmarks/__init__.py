@@ -30,20 +30,12 @@ from qitos.eval._dataset import Dataset
 from qitos.eval._report import EvalReport
 from qitos.eval._stats import mean
 from qitos.eval._stats import pass_at_k as _pass_at_k
-from qitos.eval.benchmarks._bfcl import CATEGORIES, BfclAgent, BfclScorer, bfcl_dataset
+from qitos.eval.benchmarks._bfcl import BfclAgent, BfclScorer, bfcl_dataset
 from qitos.eval.benchmarks._humaneval import HumanEvalAgent, HumanEvalScorer, humaneval_dataset
-from qitos.eval.benchmarks._sandbox import SandboxResult, arun_sandboxed
 from qitos.eval.scorers import Scorer
 
 __all__ = [
-    "CATEGORIES",
     "Benchmark",
-    "BfclAgent",
-    "BfclScorer",
-    "HumanEvalAgent",
-    "HumanEvalScorer",
-    "SandboxResult",
-    "arun_sandboxed",
     "bfcl",
     "humaneval",
     "pass_at_k",
