@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import qitos
-from qitos.demo import bundled_note_paths
+from qitos.demo._notes_agent import bundled_note_paths
 from qitos.trace import open_run
 
 DEMO_KEYS = {

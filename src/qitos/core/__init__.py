@@ -25,7 +25,7 @@ from qitos.core._errors import (
     ToolDefinitionError,
     UsageError,
 )
-from qitos.core._exchange import Exchange, ExchangeLog, Message
+from qitos.core._exchange import Exchange, ExchangeLog
 
 __all__ = [
     "CheckpointError",
@@ -37,7 +37,6 @@ __all__ = [
     "HeadConflictError",
     "IntegrityError",
     "LeaseLostError",
-    "Message",
     "ModelError",
     "QitosError",
     "RunError",

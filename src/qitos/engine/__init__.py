@@ -15,7 +15,7 @@ from qitos.engine._handoff import Team, TeamState
 from qitos.engine._hooks import EngineHook, HookContext
 from qitos.engine._policies import Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector, StopCriteria
 from qitos.engine._telemetry import OtelSettings
-from qitos.engine.runtime import LifecyclePolicy, RuntimeSnapshotContext
+from qitos.engine.runtime import RuntimeSnapshotContext
 
 __all__ = [
     "CandidateOutcome",
@@ -31,7 +31,6 @@ __all__ = [
     "FinalResultCriteria",
     "FirstCandidateSelector",
     "HookContext",
-    "LifecyclePolicy",
     "OtelSettings",
     "RuntimeSnapshotContext",
     "StepRecord",

@@ -47,7 +47,6 @@ from qitos.core.context import UnitCounter, unit_counter_for
 from qitos.core.request_view import CompactionReceipt, RequestView, projection_digest
 
 __all__ = [
-    "ContextFragment",
     "ContextPolicy",
     "ContextPolicyError",
     "ContextPolicyReceipt",
