@@ -57,10 +57,9 @@ if __name__ == "__main__":
 TEAM_MODULE = """
 from dataclasses import dataclass
 
-from qitos import Decision, Engine, compose
-from qitos.core._agent_module import AgentModule
+from qitos import AgentModule, Decision, Engine, compose
 from qitos.checkpoint import SqliteCheckpointStore
-from qitos.engine._handoff import Team, TeamState
+from qitos.engine import Team, TeamState
 
 
 class Greeter(AgentModule[TeamState, object, object]):

@@ -30,10 +30,15 @@ SCRIPT_ATTRIBUTE = "__qitos_script__"
 """Set on a module imported from a script's path: the absolute path its references name."""
 
 
-# Modules that became private (``pkg.mod`` -> ``pkg._mod``) after sessions had recorded them: a
-# stored ``agent``, ``agent_ref`` or state type may name the old path, and must keep loading.
 MOVED_MODULES: Mapping[str, str] = {
+    "qitos.core.state": "qitos.core._state",
+    "qitos.demo.notes_agent": "qitos.demo._notes_agent",
+    "qitos.engine.handoff": "qitos.engine._handoff",
+    "qitos.kit.agent": "qitos.kit._agent",
 }
+"""Modules that became private after sessions had recorded names in them (the agents and state
+types qitos defines: ``StateSchema``, the demo's ``NotesAgent``, ``Agent``, ``Team``). A stored
+``agent``, ``agent_ref`` or state type naming the old path loads from the new one."""
 
 
 def import_recorded(module_name: str) -> ModuleType:

@@ -32,6 +32,7 @@ from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
 from qitos.core._agent_module import AgentModule
 from qitos.core._codec import canonical_json, sha256_hex
 from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
+from qitos.engine._agent_ref import MOVED_MODULES
 from qitos.engine._composition import Composition, compose
 from qitos.engine._engine import Engine
 from qitos.engine._events import EngineEventType, EngineResult
@@ -135,7 +136,12 @@ def agent_reference(agent: Any) -> str:
     qualname = getattr(target, "__qualname__", None)
     if module is None or qualname is None:
         return repr(target)
-    return f"{module}:{qualname}"
+    # An eval pins its agent by this name: a qitos agent whose module became private keeps the
+    # name earlier evals pinned, so they resume instead of reporting a changed agent.
+    return f"{_RECORDED_AS.get(module, module)}:{qualname}"
+
+
+_RECORDED_AS = {new: old for old, new in MOVED_MODULES.items()}
 
 
 def _model_description(model: Any) -> Any:
