@@ -12,11 +12,15 @@ never pulls in ``httpx`` or ``cyllama``::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qitos.models._base import ModelAdapter, ModelResponse, ToolCall, Usage
 from qitos.models._function import FunctionModel
 from qitos.models._scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time they load on first access
+    from qitos.models._local import LocalModel
+    from qitos.models._openai_compat import OpenAICompatibleModel
 
 __all__ = [
     "FunctionModel",

@@ -10,11 +10,14 @@ the MCP toolset, which loads on first access because it needs the ``qitos-kernel
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qitos.core._tool import ToolRegistry, ToolResult, ToolSpec, tool
 from qitos.kit.tools._files import WorkspacePathError, workspace_tools
 from qitos.kit.tools._shell import shell_tool
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time they load on first access
+    from qitos.kit.tools._mcp import MCPConnectionError, MCPToolError, MCPToolset
 
 __all__ = [
     "MCPConnectionError",
