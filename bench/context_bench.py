@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/context_bench.py [--quick]
 
-Targets (issue 4): build <= 2 ms at 10k exchanges with a budget that forces omission; per-step
+Targets: build <= 2 ms at 10k exchanges with a budget that forces omission; per-step
 request cost flat across a 5,000-step run (last 100 steps vs first 100); memdir retrieve of 10k
 records <= 50 ms. The anchor measured side by side is the naive request builder that most
 frameworks use: re-serialise and re-count the whole history on every request.

@@ -28,7 +28,7 @@ The garbage collector stays on (its cost is part of a step) and each timed run s
 ``InMemorySpanExporter``, cleared after each run): the cost of a step span plus a tool span per step.
 The plain qitos line is the disabled path (no tracer provider), which must not change.
 
-Targets (issue 2): qitos <= 25 us/step; >= 10x less than LangGraph; qitos last 100 steps within
+Targets: qitos <= 25 us/step; >= 10x less than LangGraph; qitos last 100 steps within
 1.5x of the first 100.
 """
 
@@ -56,7 +56,7 @@ PAYLOAD = "0123456789abcdef"  # 16 bytes
 TARGET_US = 25.0
 TARGET_RATIO = 10.0
 TARGET_FLAT = 1.5
-IDLE_ANCHOR_US = 270.0  # LangGraph per-step cost measured on this machine when idle (issue 2)
+IDLE_ANCHOR_US = 270.0  # LangGraph per-step cost measured on this machine when idle
 
 # --------------------------------------------------------------------------- qitos side
 
@@ -326,7 +326,7 @@ def main() -> int:
         ratio = lg_us / q_us
         print(f"ratio LangGraph / qitos: {ratio:.1f}x")
         print(
-            f"(estimate only: at the anchor's idle-machine {IDLE_ANCHOR_US:g} us/step quoted in issue 2, this ratio "
+            f"(estimate only: at the anchor's idle-machine {IDLE_ANCHOR_US:g} us/step, this ratio "
             f"puts qitos at ~{IDLE_ANCHOR_US / ratio:.1f} us/step)"
         )
         checks.append((f">= {TARGET_RATIO:g}x less than LangGraph", ratio >= TARGET_RATIO, f"{ratio:.1f}x"))

@@ -7,8 +7,9 @@ Run: python approval_session.py
 # prints: completed: sent 'the report'
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from qitos import Action, AgentModule, Decision, StateSchema, compose, tool
+from qitos import Action, AgentModule, Decision, Observation, StateSchema, compose, tool
 from qitos.checkpoint import SqliteCheckpointStore
 
 
@@ -27,18 +28,18 @@ class SendState(StateSchema):
     sent: list[str] = field(default_factory=list)
 
 
-class Sender(AgentModule[SendState, object, Action]):
+class Sender(AgentModule[SendState, Observation, Action]):
     tools = (send,)
 
-    def init_state(self, task: str, **kwargs) -> SendState:
+    def init_state(self, task: str, **kwargs: Any) -> SendState:
         return SendState(task=task, max_steps=4)
 
-    def decide(self, state, observation):
+    def decide(self, state: SendState, observation: Observation) -> Decision[Action]:
         if state.sent:
             return Decision.final(state.sent[-1])
         return Decision.act([Action("send", {"text": state.task}, id="send-1")])
 
-    def reduce(self, state, observation, decision):
+    def reduce(self, state: SendState, observation: Observation, decision: Decision[Action]) -> SendState:
         state.sent.extend(result.as_text() for result in observation.results)
         return state
 
@@ -47,7 +48,9 @@ if __name__ == "__main__":
     composition = compose(agent=Sender, checkpoint_store=SqliteCheckpointStore("approvals.db"))
     session = composition.session("the report")
     print(session.run().state.stop_reason)  # awaiting_approval
-    (waiting,) = session.inspect().tool_batch.pending_approval
+    batch = session.inspect().tool_batch  # the step's tool calls, stopped at the one awaiting approval
+    assert batch is not None
+    (waiting,) = batch.pending_approval
     print(f"approve {waiting.tool}({waiting.args}) with: qitos sessions approve {session.session_id.value} "
           f"{waiting.call_id} --db approvals.db")
     again = composition.restore(session.session_id.value)  # as another process would

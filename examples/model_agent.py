@@ -6,6 +6,8 @@ Run: python model_agent.py
 """
 # prints: it is 21 degrees in Paris
 
+from typing import Any
+
 from qitos import AgentModule, Engine, StateSchema, tool
 from qitos.models import FunctionModel
 
@@ -23,17 +25,17 @@ def temperature(city: str) -> int:
 class WeatherAgent(AgentModule[StateSchema, object, object]):
     tools = (temperature,)
 
-    def init_state(self, task: str, **kwargs) -> StateSchema:
+    def init_state(self, task: str, **kwargs: Any) -> StateSchema:
         return StateSchema(task=task, max_steps=4)
 
-    def build_system_prompt(self, state):
+    def build_system_prompt(self, state: StateSchema) -> str:
         return "Answer weather questions with the temperature tool."
 
-    def reduce(self, state, observation, decision):
+    def reduce(self, state: StateSchema, observation: object, decision: object) -> StateSchema:
         return state
 
 
-def model(messages):
+def model(messages: list[dict[str, Any]]) -> str | dict[str, Any]:
     """Call the tool once, then answer from its result."""
     results = [m["content"] for m in messages if m["role"] == "tool"]
     if not results:

@@ -6,30 +6,32 @@ Run: python team_handoff.py
 """
 # prints: refund issued ['billing']
 
+from typing import Any
+
 from qitos import Action, AgentModule, Decision, compose
 from qitos.checkpoint import SqliteCheckpointStore
 from qitos.engine import Team, TeamState
 
 
 class Triage(AgentModule[TeamState, object, Action]):
-    def init_state(self, task, **kwargs):
+    def init_state(self, task: str, **kwargs: Any) -> TeamState:
         return TeamState(task=task, max_steps=6)
 
-    def decide(self, state, observation):
+    def decide(self, state: TeamState, observation: object) -> Decision[Action]:
         return Decision.act([Action("transfer_to_billing", {"reason": "a refund"})])
 
-    def reduce(self, state, observation, decision):
+    def reduce(self, state: TeamState, observation: object, decision: Decision[Action]) -> TeamState:
         return state
 
 
 class Billing(AgentModule[TeamState, object, Action]):
-    def init_state(self, task, **kwargs):
+    def init_state(self, task: str, **kwargs: Any) -> TeamState:
         return TeamState(task=task, max_steps=6)
 
-    def decide(self, state, observation):
+    def decide(self, state: TeamState, observation: object) -> Decision[Action]:
         return Decision.final("refund issued")
 
-    def reduce(self, state, observation, decision):
+    def reduce(self, state: TeamState, observation: object, decision: Decision[Action]) -> TeamState:
         return state
 
 

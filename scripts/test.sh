@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh machine, then run the whole suite:
-# ruff and mypy on src/, then pytest (including the tests marked slow).
+# ruff and mypy (scripts/check.sh), then pytest (including the tests marked slow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,6 +43,5 @@ fi
 # Byte-compile once: many tests start real subprocesses, and some machines set PYTHONDONTWRITEBYTECODE.
 .venv/bin/python -m compileall -q src tests >/dev/null
 
-.venv/bin/ruff check src tests bench
-.venv/bin/mypy
+bash scripts/check.sh
 .venv/bin/python -m pytest -q "$@"

@@ -85,7 +85,7 @@ def main() -> None:
     state = result.state
     outcome = {"stop_reason": state.stop_reason, "final_result": state.final_result}
     if args.typed:
-        output = state.output  # type: ignore[attr-defined]
+        output = state.output
         outcome["output_type"] = type(output).__qualname__
         outcome["output"] = [output.title, output.words] if isinstance(output, app.Note) else None
     print(json.dumps({**outcome, "state_type": type(state).__qualname__}))

@@ -1,4 +1,4 @@
-"""An agent and model that leak credentials everywhere a run can write them (issue 16).
+"""An agent and model that leak credentials everywhere a run can write them.
 
 Importable as ``secret_agents`` (``tests`` is on the import path), so the CLI and the viewer can
 restore its sessions by the ``module:qualname`` recorded in the store.

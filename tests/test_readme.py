@@ -5,7 +5,8 @@ Each document's blocks are extracted in order and run in one empty directory, th
 pastes them: python blocks as files run with ``python`` (``file=NAME`` in a
 ``<!-- readme-test: ... -->`` comment right above a block, ``<!-- docs-test: ... -->`` on a docs
 page, names its file, so later blocks can import it), bash blocks line by line (each a ``qitos``
-command). ``expect="TEXT"`` must appear in the block's output. ``server=openai`` starts a real
+command, or ``pytest`` on a page about testing). ``expect="TEXT"`` must appear in the block's
+output. ``server=openai`` starts a real
 OpenAI-compatible chat server on 127.0.0.1 for the block and points ``OPENAI_BASE_URL`` /
 ``OPENAI_API_KEY`` at it; ``server=otlp`` starts an OTLP/HTTP receiver on 127.0.0.1, sets
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` and checks that spans arrived; ``server=postgres`` sets
@@ -128,7 +129,7 @@ def run_blocks(name: str, blocks: list[Block], cwd: Path, *, postgres: str | Non
         else:
             lines = block.body.splitlines()
             for line in lines:
-                assert line.startswith("qitos "), f"{name} bash block {block.index}: not a qitos command: {line!r}"
+                assert line.startswith(("qitos ", "pytest ")), f"{name} bash block {block.index}: {line!r}"
             if server == "otlp":
                 with otlp_receiver() as receiver:
                     env = _env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
@@ -156,17 +157,29 @@ def test_every_block_of_a_docs_page_runs_as_written(page: Path, tmp_path: Path, 
         dsn = request.getfixturevalue("pg_dsn")
         schema = fresh_schema()
         postgres = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-        request.addfinalizer(lambda: (drop_schema(dsn, schema), drop_schema(dsn, f"{schema}_dbos")))
+        request.addfinalizer(lambda: drop_schema(dsn, schema))
+        request.addfinalizer(lambda: drop_schema(dsn, f"{schema}_dbos"))
     run_blocks(_page_id(page), blocks, tmp_path, postgres=postgres)
 
 
 @pytest.mark.parametrize(
-    "block",
-    [b for path in [README, *DOCS] for b in document_blocks(path) if b.lang == "python"],
-    ids=lambda b: f"block{b.index}",
+    "document", [p for p in [README, *DOCS] if any(b.lang == "python" for b in document_blocks(p))], ids=_page_id
 )
-def test_python_blocks_are_lint_clean_enough_to_paste(block: Block) -> None:
-    compile(block.body, f"block {block.index}", "exec")
+def test_python_blocks_pass_the_projects_linter(document: Path, tmp_path: Path) -> None:
+    """The python blocks, written out as the files a reader would paste, pass ``ruff check`` with the
+    project's own rules. Imports sort as in the repository's examples: the standard library, other
+    packages, qitos, then the reader's own files (the earlier blocks' ``file=NAME`` modules)."""
+    blocks = [b for b in document_blocks(document) if b.lang == "python"]
+    pytest.importorskip("ruff", reason="the dev extra installs ruff")
+    for block in blocks:
+        file_name = block.options.get("file", f"block_{block.index}.py")
+        (tmp_path / file_name).write_text(block.body + "\n", encoding="utf-8")
+    own = sorted(b.options["file"].removesuffix(".py") for b in blocks if "file" in b.options)
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml")]
+    command += ["--config", "lint.isort.known-first-party = ['qitos']"]
+    command += ["--config", f"lint.isort.known-local-folder = {own!r}", "."]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

@@ -1,5 +1,5 @@
-"""The code examples and signatures of seeds 002 (State and Task) and 004 (AgentModule, Engine, AsyncEngine),
-run as written."""
+"""The documented code examples and signatures of the core API (State and Task; AgentModule, Engine,
+AsyncEngine), run as written."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from qitos import (
 from qitos.engine._events import EngineEvent, EngineEventType, EventStream
 from qitos.models._scripted import ScriptedModel
 
-# --------------------------------------------------------------------------- seed 002
+# --------------------------------------------------------------------------- state and task
 
 
 @dataclass
@@ -115,7 +115,7 @@ def test_the_seed_task_runs_with_agent_run(tmp_path: Path) -> None:
     result = agent.run(task, return_state=True, trace=False, workspace=str(tmp_path))
     assert isinstance(result, EngineResult)
     assert result.state.final_result == "Done." and result.state.max_steps == 25
-    assert result.task_result.task_id == "research-001"
+    assert result.task_result is not None and result.task_result.task_id == "research-001"
     assert result.task_result.success_criteria == ("Summary covers abstract, methods, and conclusions",)
 
 
@@ -135,16 +135,16 @@ def test_task_budget_and_resource_examples() -> None:
 
 
 def test_the_four_decision_factories() -> None:
-    act = Decision.act(
+    act: Decision[Action] = Decision.act(
         actions=[Action(name="read_file", args={"path": "paper.pdf"})],
         rationale="Need to read the file before summarizing.",
     )
-    final = Decision.final(
+    final: Decision[Action] = Decision.final(
         answer="The paper proposes a novel attention mechanism that reduces memory usage by 40%.",
         rationale="Finished reading all sections.",
     )
-    wait = Decision.wait(rationale="Waiting for environment to reset.")
-    branch = Decision.branch(
+    wait: Decision[Action] = Decision.wait(rationale="Waiting for environment to reset.")
+    branch: Decision[Action] = Decision.branch(
         candidates=[
             Decision.act([Action(name="search", args={"query": "attention mechanism"})]),
             Decision.act([Action(name="read_file", args={"path": "intro.txt"})]),
@@ -154,7 +154,7 @@ def test_the_four_decision_factories() -> None:
     assert [d.mode for d in (act, final, wait, branch)] == ["act", "final", "wait", "branch"]
 
 
-# --------------------------------------------------------------------------- seed 004
+# --------------------------------------------------------------------------- agent and engine
 
 
 def test_agent_module_constructor_matches_the_seed() -> None:
@@ -208,7 +208,7 @@ SEED_RUN_PARAMETERS = [
 ]
 
 
-# Parameters qitos adds after the seed's, in order (each from an issue): otel (issue 18).
+# Parameters qitos adds after the documented ones, in order: otel, progress.
 ADDED_RUN_PARAMETERS = [("otel", None), ("progress", False)]
 
 

@@ -5,7 +5,7 @@ context management. Start with ``AgentModule`` and ``Engine``; ``compose`` gives
 
 The public surface, one obvious place per need:
 
-- ``qitos``: the seed's names (state, task, decision, agent, engine, tools, ``compose``) plus
+- ``qitos``: the kernel's names (state, task, decision, agent, engine, tools, ``compose``) plus
   ``Agent`` (the stock tool-calling agent, ``Agent(model, tools=[...], instructions="...")``),
   ``Observation`` (what ``reduce`` receives), ``RuntimeBudget`` (the engine's limits) and
   ``RunFailedError`` (what ``agent.run`` raises when a run fails);
@@ -14,8 +14,7 @@ The public surface, one obvious place per need:
 - ``qitos.checkpoint``: session stores (``SqliteCheckpointStore``, ``InMemoryCheckpointStore``);
 - ``qitos.tools``: ``tool``, ``ToolRegistry`` and the kit's file, shell and MCP tools.
 
-The module paths the seeds name (``qitos.core._state``, ``qitos.checkpoint.sqlite_store`` ...) keep
-working and hold the same objects.
+Each package's ``__init__`` is its face; modules named ``_name`` are internal.
 """
 
 from qitos.core._agent_module import AgentModule

@@ -5,6 +5,7 @@ Damage is done with plain ``sqlite3`` on the real file, as a disk error or a str
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sqlite3
 import threading
@@ -272,7 +273,7 @@ def test_an_interrupt_inside_a_transaction_rolls_it_back(db: Path) -> None:
     with SqliteCheckpointStore(db) as store:
         store.list_sessions()
 
-        def half_done(conn: sqlite3.Connection) -> None:
+        def half_done(conn: sqlite3.Cursor) -> None:
             conn.execute(
                 "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at) "
                 "VALUES ('half', 'x', 0, 'running', 'now')"
@@ -407,7 +408,7 @@ def test_a_chain_within_one_session_is_read_as_one_range_among_other_sessions_ro
             chain = store.load_chain(ids[name][-1])
             assert [s.snapshot_id for s in chain] == ids[name]
             assert chain[-1].payload == {"note": f"{name}20"}
-            _, walked = store._run(lambda cur, name=name: _chain_rows(cur, ids[name][-1]), write=False)
+            _, walked = store._run(functools.partial(_chain_rows, snapshot_id=ids[name][-1]), write=False)
             assert walked is False
         # A fork's chain crosses into its parent session: the recursive walk reads it.
         fork = SessionSnapshot.create(

@@ -1,4 +1,4 @@
-"""``SyncCheckpointStore``'s async twins run on one writer thread per store (issue 13)."""
+"""``SyncCheckpointStore``'s async twins run on one writer thread per store."""
 
 from __future__ import annotations
 

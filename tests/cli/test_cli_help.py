@@ -1,4 +1,4 @@
-"""Every command and group has help text, and ``--help`` works for each (STYLE practice 14)."""
+"""Every command and group has help text, and ``--help`` works for each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``qitos sessions show``/``list`` and CLI error lines never print a secret (issue 16)."""
+"""``qitos sessions show``/``list`` and CLI error lines never print a secret."""
 
 from __future__ import annotations
 

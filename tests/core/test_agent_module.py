@@ -1,4 +1,4 @@
-"""AgentModule (seed 004): its constructor parameters act or are refused; run() reports failures."""
+"""AgentModule: its constructor parameters act or are refused; run() reports failures."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_history_is_refused_rather_than_ignored() -> None:
 
 def test_memory_must_be_a_memory(tmp_path: Any) -> None:
     with pytest.raises(ConfigurationError, match="retrieve"):
-        ModelAgent(memory={"facts": 1})
+        ModelAgent(memory={"facts": 1})  # type: ignore[arg-type]
     assert ModelAgent(memory=MarkdownFileMemory(tmp_path / "m.md")).memory is not None
 
 

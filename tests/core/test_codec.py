@@ -301,7 +301,7 @@ def test_a_value_of_the_wrong_type_fails_when_encoded_not_when_restored(name: st
 
 
 def test_an_int_in_a_float_field_round_trips_as_an_equal_number() -> None:
-    back = TypedState.from_dict(TypedState(ratio=3).to_dict())  # type: ignore[arg-type]
+    back = TypedState.from_dict(TypedState(ratio=3).to_dict())
     assert back.ratio == 3.0 and type(back.ratio) is float
 
 
@@ -373,7 +373,7 @@ def test_a_long_list_of_scalars_decodes_to_a_copy_and_still_rejects_a_wrong_item
     assert decode_value(["x", 1], list[Any]) == ["x", 1]
 
 
-# --------------------------------------------------------------------------- bad input (issue 16)
+# --------------------------------------------------------------------------- bad input
 
 
 def test_canonical_json_escapes_lone_surrogates_so_the_text_encodes_and_reads_back_the_same() -> None:

@@ -1,4 +1,4 @@
-"""Decision and Action (seed 002): the four validating factories and their JSON form."""
+"""Decision and Action: the four validating factories and their JSON form."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from qitos.core._decision import DecisionError
 
 
 def test_act_example_from_the_seed() -> None:
-    decision = Decision.act(
+    decision: Decision[Action] = Decision.act(
         actions=[Action(name="read_file", args={"path": "paper.pdf"})],
         rationale="Need to read the file before summarizing.",
     )
@@ -19,7 +19,7 @@ def test_act_example_from_the_seed() -> None:
 
 
 def test_final_example_from_the_seed() -> None:
-    decision = Decision.final(
+    decision: Decision[Action] = Decision.final(
         answer="The paper proposes a novel attention mechanism that reduces memory usage by 40%.",
         rationale="Finished reading all sections.",
     )
@@ -29,12 +29,12 @@ def test_final_example_from_the_seed() -> None:
 
 
 def test_wait_example_from_the_seed() -> None:
-    decision = Decision.wait(rationale="Waiting for environment to reset.")
+    decision: Decision[Action] = Decision.wait(rationale="Waiting for environment to reset.")
     assert decision.mode == "wait" and decision.actions == () and decision.final_answer is None
 
 
 def test_branch_example_from_the_seed() -> None:
-    decision = Decision.branch(
+    decision: Decision[Action] = Decision.branch(
         candidates=[
             Decision.act([Action(name="search", args={"query": "attention mechanism"})]),
             Decision.act([Action(name="read_file", args={"path": "intro.txt"})]),
@@ -65,7 +65,7 @@ def test_branch_needs_at_least_one_candidate_decision() -> None:
     with pytest.raises(DecisionError, match="at least one candidate"):
         Decision.branch([])
     with pytest.raises(DecisionError, match="Decision"):
-        Decision.branch([Action(name="x")])  # type: ignore[list-item]
+        Decision.branch([Action(name="x")])  # type: ignore[arg-type]
 
 
 def test_decision_errors_are_value_errors() -> None:
@@ -90,7 +90,7 @@ def test_action_needs_a_name() -> None:
 
 
 def test_decisions_round_trip_through_their_dict_form() -> None:
-    original = Decision.branch(
+    original: Decision[Action] = Decision.branch(
         [
             Decision.act([Action("a", {"n": 1}, "c1"), Action("b", {}, "c2")], "why", meta={"k": "v"}),
             Decision.final("done"),

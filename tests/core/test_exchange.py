@@ -198,7 +198,9 @@ def test_the_hash_chain_holds_for_every_kind_of_tool_result_content() -> None:
     log = ExchangeLog()
     eid = log.open([{"role": "user", "content": 'quote " back\\slash\nnew line — ü \x01'}]).exchange_id
     contents: list[Any] = [None, "", 'a "quoted"\ttab', "naïve — 日本 \u2028", {"z": [1, 2.5], "a": None}, [True]]
-    calls = [{"id": f'call "{k}" ü', "name": "lookup", "arguments": {}} for k in range(len(contents))]
+    calls: list[dict[str, Any]] = [
+        {"id": f'call "{k}" ü', "name": "lookup", "arguments": {}} for k in range(len(contents))
+    ]
     log.record_output(eid, {"role": "assistant", "content": None, "tool_calls": calls})
     for call, content in zip(calls, contents, strict=True):
         log.record_tool_result(eid, call["id"], content)
@@ -286,7 +288,7 @@ def test_exchange_id_ranges_behave_like_tuples_of_ids() -> None:
     assert ids == expected and expected == ids and list(ids) == list(expected)
     assert ids != expected[:-1] and len(ids) == 4
     assert ids[0] == "ex-000003" and ids[-1] == "ex-000006" and ids[1:3] == expected[1:3]
-    assert "ex-000004" in ids and "ex-000002" not in ids and "ex-4" not in ids and 4 not in ids
+    assert "ex-000004" in ids and "ex-000002" not in ids and "ex-4" not in ids and 4 not in ids  # type: ignore[comparison-overlap]
     assert ids + ("x",) == (*expected, "x") and ("x",) + ids == ("x", *expected)  # noqa: RUF005
     assert hash(ids) == hash(expected)
     assert ExchangeIdRange(0, 0) == () and repr(ExchangeIdRange(0, 0)) == "()"

@@ -146,7 +146,7 @@ def test_omitted_exchanges_are_listed_in_the_receipt() -> None:
     (receipt,) = view.compaction_receipts
     assert receipt.input_exchange_ids == sel.omitted_exchange_ids
     assert sel.omitted_exchange_ids == tuple(f"ex-{i:06d}" for i in range(1, len(sel.omitted_exchange_ids) + 1))
-    assert sel.omitted_exchange_ids + sel.selected_exchange_ids == tuple(e.exchange_id for e in log.exchanges)
+    assert (*sel.omitted_exchange_ids, *sel.selected_exchange_ids) == tuple(e.exchange_id for e in log.exchanges)
     assert receipt.output_digest == projection_digest(view.selected_items_json)
     assert receipt.policy_id == "qitos.context.closed_exchange_window/v1"
     assert receipt.declared_losses and "without a summary" in receipt.declared_losses[0]
@@ -545,7 +545,7 @@ def test_property_a_view_fits_or_raises_and_never_breaks_the_rules(
     # Fits, and the reported units are what is sent.
     assert sel.selected_units == units_of(view) <= available
     # History is a contiguous suffix; omitted + selected = the whole log.
-    assert sel.omitted_exchange_ids + sel.selected_exchange_ids == all_ids
+    assert (*sel.omitted_exchange_ids, *sel.selected_exchange_ids) == all_ids
     # Protected exchanges are never omitted.
     assert set(sel.protected_exchange_ids) <= set(sel.selected_exchange_ids)
     assert len(sel.protected_exchange_ids) >= min(budget.protected_recent_exchanges, len(all_ids))

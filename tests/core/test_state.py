@@ -1,4 +1,4 @@
-"""StateSchema (seed 002): built-in fields, validation, set_stop, and incremental change tracking."""
+"""StateSchema: built-in fields, validation, set_stop, and incremental change tracking."""
 
 from __future__ import annotations
 
@@ -133,11 +133,11 @@ def test_stop_reason_is_a_str_enum_with_every_spec_value() -> None:
         "unrecoverable_error",
     }
     assert expected <= {r.value for r in StopReason}
-    assert StopReason.FINAL == "final" and isinstance(StopReason.FINAL, str)
+    assert StopReason.FINAL == "final" and isinstance(StopReason.FINAL, str)  # type: ignore[comparison-overlap]
 
 
 def test_running_out_of_steps_has_one_name_and_the_old_one_still_reads() -> None:
-    assert StopReason.BUDGET_STEPS is StopReason.MAX_STEPS_REACHED  # the name stays importable
+    assert StopReason.BUDGET_STEPS is StopReason.MAX_STEPS_REACHED  # type: ignore[comparison-overlap]  # the name stays importable
     assert "budget_steps" not in {r.value for r in StopReason}
     assert StopReason("budget_steps") is StopReason.MAX_STEPS_REACHED  # as earlier versions stored it
     state = StateSchema()
@@ -217,7 +217,7 @@ def test_changes_to_optional_containers_are_encoded_with_their_item_types() -> N
 def test_a_wrong_typed_item_fails_when_drained_naming_its_path() -> None:
     state = OptionalContainers(numbers=[1])
     state.drain_changes()
-    state.numbers.append("2")  # type: ignore[union-attr]
+    state.numbers.append("2")  # type: ignore[union-attr,arg-type]
     with pytest.raises(CodecError) as info:
         state.drain_changes()
     assert info.value.path == "state.numbers[1]"

@@ -1,4 +1,4 @@
-"""Task, TaskBudget and TaskResource (seed 002): fields, validation, resource checks."""
+"""Task, TaskBudget and TaskResource: fields, validation, resource checks."""
 
 from __future__ import annotations
 

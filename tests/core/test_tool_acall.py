@@ -1,4 +1,4 @@
-"""``ToolRegistry.acall`` makes exactly the checks ``call`` makes (issue 13): arguments, output cap,
+"""``ToolRegistry.acall`` makes exactly the checks ``call`` makes: arguments, output cap,
 output text form; an ``async def`` tool gets its schema like a sync one."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_acall_and_call_give_the_same_results_for_the_same_calls() -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as executor:
 
         async def main() -> list[tuple[object, ...]]:
-            out = []
+            out: list[tuple[object, ...]] = []
             for name, args in calls:
                 r = await registry.acall(name, args, call_id="c", executor=executor)
                 out.append((r.ok, r.error_kind, r.output, r.truncated, r.error))

@@ -337,7 +337,7 @@ def test_an_enum_parameter_with_a_hand_written_schema_still_rejects_unknown_valu
     assert result.error == "arguments.mode: 'fast' is not a valid Mode"
 
 
-# --------------------------------------------------------------------------- bad output and arguments (issue 16)
+# --------------------------------------------------------------------------- bad output and arguments
 
 
 def test_the_output_cap_applies_to_the_text_form_of_any_output() -> None:

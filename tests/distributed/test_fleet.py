@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, workers
@@ -205,7 +206,7 @@ def test_a_sigkilled_workers_sessions_finish_on_the_other_worker_nothing_lost_or
 ) -> None:
     side_log = tmp_path / "side.log"
     tasks = [f"kill-{n}" for n in range(6)]
-    options = {"concurrency": 8, "lease_ttl": 2.0, "step_sleep": 1.0}
+    options: dict[str, Any] = {"concurrency": 8, "lease_ttl": 2.0, "step_sleep": 1.0}
     procs = [start_worker(fleet_db, side_log, **options)]
     try:
         victim = procs[0]

@@ -52,7 +52,7 @@ def _memory(tmp_path: Path) -> MarkdownFileMemory:
 
 def test_agent_memory_is_recalled_into_every_request(tmp_path: Path) -> None:
     memory = _memory(tmp_path)
-    calls = [{"tool_calls": [{"name": "note", "arguments": {"text": "x"}}]}, "hello Ada"]
+    calls: list[str | dict[str, Any]] = [{"tool_calls": [{"name": "note", "arguments": {"text": "x"}}]}, "hello Ada"]
     model = ScriptedModel(calls)
     assert ModelAgent(model=model, memory=memory).run("greet me", trace=False) == "hello Ada"
     for view in model.requests:

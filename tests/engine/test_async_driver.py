@@ -1,4 +1,4 @@
-"""The async driver (issue 13): many runs on one event loop, awaited models and tools, a bounded
+"""The async driver: many runs on one event loop, awaited models and tools, a bounded
 executor for sync tools, cancellation of one run among many, backpressure on a slow stream consumer.
 """
 
@@ -292,7 +292,7 @@ def test_engine_cancel_reaches_every_run_in_progress(policy_agent: Any) -> None:
         runs = [asyncio.create_task(engine.arun("t")) for _ in range(5)]
         await asyncio.sleep(0.1)
         engine.engine.cancel()
-        return await asyncio.gather(*runs)
+        return list(await asyncio.gather(*runs))
 
     results = asyncio.run(main())
     assert [r.state.stop_reason for r in results] == ["cancelled"] * 5
@@ -353,7 +353,7 @@ def test_many_sessions_are_created_and_run_on_one_loop_with_asession_and_arun(tm
 
     async def main() -> list[Any]:
         sessions = await asyncio.gather(*(composition.asession(f"number {i}") for i in range(30)))
-        return await asyncio.gather(*(s.arun() for s in sessions))
+        return list(await asyncio.gather(*(s.arun() for s in sessions)))
 
     results = asyncio.run(main())
     assert [r.state.final_result for r in results] == [f"answer {2 * i}" for i in range(30)]
@@ -368,6 +368,7 @@ def test_the_async_session_controls_steer_pause_approve_and_inspect(tmp_path: Pa
         session = await composition.asession("Index notes", target=3)
         waiting = await session.arun()
         inspection = await session.ainspect()
+        assert inspection.tool_batch is not None
         (call,) = inspection.tool_batch.pending_approval
         await session.aapprove(call.call_id)
         await session.asteer("mind the tags")

@@ -1,4 +1,4 @@
-"""AsyncEngine (seed 004): arun, arun_stream, run, engine, agent, event_stream; event order always holds."""
+"""AsyncEngine: arun, arun_stream, run, engine, agent, event_stream; event order always holds."""
 
 from __future__ import annotations
 

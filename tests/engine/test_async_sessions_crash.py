@@ -1,6 +1,6 @@
 """Many sessions at once on one SQLite file through ``Session.arun``; the process is killed with
-kill -9 mid-run, then every session is restored and finished: nothing lost, nothing doubled
-(issue 13). The default version runs 20 sessions; the slow one the issue's 200.
+kill -9 mid-run, then every session is restored and finished: nothing lost, nothing doubled.
+The default version runs 20 sessions; the slow one 200.
 """
 
 from __future__ import annotations

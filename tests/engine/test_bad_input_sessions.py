@@ -1,4 +1,4 @@
-"""Bad input through a durable session on a real SQLite file (issue 16): text with lone surrogates,
+"""Bad input through a durable session on a real SQLite file: text with lone surrogates,
 cyclic or too deeply nested state, and outsized tool outputs end in clear results or CodecErrors,
 never a bare UnicodeEncodeError or RecursionError."""
 

@@ -22,6 +22,7 @@ import driven
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.engine._subagent import child_session_id
+from qitos.engine.session_runtime import restore_session
 from qitos.sessions.step_journal import restore as restore_chain
 from qitos.viewer._data import lineage
 from session_agents import subprocess_env
@@ -82,7 +83,7 @@ def test_a_second_run_of_a_finished_parent_does_not_run_the_child_again(tmp_path
     side = str(tmp_path / "side.log")
     parent = da.parent_engine(store, side).session("delegate once")
     driven.run(parent)
-    again = driven.run(da.restore_session(da.parent_engine(store, side), parent.session_id.value))
+    again = driven.run(restore_session(da.parent_engine(store, side), parent.session_id.value))
     assert again.state.final_result == "answer:sub"
     assert [e for e, _, _ in _side(side)].count("begin") == 5
     assert len(store.list_sessions()) == 2
@@ -146,7 +147,7 @@ def test_a_pause_of_the_parent_reaches_the_running_child(tmp_path: Path) -> None
     sid = parent.session_id.value
     proc = da.start_cli("run", "--db", db, "--session", sid, "--log", side, "--sleep", "0.2")
     _wait_for(lambda: len(_side(side)) >= 1 or proc.poll() is not None, "the child's first call")
-    da.restore_session(da.parent_engine(store, side), sid).pause()
+    restore_session(da.parent_engine(store, side), sid).pause()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert '"stop_reason": "paused"' in out
@@ -154,7 +155,7 @@ def test_a_pause_of_the_parent_reaches_the_running_child(tmp_path: Path) -> None
     assert child is not None and child.lifecycle == "paused"
     steps_before = [c for e, _, c in _side(side) if e == "end"]
     assert len(steps_before) < 5
-    resumed = da.restore_session(da.parent_engine(store, side), sid).run()
+    resumed = restore_session(da.parent_engine(store, side), sid).run()
     assert resumed.state.final_result == "answer:sub"
     assert sorted(c for e, _, c in _side(side) if e == "begin") == ["w0", "w1", "w2", "w3", "w4"]
 

@@ -84,7 +84,7 @@ def test_the_observation_of_one_step_is_given_to_the_next_decide(policy_agent: A
 
 
 def test_several_actions_run_in_order_in_one_step(policy_agent: Any) -> None:
-    decision = Decision.act(
+    decision: Decision[Action] = Decision.act(
         [Action("echo", {"text": "1"}), Action("echo", {"text": "2"}), Action("echo", {"text": "3"})]
     )
     result = driven.run(Engine(policy_agent(_scripted([decision]), tools=[echo])), "t")
@@ -93,7 +93,7 @@ def test_several_actions_run_in_order_in_one_step(policy_agent: Any) -> None:
 
 def test_tool_failures_become_observations_and_the_run_continues(policy_agent: Any) -> None:
     _release.clear()  # set by an earlier run of this test (the other driver)
-    decisions = [
+    decisions: list[Decision[Action]] = [
         Decision.act([Action("nope", {})]),
         Decision.act([Action("echo", {})]),
         Decision.act([Action("echo", {"text": "x", "loud": True})]),
@@ -136,7 +136,7 @@ def test_tool_failures_become_observations_and_the_run_continues(policy_agent: A
 
 
 def test_branch_resolves_to_the_first_candidate_by_default(policy_agent: Any) -> None:
-    branch = Decision.branch(
+    branch: Decision[Action] = Decision.branch(
         [Decision.act([Action("echo", {"text": "first"})]), Decision.act([Action("echo", {"text": "second"})])]
     )
     result = driven.run(Engine(policy_agent(_scripted([branch]), tools=[echo])), "t")
@@ -151,7 +151,9 @@ def test_a_custom_branch_selector_chooses(policy_agent: Any) -> None:
         def select(self, candidates: Sequence[Decision[Any]], state: Any) -> Decision[Any]:
             return candidates[-1]
 
-    branch = Decision.branch([Decision.act([Action("echo", {"text": "a"})]), Decision.final("picked the last")])
+    branch: Decision[Action] = Decision.branch(
+        [Decision.act([Action("echo", {"text": "a"})]), Decision.final("picked the last")]
+    )
     result = policy_agent(_scripted([branch]), tools=[echo]).run("t", return_state=True, search=Last(), trace=False)
     assert result.state.final_result == "picked the last" and result.state.log == []
 
@@ -209,7 +211,7 @@ def test_no_model_configured_is_a_clear_error(policy_agent: Any) -> None:
 
 
 def test_step_diffs_replay_to_the_final_state(policy_agent: Any) -> None:
-    decisions = [Decision.act([Action("echo", {"text": str(i)})]) for i in range(5)]
+    decisions: list[Decision[Action]] = [Decision.act([Action("echo", {"text": str(i)})]) for i in range(5)]
 
     def reduce(state: Any, observation: Any, decision: Any) -> Any:
         for output in observation.outputs:

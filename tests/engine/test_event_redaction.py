@@ -1,5 +1,5 @@
 """Events pass the redaction policy: the task's sk- key and the model's configured credentials never
-reach EngineResult.events, an on_event callback or a hook (issue 16)."""
+reach EngineResult.events, an on_event callback or a hook."""
 
 from __future__ import annotations
 

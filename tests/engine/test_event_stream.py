@@ -1,4 +1,4 @@
-"""EventStream (seed 004): thread-safe emit, fan-out subscribe, a slow consumer never blocks anyone."""
+"""EventStream: thread-safe emit, fan-out subscribe, a slow consumer never blocks anyone."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _event(i: int, kind: EngineEventType = EngineEventType.STEP_START) -> Engine
 
 
 async def _drain(queue: asyncio.Queue[Any]) -> list[EngineEvent]:
-    items = []
+    items: list[EngineEvent] = []
     while True:
         item = await queue.get()
         if item is None:
@@ -98,7 +98,12 @@ def test_emit_from_many_threads_delivers_every_event_in_per_thread_order() -> No
         workers = [threading.Thread(target=producer, args=(t,)) for t in range(threads_n)]
         for worker in workers:
             worker.start()
-        await asyncio.to_thread(lambda: [w.join() for w in workers])
+
+        def join_all() -> None:
+            for worker in workers:
+                worker.join()
+
+        await asyncio.to_thread(join_all)
         stream.close()
         return await _drain(queue)
 

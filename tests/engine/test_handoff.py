@@ -138,8 +138,12 @@ def test_the_exchange_log_continues_under_the_new_agents_instructions_and_tools(
 
 
 def test_max_handoffs_stops_a_loop() -> None:
-    bounce = [Decision.act([Action(name="transfer_to_b", args={}, id=f"x{i}")]) for i in range(3)]
-    back = [Decision.act([Action(name="look_up", args={"query": "q"}, id=f"l{i}")]) for i in range(3)]
+    bounce: list[Decision[Action]] = [
+        Decision.act([Action(name="transfer_to_b", args={}, id=f"x{i}")]) for i in range(3)
+    ]
+    back: list[Decision[Action]] = [
+        Decision.act([Action(name="look_up", args={"query": "q"}, id=f"l{i}")]) for i in range(3)
+    ]
     a = Member("a", [look_up], [bounce[0], bounce[1], bounce[2], Decision.final("a gave up")])
     b = Member(
         "b",

@@ -1,4 +1,4 @@
-"""The engine's modules import each other in one direction only, at the top (issue 13).
+"""The engine's modules import each other in one direction only, at the top.
 
 Read from the source with ``ast``: every import of a ``qitos`` module inside ``qitos.engine`` and
 ``qitos.sessions`` is a module-level one (none hidden in a function or behind TYPE_CHECKING), and

@@ -1,6 +1,6 @@
 """Crash safety of durable sessions: SIGKILL a real process mid-run, restore, and check the contract.
 
-SPEC section 3: committed steps are never lost nor applied twice; a restore continues the step in
+The contract: committed steps are never lost nor applied twice; a restore continues the step in
 progress from its pending writes; an interrupted tool call is re-run only if its tool is
 idempotent, otherwise reported to the agent as ``interrupted``; steering is taken exactly once.
 """

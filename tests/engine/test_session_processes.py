@@ -1,4 +1,4 @@
-"""Durable sessions across real processes sharing one SQLite file (SPEC section 3, seed 001).
+"""Durable sessions across real processes sharing one SQLite file.
 
 Each test starts ``python -m session_agents ...`` subprocesses (see ``session_agents.py``): a
 session started in one process is paused, approved or resumed in others.

@@ -1,4 +1,4 @@
-"""Durable sessions in one process, on real SQLite files (SPEC section 3, seed 001).
+"""Durable sessions in one process, on real SQLite files.
 
 Fork, retention, durability modes, integrity checks and storage growth. The cross-process and
 crash tests are in ``test_session_processes.py`` and ``test_session_crash.py``.
@@ -19,7 +19,9 @@ import pytest
 import driven
 import session_agents as sa
 from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.packing import unpack, zstd
+
+# the zstd module packing compresses with (the standard library's or its backport, whichever is present)
+from qitos.checkpoint.packing import unpack, zstd  # type: ignore[attr-defined]
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
 from qitos.core._agent_module import AgentModule

@@ -1,4 +1,4 @@
-"""Steering reaches the agent exactly once, also when the boundary that saw it stops (issue 12, item 4).
+"""Steering reaches the agent exactly once, also when the boundary that saw it stops.
 
 A steering item counts as consumed only when it is handed to ``decide``: a boundary that stops for a
 pause request, a lifecycle pause or a budget leaves it for the next run. Real SQLite files; every

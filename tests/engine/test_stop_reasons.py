@@ -116,7 +116,7 @@ def test_budget_tokens_counts_model_usage(policy_agent: Any) -> None:
 
 
 def test_agent_stop(policy_agent: Any) -> None:
-    class Stopper(policy_agent):  # type: ignore[misc,valid-type]
+    class Stopper(policy_agent):  # type: ignore[misc]
         def should_stop(self, state: Any) -> bool:
             return len(state.log) >= 2
 

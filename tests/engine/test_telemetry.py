@@ -70,7 +70,7 @@ def _parent(span: ReadableSpan) -> int | None:
 
 def _id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.span_id
+    return int(span.context.span_id)
 
 
 @tool

@@ -168,7 +168,7 @@ def test_cancelling_arun_keeps_a_call_that_finishes_meanwhile_and_leaves_a_queue
         while "begin A-0" not in ca.ledger(ledger):  # A's call holds the only thread
             await asyncio.sleep(0.005)
         tasks.append(asyncio.create_task(second.arun()))
-        return await _cancel_when(tasks, lambda: "decide B" in ca.ledger(ledger))
+        return list(await _cancel_when(tasks, lambda: "decide B" in ca.ledger(ledger)))
 
     outcomes = asyncio.run(main())
     composition.runtime.checkpoint_store.close()
@@ -192,7 +192,7 @@ def test_cancelling_arun_mid_batch_keeps_the_finished_calls_and_runs_the_waiting
     async def main() -> list[Any]:
         session = await composition.arestore(c)
         tasks = [asyncio.create_task(session.arun())]
-        return await _cancel_when(tasks, lambda: _begun(ledger) == Counter({"C-0": 1, "C-1": 1}))
+        return list(await _cancel_when(tasks, lambda: _begun(ledger) == Counter({"C-0": 1, "C-1": 1})))
 
     outcomes = asyncio.run(main())
     composition.runtime.checkpoint_store.close()
@@ -215,7 +215,7 @@ def test_cancelling_arun_during_an_async_tool_reports_it_interrupted_and_runs_no
     async def main() -> list[Any]:
         session = await composition.arestore(a)
         tasks = [asyncio.create_task(session.arun())]
-        return await _cancel_when(tasks, lambda: "begin A-0" in ca.ledger(ledger))
+        return list(await _cancel_when(tasks, lambda: "begin A-0" in ca.ledger(ledger)))
 
     outcomes = asyncio.run(main())
     composition.runtime.checkpoint_store.close()

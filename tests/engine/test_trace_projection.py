@@ -1,4 +1,4 @@
-"""The trace is a projection of what was committed (issue 12): ``steps.jsonl`` never runs ahead of
+"""The trace is a projection of what was committed: ``steps.jsonl`` never runs ahead of
 the store, and one step's line holds each tool result once. Real SQLite; both drivers.
 """
 

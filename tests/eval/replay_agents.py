@@ -13,7 +13,8 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from eval_agents import Upper, UpperState, add, lookup
 
@@ -34,7 +35,7 @@ def count(word: str) -> int:
 
 
 class Prompted(AgentModule[StateSchema, Any, Any]):
-    tools = (lookup, add)
+    tools: ClassVar[Sequence[Any]] = (lookup, add)
     prompt = PROMPT
 
     def init_state(self, task: str, **kwargs: Any) -> StateSchema:

@@ -75,7 +75,7 @@ def test_pass_at_k_from_epochs_is_the_unbiased_estimator(tmp_path: Path) -> None
         epochs=3,
         max_samples=1,
     )
-    passes = {}
+    passes: dict[str, list[Any]] = {}
     for sample in report.samples:
         passes.setdefault(sample.id, []).append(sample.scores["humaneval"]["value"])
     counts = sorted(sum(v) for v in passes.values())

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from chat_server import ScriptServer
 from eval_agents import RUNS_FILE
@@ -56,10 +57,11 @@ def _start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
-def _report(proc: subprocess.Popen[str]) -> dict[str, object]:
+def _report(proc: subprocess.Popen[str]) -> dict[str, Any]:
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return report
 
 
 def test_two_processes_running_one_eval_run_each_sample_once(tmp_path: Path) -> None:

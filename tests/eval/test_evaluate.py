@@ -131,7 +131,7 @@ def test_fail_on_error_as_a_count_and_as_a_share(tmp_path: Path) -> None:
     assert tolerant.status == "complete" and tolerant.failed == 4
     for bad in (0, -1, 1.0, 0.0, True, "2"):
         with pytest.raises(Exception, match="fail_on_error"):
-            evaluate(Upper, _data("x"), scorers=[scorers.exact()], store=str(tmp_path / "d.db"), fail_on_error=bad)
+            evaluate(Upper, _data("x"), scorers=[scorers.exact()], store=str(tmp_path / "d.db"), fail_on_error=bad)  # type: ignore[arg-type]
 
 
 def test_a_sample_past_its_timeout_fails_and_the_others_finish(tmp_path: Path) -> None:
@@ -301,7 +301,7 @@ def test_group_by_a_metadata_field(tmp_path: Path) -> None:
 
 def test_a_thousand_samples_with_a_scripted_model(tmp_path: Path) -> None:
     def reply(view: Any) -> str:
-        return view.messages()[-1]["content"].split()[-1]
+        return str(view.messages()[-1]["content"].split()[-1])
 
     from qitos.models import FunctionModel
 

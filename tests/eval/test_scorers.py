@@ -88,7 +88,7 @@ def test_code_takes_sync_and_async_functions() -> None:
     assert _score(scorers.code(judge), None, "x").value == 0.5
     assert scorers.code(judge).scorer_id == "code:judge" and scorers.code(judge, version="3").version == "3"
     with pytest.raises(ScoringError, match="returned str, not a Score"):
-        _score(scorers.code(lambda s, r: "nope"), None, "x")
+        _score(scorers.code(lambda s, r: "nope"), None, "x")  # type: ignore[arg-type,return-value]
     with pytest.raises(ScorerError, match="needs a callable"):
         scorers.code("not callable")  # type: ignore[arg-type]
 
@@ -135,7 +135,11 @@ def test_model_graded_records_its_judge_and_maps_grades() -> None:
 def test_a_judge_that_answers_garbage_is_a_scoring_error() -> None:
     for reply in ("I think it is fine.", "GRADE: maybe", ""):
         with pytest.raises(ScoringError, match="the judge's reply has no grade among"):
-            _score(scorers.model_graded(FunctionModel(lambda view, r=reply: r or " ")), "x", "y")
+
+            def judge(view: Any, r: str = reply) -> str:
+                return r or " "
+
+            _score(scorers.model_graded(FunctionModel(judge)), "x", "y")
     with pytest.raises(ScorerError, match=r"no \{answer\} slot"):
         scorers.model_graded(ScriptedModel([]), template="grade {input}")
     with pytest.raises(ScorerError, match="needs a model adapter"):

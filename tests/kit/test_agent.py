@@ -87,7 +87,7 @@ def test_memory_is_recalled_into_every_request(tmp_path: Path) -> None:
 
 
 def test_a_durable_session_is_steered_and_approved(tmp_path: Path) -> None:
-    script = [
+    script: list[str | dict[str, Any]] = [
         {"tool_calls": [{"id": "p1", "name": "publish", "arguments": {"title": "Notes"}}]},
         "Published the notes, briefly.",
     ]
@@ -140,7 +140,9 @@ def test_an_agent_instance_is_delegated_to_as_a_durable_child_session(tmp_path: 
     store = SqliteCheckpointStore(str(tmp_path / "team.db"))
     session = Engine(lead, checkpoint_store=store).session("Ask the researcher")
     assert session.run().state.final_result == "It is Paris."
-    [call] = session.inspect().work_graph["steps"][0]["tool_calls"]
+    work_graph = session.inspect().work_graph
+    assert work_graph is not None
+    [call] = work_graph["steps"][0]["tool_calls"]
     assert call["child"]["lifecycle"] == "completed"
     assert lead_model.requests[1].messages()[-1]["content"] == "Paris"
     store.close()
@@ -157,7 +159,7 @@ def refund(order: str) -> str:
 
 
 def test_stock_agents_are_team_members_and_the_team_survives_a_restore(tmp_path: Path) -> None:
-    script = [
+    script: list[str | dict[str, Any]] = [
         {"tool_calls": [{"id": "h1", "name": "transfer_to_billing", "arguments": {"reason": "a refund"}}]},
         {"tool_calls": [{"id": "r1", "name": "refund", "arguments": {"order": "A-7"}}]},
         "Refunded A-7.",
@@ -220,7 +222,7 @@ def test_bad_arguments_are_clear_errors() -> None:
     with pytest.raises(ConfigurationError, match="instructions must be a string"):
         Agent(None, instructions=["be brief"])  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="tools must be a list of tools"):
-        Agent(None, tools="word_count")  # type: ignore[arg-type]
+        Agent(None, tools="word_count")
     with pytest.raises(ConfigurationError, match="max_steps must be a positive int"):
         Agent(None, max_steps=0)
     with pytest.raises(ConfigurationError, match="llm must be a model adapter"):

@@ -67,8 +67,9 @@ def test_the_final_answer_is_a_validated_object_returned_typed() -> None:
         "Oslo?", trace=False, return_state=True
     )
     assert type(result.state) is typed_state(City) and issubclass(type(result.state), AgentState)
-    assert result.state.output == City("Oslo", 700000)
-    assert json.loads(result.state.final_result) == {"name": "Oslo", "population": 700000}
+    state: Any = result.state  # the typed state built for output_type
+    assert state.output == City("Oslo", 700000)
+    assert json.loads(state.final_result) == {"name": "Oslo", "population": 700000}
     assert result.records[-1].decision.meta == {"output": {"name": "Oslo", "population": 700000}}
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -96,14 +98,19 @@ def test_closed_window_compactor_declares_what_it_omits() -> None:
 def test_closed_window_compactor_is_stateless_and_a_zero_arg_factory() -> None:
     assert isinstance(ClosedExchangeWindowCompactor(), CompactionPolicy)
     assert ClosedExchangeWindowCompactor() == ClosedExchangeWindowCompactor()
-    kwargs = {"exchange_ids": ["ex-000001"], "selected_digest": "b" * 64, "required_units": 2, "available_units": 1}
+    kwargs: dict[str, Any] = {
+        "exchange_ids": ["ex-000001"],
+        "selected_digest": "b" * 64,
+        "required_units": 2,
+        "available_units": 1,
+    }
     assert ClosedExchangeWindowCompactor().compact(**kwargs) == ClosedExchangeWindowCompactor().compact(**kwargs)
 
 
 def test_a_200_step_conversation_under_a_small_budget_always_fits_with_receipts() -> None:
     log = ExchangeLog("long")
     compactor = ClosedExchangeWindowCompactor()
-    omitted_before: tuple[str, ...] = ()
+    omitted_before: Sequence[str] = ()
     for step in range(200):
         eid = log.open([{"role": "user", "content": f"step {step} " + "s" * 120}]).exchange_id
         view = RequestView.from_exchange_log(

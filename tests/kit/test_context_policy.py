@@ -1,4 +1,4 @@
-"""Declarative ContextPolicy (seed 003): validate, reduce and audit, with receipts and paths."""
+"""Declarative ContextPolicy: validate, reduce and audit, with receipts and paths."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_seed_validate_only_example() -> None:
 
 
 def test_seed_reduce_configuration_example() -> None:
-    policy = json.loads(json.dumps(SEED_REDUCE))
+    policy: dict[str, Any] = json.loads(json.dumps(SEED_REDUCE))
     receipt = validate_context_policy(policy, [], [])
     assert receipt.mode == "reduce"
     assert policy["steps"][0]["keepGroups"] == 2
@@ -98,7 +98,7 @@ def test_mapping_and_dataclass_forms_are_equivalent() -> None:
 
 
 def _bad(change: dict[str, Any], step_change: dict[str, Any] | None = None) -> dict[str, Any]:
-    policy = json.loads(json.dumps(SEED_REDUCE))
+    policy: dict[str, Any] = json.loads(json.dumps(SEED_REDUCE))
     policy.update(change)
     if step_change is not None:
         policy["steps"][0].update(step_change)
@@ -234,7 +234,7 @@ def test_reduce_effects_are_checked() -> None:
     msgs = before[1]["value"]["messages"]
 
     def with_messages(new: list[Any]) -> list[dict[str, Any]]:
-        after = json.loads(json.dumps(before))
+        after: list[dict[str, Any]] = json.loads(json.dumps(before))
         after[1]["value"]["messages"] = new
         return after
 

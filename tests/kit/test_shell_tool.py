@@ -59,7 +59,7 @@ def test_shell_syntax_is_passed_literally_not_interpreted(tmp_path: Path) -> Non
     ],
 )
 def test_injection_attempts_run_one_program_with_literal_arguments(tmp_path: Path, command: str) -> None:
-    """Regression (issue 16): none of these reaches a shell, so no file is ever created."""
+    """Regression: none of these reaches a shell, so no file is ever created."""
     registry = ToolRegistry([shell_tool(cwd=tmp_path, allow=True)])
     output = run(registry, command)
     assert output.startswith("exit code: 0\n") and not (tmp_path / "pwned").exists()

@@ -205,7 +205,7 @@ def test_a_plain_answer_has_text_a_finish_reason_and_the_servers_usage(llama_ser
 
 def test_native_tool_calls_over_several_turns(llama_server: LlamaCppServer) -> None:
     # Every turn after the first sends the assistant's tool-call message back: with content null,
-    # this server answers 500 (the bug of issue 15); with "" it answers.
+    # this server answers 500; with "" it answers.
     model = model_for(llama_server)
     log, exchange_id = fresh_log()
 
@@ -229,7 +229,7 @@ def test_the_server_rejects_null_assistant_content_which_is_why_qitos_sends_an_e
     llama_server: LlamaCppServer,
 ) -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
-    body = {
+    body: dict[str, Any] = {
         "model": "smollm2-135m",
         "max_tokens": 8,
         "messages": [
@@ -357,7 +357,9 @@ def test_a_token_budget_stops_a_streamed_run_although_the_server_reports_no_usag
 
     assert result.state.stop_reason == StopReason.BUDGET_TOKENS.value
     assert result.step_count == 1
-    usage = result.records[0].model["response"]["usage"]
+    model = result.records[0].model
+    assert model is not None
+    usage = model["response"]["usage"]
     assert usage["estimated"] is True and usage["input_tokens"] > 5
 
 
@@ -385,12 +387,13 @@ def test_a_typed_answer_from_the_server_is_a_validated_object(llama_server: Llam
         model = model_for(llama_server, max_tokens=48, response_format="json_object")
         engine = Engine(Agent(model, instructions="Give the two numbers as JSON.", output_type=Pair, max_steps=3))
     result = engine.run("The numbers are 2 and 3.")
+    state: Any = result.state  # the typed state built for output_type
 
     assert result.state.stop_reason == StopReason.FINAL.value, [r.decision.meta for r in result.records]
-    assert isinstance(result.state.output, Pair)
-    assert json.loads(result.state.final_result) == {
-        "first": result.state.output.first,
-        "second": result.state.output.second,
+    assert isinstance(state.output, Pair)
+    assert json.loads(state.final_result) == {
+        "first": state.output.first,
+        "second": state.output.second,
     }
 
 
@@ -400,5 +403,7 @@ def test_token_counts_against_this_server_are_labelled_estimates(
     # SmolLM2's tokenizer is not cl100k: the request view's counts say they are an estimate, by which tokenizer.
     agent = policy_agent(lambda state, obs: None, llm=model_for(llama_server, extra_body={"stop": ["\n"]}))
     result = Engine(agent).run("Say hello.")
-    units = result.records[0].request_view["units"]
+    request_view = result.records[0].request_view
+    assert request_view is not None
+    units = request_view["units"]
     assert units["estimated"] is True and units["tokenizer"] == "cl100k_base"

@@ -21,7 +21,7 @@ from qitos.kit.parsers._base import ParseError
 from qitos.kit.parsers._native import decision_from_tool_calls
 from qitos.models import _local as local_module
 
-ADD = {
+ADD: dict[str, Any] = {
     "name": "add",
     "description": "Add two integers.",
     "parameters": {
@@ -31,7 +31,7 @@ ADD = {
         "additionalProperties": False,
     },
 }
-FORECAST = {
+FORECAST: dict[str, Any] = {
     "name": "forecast",
     "description": "Weather forecast for a city.",
     "parameters": {
@@ -98,7 +98,7 @@ def test_a_missing_cyllama_raises_an_import_error_naming_the_extra(monkeypatch: 
 
 
 def test_the_conversation_is_rendered_for_a_small_chat_model() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "developer", "content": "Use tools."},
         {"role": "user", "content": "What is 2 + 3?"},
@@ -126,7 +126,7 @@ CALL_ARGS = {"a": 1, "b": 2}
 
 
 def test_only_a_repeat_of_an_answered_call_counts_as_a_repeat() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "t"},
         {
             "role": "assistant",

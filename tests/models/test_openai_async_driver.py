@@ -1,4 +1,4 @@
-"""OpenAICompatibleModel under the async driver (issue 13): streamed deltas become ``model_delta``
+"""OpenAICompatibleModel under the async driver: streamed deltas become ``model_delta``
 events in order and a retry is a ``model_retry`` event before them. A real chat-completions server
 on 127.0.0.1.
 """

@@ -431,7 +431,7 @@ def test_a_tool_choice_naming_the_final_answer_becomes_none_with_a_response_form
         "tools" not in payload and "tool_choice" not in payload and payload["response_format"]["type"] == "json_schema"
     )
     with pytest.raises(ConfigurationError, match="response_format must be 'json_schema', 'json_object' or None"):
-        model_for(server, response_format="xml")  # type: ignore[arg-type]
+        model_for(server, response_format="xml")
 
 
 # --------------------------------------------------------------------------- credentials
@@ -695,11 +695,11 @@ def test_developer_messages_go_out_in_the_configured_role_and_the_target_is_decl
     assert model.url == "http://127.0.0.1:9/v1/chat/completions"
 
 
-# --------------------------------------------------------------------------- issue 15: real-server compatibility
+# --------------------------------------------------------------------------- real-server compatibility
 
 
 def test_an_assistant_tool_call_message_is_sent_with_empty_content_not_null() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "add"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 1}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "1"},
@@ -839,7 +839,9 @@ def test_the_request_views_token_counts_say_whether_they_are_the_models_own(
     server.push(json_reply(completion("hello", model="smollm2-135m")))
     model = model_for(server, max_input_units=2048, tokenizer=tokenizer)
     result = Engine(policy_agent(lambda state, obs: None, llm=model)).run("Say hello.")
-    units = result.records[0].request_view["units"]
+    request_view = result.records[0].request_view
+    assert request_view is not None
+    units = request_view["units"]
     assert units["counter"] == ["tokens", "cl100k_base"] and units["tokenizer"] == "cl100k_base"
     assert units["estimated"] is estimated
     assert model.describe()["tokenizer"] == tokenizer

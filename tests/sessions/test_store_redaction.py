@@ -1,4 +1,4 @@
-"""Nothing a session writes to its store holds a secret (issue 16): the task's sk- key and the model's
+"""Nothing a session writes to its store holds a secret: the task's sk- key and the model's
 configured credentials are redacted in the task metadata, the state, pending writes (decision, tool
 arguments, tool error text), the exchange log and the request view, and the session still restores."""
 

@@ -237,7 +237,8 @@ def test_the_reader_reads_runs_back(policy_agent: Any, tmp_path: Path) -> None:
     assert [r.run_id for r in runs] == [second.run_id, first.run_id]  # newest first
     trace = open_run(first.run_dir)
     assert trace.run_id == first.run_id
-    assert len(trace.steps()) == 3 and trace.step(1)["step_id"] == 1 and trace.step(9) is None
+    step = trace.step(1)
+    assert len(trace.steps()) == 3 and step is not None and step["step_id"] == 1 and trace.step(9) is None
     assert trace.events()[-1]["payload"]["stop_reason"] == "final"
 
 
@@ -265,4 +266,5 @@ def test_the_reader_tolerates_a_torn_last_line_but_not_a_broken_middle_line(tmp_
 
 def test_engine_trace_logdir_writes_without_agent_run(policy_agent: Any, tmp_path: Path) -> None:
     result = Engine(policy_agent(two_notes, tools=[note]), trace_logdir=str(tmp_path)).run("t")
+    assert result.run_dir is not None
     assert open_run(result.run_dir).manifest()["status"] == "completed"

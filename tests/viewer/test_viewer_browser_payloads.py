@@ -1,5 +1,5 @@
 """Script payloads stored in sessions render as text on the viewer's pages, in a real headless
-browser (regression for issue 16's 9 pages x 8 payloads), over the store of ``hostile_support``."""
+browser (every page x every payload), over the store of ``hostile_support``."""
 
 from __future__ import annotations
 
@@ -37,7 +37,12 @@ def tab(hostile_viewer: tuple[ViewerServer, dict[str, str]]) -> Iterator[tuple[A
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         page = context.new_page()
         page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-        page.on("dialog", lambda dialog: (problems.append(f"dialog: {dialog.message}"), dialog.dismiss()))
+
+        def on_dialog(dialog: Any) -> None:
+            problems.append(f"dialog: {dialog.message}")
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
         page.set_default_timeout(10_000)
         yield page, problems
         context.close()

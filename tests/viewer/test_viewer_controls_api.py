@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from controls_support import control_items, lifecycle, make_session, post
@@ -149,7 +150,7 @@ def test_resume_says_what_to_run_when_the_record_cannot_rebuild_the_agent(base: 
     assert f"qitos sessions resume {session_id} --db {base / 'sessions.db'} --agent FACTORY" in body["command"]
 
 
-def _get(viewer: ViewerServer, path: str) -> tuple[int, dict[str, str], dict[str, object]]:
+def _get(viewer: ViewerServer, path: str) -> tuple[int, dict[str, str], dict[str, Any]]:
     from viewer_support import get
 
     status, headers, body = get(viewer, path)
@@ -166,4 +167,4 @@ def test_the_empty_boards_command_runs_as_shown_and_fills_the_board(base: Path) 
         sh(runs["demo_command"], base)
         _, _, runs = _get(srv, "/api/runs")
         _, _, sessions = _get(srv, "/api/sessions")
-        assert len(runs["runs"]) == 1 and len(sessions["sessions"]) == 1  # type: ignore[arg-type]
+        assert len(runs["runs"]) == 1 and len(sessions["sessions"]) == 1

@@ -19,8 +19,8 @@ if str(EVAL_TESTS) not in sys.path:
     sys.path.insert(0, str(EVAL_TESTS))
 
 from replay_agents import Prompted, Reworded  # noqa: E402
-from test_viewer_browser import CHROMIUM, _open, _shot, browser, page, problems  # noqa: E402, F401
-from viewer_support import get  # noqa: E402
+from test_viewer_browser import _open, _shot, browser, page, problems  # noqa: E402, F401
+from viewer_support import CHROMIUM, get  # noqa: E402
 
 from qitos.eval import Dataset, Sample, evaluate, scorers  # noqa: E402
 from qitos.models import FunctionModel  # noqa: E402

@@ -1,4 +1,4 @@
-"""Hostile input against the viewer (issue 16): no secret in any session view, traversal URLs never
+"""Hostile input against the viewer: no secret in any session view, traversal URLs never
 reach a file, and script payloads come back as inert JSON data (regressions of what held)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``SqliteCheckpointStore``: the checkpoint store in one SQLite file, safe for many processes.
 
-Design (STYLE practice 6, SPEC sections 3 and 7):
+Design (many processes may share the file; a commit is atomic and a crash loses nothing committed):
 
 - stdlib ``sqlite3``; one connection per store per process, opened lazily, shared by threads
   behind a ``threading.Lock`` and re-opened in a child after ``fork()`` (a connection inherited

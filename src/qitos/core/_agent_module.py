@@ -1,4 +1,4 @@
-"""``AgentModule`` (seed 004): the policy layer of an agent.
+"""``AgentModule``: the policy layer of an agent.
 
 Subclass it, implement ``init_state`` and ``reduce``, and optionally ``decide``,
 ``build_system_prompt``, ``prepare`` and ``should_stop``. The engine owns the loop.
@@ -44,8 +44,8 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
     Args:
         tool_registry: the tools the agent may call: a ``ToolRegistry`` or a sequence of tools
             (None: the class's ``tools``, by default none).
-        llm: the model used when ``decide`` returns None (the model path); seed 004's name, an alias
-            of ``model=``. Stored as ``self.llm``. A model adapter, or a plain function
+        llm: the model used when ``decide`` returns None (the model path); the original name, an
+            alias of ``model=``. Stored as ``self.llm``. A model adapter, or a plain function
             ``messages -> text | ModelResponse`` (the engine wraps it as a
             ``qitos.models._function.FunctionModel``); anything else raises ConfigurationError.
         model_parser: a text protocol parser turning model text into a ``Decision``.
@@ -76,9 +76,9 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         history: Any = None,
         **config: Any,
     ) -> None:
-        model = config.pop("model", None)  # the canonical name; the seed's signature keeps llm=
+        model = config.pop("model", None)  # the canonical name; llm= stays for code written against it
         if model is not None and llm is not None and model is not llm:
-            raise ConfigurationError("pass the agent's model once: model= (llm= is seed 004's alias for it)")
+            raise ConfigurationError("pass the agent's model once: model= (llm= is an alias for it)")
         self.tool_registry: ToolRegistry = _registry(tool_registry, type(self).tools)
         llm = llm if llm is not None else model
         usable = callable(llm) or callable(getattr(llm, "complete", None))
@@ -175,7 +175,7 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         text stream given), rendered from the run's events (``qitos.engine._progress``).
         ``state_kwargs`` go to ``init_state``.
         """
-        # The one place core reaches up to the engine: the convenience entry point of seed 004.
+        # The one place core reaches up to the engine: ``agent.run`` is the convenience entry point.
         engine_module = importlib.import_module("qitos.engine._engine")
         kwargs: dict[str, Any] = dict(engine_kwargs or {})
         all_hooks = [*(hooks or []), *(render_hooks or [])]

@@ -1,4 +1,4 @@
-"""Decisions (seed 002): what the agent wants to do next, and what it then observed.
+"""Decisions: what the agent wants to do next, and what it then observed.
 
 Build decisions with the factories ``Decision.act/final/wait/branch``; they validate their inputs.
 """

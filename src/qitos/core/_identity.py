@@ -1,4 +1,4 @@
-"""Typed identities (seed 001): sessions, runs, agents, snapshots, work items and attempts.
+"""Typed identities: sessions, runs, agents, snapshots, work items and attempts.
 
 Each is its own frozen type with a ``.value`` string, so a run id can never be passed where a
 session id is expected. ``new()`` makes a fresh random identity with a readable prefix;

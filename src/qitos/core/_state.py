@@ -1,4 +1,4 @@
-"""Typed agent state (seed 002): ``StateSchema``, ``StopReason`` and incremental change tracking.
+"""Typed agent state: ``StateSchema``, ``StopReason`` and incremental change tracking.
 
 A ``StateSchema`` records which fields changed since the last :meth:`StateSchema.drain_changes`.
 Lists and dicts assigned to a field are adopted as tracked containers: appending to a list or
@@ -276,7 +276,7 @@ class StateSchema:
     task: str = ""
     current_step: int = 0
     max_steps: int = 10
-    final_result: Optional[str] = None  # noqa: UP045 - the seed spells the field this way
+    final_result: Optional[str] = None  # noqa: UP045 - spelled as the state's documented fields are
     stop_reason: Optional[str] = None  # noqa: UP045
     metadata: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)

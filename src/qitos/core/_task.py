@@ -1,4 +1,4 @@
-"""Tasks (seed 002): ``Task``, ``TaskBudget``, ``TaskResource``, ``EnvSpec``, ``Env`` and ``TaskResult``."""
+"""Tasks: ``Task``, ``TaskBudget``, ``TaskResource``, ``EnvSpec``, ``Env`` and ``TaskResult``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Context contributions, their selection, budgets and unit counters (seed 000).
+"""Context contributions, their selection, budgets and unit counters.
 
 Context is request *input* with identity, provenance, a budget and loss semantics. It is data:
 selecting a contribution grants no tool permission. Contributors are consulted per request and

@@ -1,4 +1,4 @@
-"""Memory contracts (seed 000): ``MemoryRecord``, the ``Memory`` protocol, ``MemoryResourceError``.
+"""Memory contracts: ``MemoryRecord``, the ``Memory`` protocol, ``MemoryResourceError``.
 
 Memory is an *input to context*, never a checkpoint store: a memory source is recalled into a
 request through a context contributor (``qitos.kit.memory.adapter.MemorySourceAdapter``), and what

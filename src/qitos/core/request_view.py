@@ -1,4 +1,4 @@
-"""RequestView: one immutable, deterministic, provider-neutral model request (seed 000, SPEC §4).
+"""RequestView: one immutable, deterministic, provider-neutral model request.
 
 ``RequestView.from_exchange_log(log, ...)`` builds the request a model adapter sends:
 

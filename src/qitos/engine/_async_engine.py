@@ -1,4 +1,4 @@
-"""``AsyncEngine`` (seed 004): the same loop, driven on the event loop by the async driver.
+"""``AsyncEngine``: the same loop, driven on the event loop by the async driver.
 
 ``arun`` awaits the run on the caller's event loop: the model's ``acomplete`` is awaited, ``async
 def`` tools are awaited on the loop, sync tools run in a bounded executor of ``tool_workers``

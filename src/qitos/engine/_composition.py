@@ -138,7 +138,7 @@ def compose(
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
 
     ``checkpoint_store`` is where sessions are stored (the name ``Engine(checkpoint_store=)`` and
-    ``composition.runtime.checkpoint_store`` use); ``store`` is the same parameter under SPEC's short
+    ``composition.runtime.checkpoint_store`` use); ``store`` is the same parameter under a short
     name (give one of them). It defaults to an in-process ``InMemoryCheckpointStore``; text names one
     (a SQLite file path, ``sqlite:///path`` or a ``postgresql://`` DSN; see ``qitos.checkpoint.targets``).
     ``durability`` is ``"sync"``

@@ -1,6 +1,6 @@
 """Effects: what the I/O-free loop asks its driver to do, and how each driver does it.
 
-The canonical loop (``qitos.engine._engine``) is a generator. Where it needs the outside world it
+The canonical loop (``qitos.engine._loop``) is a generator. Where it needs the outside world it
 yields one effect and receives the effect's result (or has the effect's exception thrown in at the
 same point). Each effect knows how to perform itself both ways:
 

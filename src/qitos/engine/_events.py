@@ -37,7 +37,7 @@ _now = time.time
 
 
 class EngineEventType(StrEnum):
-    """Kinds of engine events (seed 004 plus model_delta, pause, steer, compaction, checkpoint).
+    """Kinds of engine events.
 
     ``model_request`` and ``model_response`` bracket each model call of the model path (the
     response event has ``ok=False`` and ``error`` when the call raised).
@@ -153,7 +153,8 @@ class EngineEvent(_EngineEventFields):
 
 
 RuntimeEvent = EngineEvent
-"""Seed 004 names the events in ``EngineResult.events`` ``RuntimeEvent``; they are EngineEvents."""
+"""The older name of the events in ``EngineResult.events``, kept so code written against it runs; they are
+EngineEvents."""
 
 
 @dataclass(slots=True)

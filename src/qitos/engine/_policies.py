@@ -21,7 +21,7 @@ __all__ = [
 
 @runtime_checkable
 class BranchSelector(Protocol):
-    """Resolves a ``branch`` decision to one of its candidates (seed 004's ``search``)."""
+    """Resolves a ``branch`` decision to one of its candidates: the search step of a run."""
 
     def select(self, candidates: Sequence[Decision[Any]], state: Any) -> Decision[Any]:
         """The chosen candidate."""

@@ -6,7 +6,7 @@ as such (a durable run's journal persists what a restore needs). It depends on n
 sessions' journal seam, events and the trace writer, so every engine module can import it without
 importing each other:
 
-- the loop (``qitos.engine._engine``) creates it, advances it step by step and finishes it;
+- the loop (``qitos.engine._loop``) creates it, advances it step by step and finishes it;
 - the model path (``qitos.engine._model_path``) reads the task, state, steering and exchange log from
   it and records the log it builds there;
 - the drivers (``qitos.engine._drivers``) set its cancellation flags when the awaiting task is

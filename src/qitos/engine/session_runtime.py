@@ -1,4 +1,4 @@
-"""Durable sessions (seed 001): ``Session``, its receipts and inspection, and the store-backed journal.
+"""Durable sessions: ``Session``, its receipts and inspection, and the store-backed journal.
 
 A Session is a durable identity; each ``run()`` is a new Run through the one Engine loop; each
 committed boundary is an immutable snapshot whose id is the SHA-256 of its content.

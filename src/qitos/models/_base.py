@@ -19,7 +19,7 @@ e.g. ``("model_retry", {"attempt": 1, "max_retries": 3, "delay_s": 0.42, "reason
 "status_code": 429})``. Payloads are JSON-native and never contain credentials. A listener that
 raises propagates its exception to the caller of ``complete``; keep listeners trivial.
 
-Network guard (STYLE practice 10): adapters that reach a real service call
+Network guard (a test suite must never reach a paid service by accident): adapters that reach a real service call
 :func:`check_allow_model_requests` first; tests set ``qitos.models._base.ALLOW_MODEL_REQUESTS =
 False`` to make any accidental network call fail loudly. Loopback test servers are still
 "model requests": a test that talks to one flips the flag back on for its duration.

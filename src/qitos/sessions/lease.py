@@ -1,6 +1,6 @@
 """``LeaseKeeper``: a run's hold on its session's lease, from the first boundary to the last.
 
-A session has one owner at a time (SPEC section 3). ``Session.run`` takes the store's lease
+A session has one owner at a time, so a step never runs twice at once. ``Session.run`` takes the store's lease
 (:meth:`~qitos.checkpoint.store.CheckpointStore.acquire_lease`) before anything executes, so a second
 runner gets :class:`~qitos.core._errors.SessionBusyError` and runs nothing. While the run goes on the
 keeper renews the lease: whenever the journal touches the store and a third of the lease has passed,

@@ -1,6 +1,6 @@
 """Compaction policies: how a request may lose old exchanges, with a receipt for every loss.
 
-``ClosedExchangeWindowCompactor`` (seed 000) authorizes omitting the oldest eligible closed
+``ClosedExchangeWindowCompactor`` authorizes omitting the oldest eligible closed
 exchanges *without* a summary and declares that loss. ``SummaryCompactor`` replaces them with a
 model-written summary and declares what was summarized and by which model.
 

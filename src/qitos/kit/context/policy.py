@@ -1,6 +1,6 @@
-"""Declarative context policy (seed 003): ``validate``, ``reduce`` and ``audit``, ported to Python.
+"""Declarative context policy: ``validate``, ``reduce`` and ``audit``, a policy written as data.
 
-A policy is a plain mapping with the TypeScript keys (camelCase), or the equivalent dataclasses::
+A policy is a plain mapping with camelCase keys (its JSON form), or the equivalent dataclasses::
 
     {"mode": "validate"}
     {"mode": "reduce", "triggerChars": 1800, "targetInputChars": 1500,
