@@ -268,6 +268,8 @@ SURFACE = {
         "restore",
     ],
     "qitos.sessions.stored_view": ["view_from_record", "view_record"],
+    "qitos.testing": ["CheckpointStoreConformance"],
+    "qitos.testing.conformance": ["CheckpointStoreConformance"],
     "qitos.tools": [
         "MCPConnectionError",
         "MCPToolError",
@@ -317,12 +319,14 @@ def _public_modules() -> dict[str, Path]:
 
 def _declared_all(path: Path) -> list[str] | None:
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
         if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-            assert node.value is not None
-            return list(ast.literal_eval(node.value))
+            return list(ast.literal_eval(value))
     return None
 
 

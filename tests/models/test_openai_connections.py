@@ -79,4 +79,4 @@ def test_a_server_that_always_throttles_still_fails_once_at_one_request() -> Non
 def test_bad_max_connections_are_refused() -> None:
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ConfigurationError, match="max_connections must be an int >= 1"):
-            OpenAICompatibleModel("m", base_url="http://127.0.0.1:1/v1", max_connections=bad)
+            OpenAICompatibleModel("m", base_url="http://127.0.0.1:1/v1", max_connections=bad)  # type: ignore[arg-type]
