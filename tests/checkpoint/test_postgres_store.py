@@ -407,13 +407,14 @@ def test_a_version_1_schema_loses_the_unused_writes_index_and_keeps_its_rows(pg_
                               key="c1", payload={"text": "kept"})  # fmt: skip
             store.put_writes([write])
         assert _sql(pg_dsn, indexes) == [("writes_pkey",)]
-        # The schema as version 1 left it: the index back, no record of version 2.
+        # The schema as version 1 left it: the index back, no tally, no record of versions 2 and 3.
         _sql(pg_dsn, f'CREATE INDEX writes_base ON "{schema}".writes (base_snapshot_id)')
-        _sql(pg_dsn, f'DELETE FROM "{schema}".schema_version WHERE version = 2')
+        _sql(pg_dsn, f'ALTER TABLE "{schema}".heads DROP COLUMN writes_count, DROP COLUMN writes_digest')
+        _sql(pg_dsn, f'DELETE FROM "{schema}".schema_version WHERE version >= 2')
         with PostgresCheckpointStore(pg_dsn, schema=schema) as store:
             assert [w.payload for w in store.get_writes("s", head.snapshot_id)] == [{"text": "kept"}]
         assert sorted(_sql(pg_dsn, indexes)) == [("writes_pkey",)]
-        assert _sql(pg_dsn, f'SELECT version FROM "{schema}".schema_version ORDER BY version') == [(1,), (2,)]
+        assert _sql(pg_dsn, f'SELECT version FROM "{schema}".schema_version ORDER BY version') == [(1,), (2,), (3,)]
     finally:
         drop_schema(pg_dsn, schema)
 

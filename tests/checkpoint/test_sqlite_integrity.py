@@ -258,7 +258,7 @@ def test_a_missing_directory_raises_naming_the_path(tmp_path: Path) -> None:
 def test_synchronous_modes_are_applied_and_bad_options_refused(db: Path) -> None:
     for mode, level in [("NORMAL", 1), ("FULL", 2)]:
         with SqliteCheckpointStore(db, synchronous=mode) as store:  # type: ignore[arg-type]
-            assert store._run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0], write=False) == level
+            assert store._read(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0]) == level
     with pytest.raises(ConfigurationError, match="synchronous"):
         SqliteCheckpointStore(db, synchronous="OFF")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="busy_timeout_ms"):
@@ -281,7 +281,7 @@ def test_an_interrupt_inside_a_transaction_rolls_it_back(db: Path) -> None:
             raise KeyboardInterrupt
 
         with pytest.raises(KeyboardInterrupt):
-            store._run(half_done, write=True)
+            store._write(half_done)
         assert store.get_session_head("half") is None
         _session(store, steps=1)  # the connection is usable afterwards
         assert [h.session_id for h in store.list_sessions()] == ["s"]
@@ -408,7 +408,7 @@ def test_a_chain_within_one_session_is_read_as_one_range_among_other_sessions_ro
             chain = store.load_chain(ids[name][-1])
             assert [s.snapshot_id for s in chain] == ids[name]
             assert chain[-1].payload == {"note": f"{name}20"}
-            _, walked = store._run(functools.partial(_chain_rows, snapshot_id=ids[name][-1]), write=False)
+            _, walked = store._read(functools.partial(_chain_rows, snapshot_id=ids[name][-1]))
             assert walked is False
         # A fork's chain crosses into its parent session: the recursive walk reads it.
         fork = SessionSnapshot.create(
@@ -417,7 +417,7 @@ def test_a_chain_within_one_session_is_read_as_one_range_among_other_sessions_ro
         store.commit_session_snapshot(
             SessionSnapshotCommit(session_id="fork", expected_head=None, snapshot=fork, lifecycle="running")
         )
-        rows, walked = store._run(lambda cur: _chain_rows(cur, fork.snapshot_id), write=False)
+        rows, walked = store._read(lambda cur: _chain_rows(cur, fork.snapshot_id))
         assert walked is True and len(rows) == 7
         assert [s.snapshot_id for s in store.load_chain(fork.snapshot_id)] == [*ids["a"][:6], fork.snapshot_id]
 

@@ -38,7 +38,7 @@ def _begun(side_dir: Path) -> int:
     return sum(1 for log in side_dir.glob("ses*.log") for event, _, _ in sa.read_side_log(log) if event == "begin")
 
 
-def _kill_mid_run_then_finish(tmp_path: Path, count: int, target: int) -> None:
+def _created(tmp_path: Path, count: int, target: int) -> tuple[str, Path, list[str]]:
     db, side_dir = str(tmp_path / "sessions.db"), tmp_path / "side"
     side_dir.mkdir()
     creator = _script("create", db, str(side_dir), str(count), str(target))
@@ -46,7 +46,11 @@ def _kill_mid_run_then_finish(tmp_path: Path, count: int, target: int) -> None:
     assert creator.returncode == 0, err
     ids = json.loads(out)
     assert len(ids) == count
+    return db, side_dir, ids
 
+
+def _kill_mid_run_then_finish(tmp_path: Path, count: int, target: int) -> None:
+    db, side_dir, ids = _created(tmp_path, count, target)
     total_calls = count * target * 2
     runner = _script("run", db, str(side_dir))
     deadline = time.monotonic() + 120
@@ -57,7 +61,11 @@ def _kill_mid_run_then_finish(tmp_path: Path, count: int, target: int) -> None:
     runner.send_signal(signal.SIGKILL)
     runner.wait(30)
     assert _begun(side_dir) < total_calls  # killed mid-run
+    _finish_and_check(db, side_dir, ids, target)
 
+
+def _finish_and_check(db: str, side_dir: Path, ids: list[str], target: int) -> None:
+    """Restore and finish every session, then check each one's state and side-effect ledger."""
     finisher = _script("run", db, str(side_dir))
     out, err = finisher.communicate(timeout=300)
     assert finisher.returncode == 0, err
@@ -79,6 +87,20 @@ def _kill_mid_run_then_finish(tmp_path: Path, count: int, target: int) -> None:
             assert begins[call] <= 1, (sid, call, log)
             if ends[call] == 0:
                 assert call in interrupted, (sid, call, state["observed"])
+
+
+def test_a_kill_inside_a_group_commit_of_hundreds_of_sessions_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    """300 sessions in flight; the process kills itself in the middle of a group transaction holding
+    at least 150 of their writes (commits and tool starts), after the 150th. Nothing of that group
+    was acknowledged, so no session went on past it: every session restores, finishes once, and no
+    non-idempotent call ran twice."""
+    count, target = 300, 3
+    db, side_dir, ids = _created(tmp_path, count, target)
+    runner = _script("run", db, str(side_dir), "150")
+    _, err = runner.communicate(timeout=300)
+    assert runner.returncode == -signal.SIGKILL, err  # it died inside a group
+    assert _begun(side_dir) < count * target * 2
+    _finish_and_check(db, side_dir, ids, target)
 
 
 def test_twenty_concurrent_async_sessions_survive_kill_9_and_finish_once(tmp_path: Path) -> None:

@@ -319,6 +319,42 @@ def test_a_model_step_killed_mid_tool_resumes_without_a_second_model_call(tmp_pa
     assert any("interrupted" in str(m.get("content")) for m in tool_messages), tool_messages
 
 
+def test_a_model_step_killed_inside_an_idempotent_call_runs_that_call_again(tmp_path: Path) -> None:
+    # The model chose step 2's calls; the non-idempotent one finished, then the process died inside
+    # the idempotent one. Restored, that call runs again (only a started non-idempotent call is
+    # reported interrupted) and the finished one's recorded result is reused.
+    db, side, marker = str(tmp_path / "s.db"), str(tmp_path / "side.log"), str(tmp_path / "hang")
+    script = sa.model_script(5)
+    composition = sa.make_composition(db, side, agent="model", model=ScriptedModel(script))
+    sid = composition.session("Index notes", target=5).session_id.value
+    proc = sa.start_cli(
+        "run", "--db", db, "--log", side, "--session", sid, "--target", "5", "--hang-at", "2", "--hang-marker",
+        marker, "--hang-tool", "index_note", "--agent", "model",
+    )  # fmt: skip
+    _wait_for(lambda: os.path.exists(marker) or proc.poll() is not None, "the hang marker")
+    _kill(proc)
+    assert ("end", "index_note", "s2-index") not in sa.read_side_log(side)
+
+    model = ScriptedModel(script[3:])  # responses 0-2 were used by the killed process
+    result = sa.make_composition(db, side, agent="model", model=model).restore(sid).run()
+
+    assert result.state.stop_reason == "final", result.task_result
+    assert result.state.steps_done == list(range(5))
+    assert len(model.requests) == 3  # step 2 was not decided again
+    by_call = {o["call"]: o for o in result.state.observed}
+    assert by_call["s2-index"] == {"call": "s2-index", "tool": "index_note", "ok": True, "error_kind": None}
+    assert by_call["s2-append"]["ok"] is True
+    side_log = sa.read_side_log(side)
+    assert side_log.count(("begin", "index_note", "s2-index")) == 2
+    assert side_log.count(("end", "index_note", "s2-index")) == 1
+    assert side_log.count(("begin", "append_note", "s2-append")) == 1
+    tool_messages = [m for m in model.requests[0].messages() if m.get("role") == "tool"]
+    assert [m["content"] for m in tool_messages if m["tool_call_id"].startswith("s2-")] == [
+        "noted 16 chars at step 2",
+        "indexed through step 2",
+    ]
+
+
 # --------------------------------------------------------------------------- steering across a crash
 
 

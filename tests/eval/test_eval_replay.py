@@ -6,6 +6,7 @@ counts every request it answers: "no model call" is what the server saw.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from chat_server import ScriptServer
 from replay_agents import Prompted, Reworded, ToolsChanged
 
+from qitos.checkpoint.packing import pack_or_raw, unpack
 from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.eval import Dataset, EvalChangedError, ReplaySourceError, Sample, evaluate, open_eval_store, scorers
 from qitos.eval._recording import recorded_calls
@@ -360,13 +362,16 @@ def test_a_damaged_recording_fails_its_sample_with_an_integrity_error_naming_the
     live = _live(db, server)
     damaged = live.samples[1].session_id
     with sqlite3.connect(db) as conn:
+        # the snapshot that committed the first step keeps its model call in the step's summary
         rows = conn.execute(
-            "SELECT rowid, payload FROM writes WHERE session_id = ? AND kind = 'decision' ORDER BY step_id", (damaged,)
+            "SELECT snapshot_id, encoding, payload FROM snapshots WHERE session_id = ? ORDER BY sequence", (damaged,)
         ).fetchall()
-        rowid, payload = rows[0]
-        text = bytes(payload).decode() if isinstance(payload, bytes | memoryview) else str(payload)
-        assert '"lookup"' in text
-        conn.execute("UPDATE writes SET payload = ? WHERE rowid = ?", (text.replace('"lookup"', '"remove"'), rowid))
+        texts = {sid: unpack(payload).decode() if encoding == "zstd" else payload for sid, encoding, payload in rows}
+        snapshot_id = next(sid for sid, text in texts.items() if '"model":' in text and '"lookup"' in text)
+        encoding = next(e for sid, e, _ in rows if sid == snapshot_id)
+        text = texts[snapshot_id].replace('"lookup"', '"remove"')
+        stored = pack_or_raw(text.encode()) if encoding == "zstd" else text
+        conn.execute("UPDATE snapshots SET payload = ? WHERE snapshot_id = ?", (stored, snapshot_id))
     report = evaluate(
         Prompted,
         _data(),
@@ -380,8 +385,7 @@ def test_a_damaged_recording_fails_its_sample_with_an_integrity_error_naming_the
     assert server.calls == 9  # the damaged sample got no reply at all: not a wrong one, not a live one
     by_id = {s.id: s for s in report.samples}
     error = by_id["s1"].error
-    assert error is not None and "IntegrityError" in error and "writes" in error and "decision/decision" in error
-    assert damaged in error
+    assert error is not None and "IntegrityError" in error and f"snapshots row {snapshot_id}" in error
     assert by_id["s0"].error is None and by_id["s2"].error is None  # the others went on
 
 
@@ -412,6 +416,62 @@ def test_bad_replay_arguments_are_refused(tmp_path: Path) -> None:
         evaluate(Prompted, _data(), scorers=[scorers.exact()], store=db, replay="x", on_divergence="ignore")
     with pytest.raises(ConfigurationError, match="replay= names an earlier eval"):
         evaluate(Prompted, _data(), scorers=[scorers.exact()], store=db, replay="")
+
+
+# An eval written before a step's summary held its model call (schema 3, by main at 7b6cfe3): its
+# calls are in its decision writes, which the migration keeps.
+OLD_EVAL = Path(__file__).with_name("golden") / "replay_schema3.db"
+
+
+def test_an_eval_stored_before_step_summaries_held_model_calls_replays_from_its_kept_writes(
+    tmp_path: Path, server: ScriptServer
+) -> None:
+    db = tmp_path / "old.db"
+    shutil.copyfile(OLD_EVAL, db)
+    report = evaluate(
+        Prompted, _data(), scorers=[scorers.exact()], model=_model(server), store=str(db), name="again", replay="live"
+    )
+    assert server.calls == 0  # every reply came from the old recording
+    assert [(s.id, s.answer, s.steps, s.divergence) for s in report.samples] == [
+        (f"s{i}", w.upper(), 3, None) for i, w in enumerate(WORDS)
+    ]
+    assert _recorded(db, "live") == {sid: [None] * 3 for sid in ("s0", "s1", "s2")}
+    with sqlite3.connect(db) as conn:  # the old rows were kept; the new eval's steps wrote none that stayed
+        kinds = conn.execute("SELECT kind, COUNT(*) FROM writes GROUP BY kind ORDER BY kind").fetchall()
+    assert kinds == [("decision", 9), ("tool_started", 3)]
+
+
+def test_a_damaged_decision_write_of_an_old_eval_fails_its_sample_naming_the_row(
+    tmp_path: Path, server: ScriptServer
+) -> None:
+    db = tmp_path / "old.db"
+    shutil.copyfile(OLD_EVAL, db)
+    with sqlite3.connect(db) as conn:
+        damaged, text = conn.execute(
+            "SELECT session_id, payload FROM writes WHERE kind = 'decision' AND step_id = 0"
+            ' AND payload LIKE \'%"word":"beta"%\''  # sample s1's first call
+        ).fetchone()
+        assert '"lookup"' in text
+        conn.execute(
+            "UPDATE writes SET payload = ? WHERE session_id = ? AND kind = 'decision' AND step_id = 0",
+            (text.replace('"lookup"', '"remove"'), damaged),
+        )
+    report = evaluate(
+        Prompted,
+        _data(),
+        scorers=[scorers.exact()],
+        model=_model(server),
+        store=str(db),
+        name="replayed",
+        replay="live",
+        on_divergence="live",
+    )
+    assert server.calls == 0  # the damaged sample got no reply at all: not a wrong one, not a live one
+    by_id = {s.id: s for s in report.samples}
+    error = by_id["s1"].error
+    assert error is not None and "IntegrityError" in error and "writes" in error and "decision/decision" in error
+    assert damaged in error
+    assert by_id["s0"].error is None and by_id["s2"].error is None
 
 
 def test_a_replay_killed_midway_resumes_where_its_sample_stood(tmp_path: Path, server: ScriptServer) -> None:
@@ -462,7 +522,7 @@ def _replied(store: SqliteCheckpointStore, sessions: list[str]) -> int:
     return sum(len(recorded_calls(store, s)) for s in sessions if store.get_session_head(s) is not None)
 
 
-def test_a_replay_cancelled_midway_diverges_where_the_cancelled_call_got_no_result(
+def test_a_replay_cancelled_midway_runs_the_cancelled_idempotent_call_again_and_does_not_diverge(
     tmp_path: Path, server: ScriptServer
 ) -> None:
     import asyncio
@@ -494,10 +554,9 @@ def test_a_replay_cancelled_midway_diverges_where_the_cancelled_call_got_no_resu
         LOOKUP_GATE.set()
     report = evaluate(SlowPrompted, _data(), **options)
     assert server.calls == 9 and report.status == "complete"
-    # a cancelled step's call is answered "interrupted" on resume: the next request is not the recorded one
-    for sample in report.samples:
-        divergence = sample.divergence
-        assert divergence is not None and (divergence["step"], divergence["call"]) == (1, 2)
-        change = divergence["diff"]["message"]
-        assert change["role"] == "tool" and change["now"].startswith("ERROR (interrupted)")
-        assert change["recorded"] == f"{sample.answer.split()[0].lower()}:{len(sample.answer.split()[0])}"
+    # the cancelled step's call (idempotent) runs again on resume and its result reaches the model: the
+    # next request is the recorded one (it carries the lookup's result), so nothing diverges
+    assert [(s.id, s.answer, s.divergence) for s in report.samples] == [
+        (f"s{i}", w.upper(), None) for i, w in enumerate(WORDS)
+    ]
+    assert _recorded(db, "cancelled") == {sid: ["replay"] * 3 for sid in ("s0", "s1", "s2")}

@@ -20,6 +20,7 @@ from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
 from qitos.core._codec import canonical_json
 from qitos.core._errors import CodecError, SnapshotIntegrityError
+from qitos.models._base import ModelResponse
 from qitos.models._scripted import ScriptedModel
 from qitos.sessions.journal import PendingStep
 from qitos.sessions.payload import (
@@ -64,6 +65,11 @@ def test_a_base_and_a_delta_round_trip_through_bytes() -> None:
         log=LogMark(log_id="log-1", position=6, digest="e" * 64, chunk="f" * 64),
         steps=(
             StepSummary(step_id=3, mode="act", calls=(CallSummary(call_id="c1", tool="t", ok=False, error_kind="x"),)),
+            StepSummary(
+                step_id=4,
+                mode="final",
+                model={"request_id": "r1", "request_digest": "9" * 64, "response": {"content": "done"}},
+            ),
         ),
         fork_of=ForkOrigin(session_id="ses_a", snapshot_id="1" * 64),
     )
@@ -161,3 +167,26 @@ def test_a_stored_payload_that_is_not_a_session_payload_is_reported_naming_its_s
         driven.run(composition.restore(sid))
     assert caught.value.snapshot_id == alien.snapshot_id and caught.value.session_id == sid
     assert store.get_snapshot(head.snapshot_id).snapshot_id == head.snapshot_id  # nothing else was touched
+
+
+def test_a_model_decided_step_keeps_its_model_call_in_its_summary_once_its_writes_are_gone(tmp_path: Path) -> None:
+    db, side = str(tmp_path / "s.db"), str(tmp_path / "side.log")
+    script = sa.model_script(3)
+    composition = sa.make_composition(db, side, agent="model", model=ScriptedModel(script))
+    session = composition.session("Index notes", target=3)
+    driven.run(session)
+    store = composition.runtime.checkpoint_store
+    assert isinstance(store, SqliteCheckpointStore)
+    session_id = session.session_id.value
+    assert all(store.get_writes(session_id, s) == [] for s in store.list_session_snapshots(session_id))
+    steps = sorted(
+        (s for snap in _all_payloads(store) for s in SnapshotPayload.of(snap).steps), key=lambda s: s.step_id
+    )
+    assert [s.step_id for s in steps] == [0, 1, 2, 3]
+    for step, reply in zip(steps, script, strict=True):
+        assert step.model is not None and len(step.model["request_digest"]) == 64
+        response = ModelResponse.from_dict(step.model["response"])
+        if isinstance(reply, str):
+            assert response.text == reply
+        else:
+            assert [c.id for c in response.tool_calls] == [c["id"] for c in reply["tool_calls"]]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +64,27 @@ class Scripted(AgentModule[StateSchema, Any, Action]):
 
 
 def _writes_by_step(tmp_path: Path, calls: list[str]) -> list[list[tuple[str, str]]]:
-    store = SqliteCheckpointStore(tmp_path / "s.db")
+    """Every pending write the run made, by the step (base snapshot) it was made in, in write order.
+
+    The commit that ends a step deletes its writes, so a trigger copies each one as it is stored.
+    """
+    db = tmp_path / "s.db"
+    store = SqliteCheckpointStore(db)
+    store.list_sessions()  # the file and its schema
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE seen (base TEXT, kind TEXT, key TEXT)")
+        con.execute(
+            "CREATE TRIGGER see AFTER INSERT ON writes BEGIN"
+            " INSERT INTO seen VALUES (NEW.base_snapshot_id, NEW.kind, NEW.key); END"
+        )
     session = compose(lambda: Scripted(calls), store).session("go")
     assert session.run().state.final_result == "done"
     chain = list(reversed(store.list_session_snapshots(session.session_id.value)))
-    out = [[(w.kind, w.key) for w in store.get_writes(session.session_id.value, base)] for base in chain[:3]]
     store.close()
-    return out
+    with sqlite3.connect(db) as con:
+        seen = con.execute("SELECT base, kind, key FROM seen ORDER BY rowid").fetchall()
+        assert con.execute("SELECT COUNT(*) FROM writes").fetchone() == (0,)  # each ended with its step
+    return [[(kind, key) for b, kind, key in seen if b == base] for base in chain[:3]]
 
 
 def test_one_non_idempotent_call_writes_its_start_with_the_decision_and_no_separate_result(tmp_path: Path) -> None:

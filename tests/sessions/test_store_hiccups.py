@@ -128,7 +128,8 @@ def test_a_store_failure_mid_step_leaves_the_session_to_resume_instead_of_markin
 
     composition = ca.charge_composition(store, str(ledger), after_begin=cut)
     session = composition.session("A", calls=2)
-    with pytest.raises(CheckpointError, match="terminating connection"):
+    # the server's message, or the client's when a pipelined group meets the closed connection first
+    with pytest.raises(CheckpointError, match=r"terminating connection|server closed the connection"):
         session.run() if driver == "run" else asyncio.run(session.arun())
     assert store.get_session_head(session.session_id.value).lifecycle != "failed"  # type: ignore[union-attr]
 

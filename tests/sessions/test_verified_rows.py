@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import session_agents as sa
+from pg_server import drop_schema, fresh_schema
 from qitos.core._errors import IntegrityError
 
 Flip = Callable[[bytes], bytes]
@@ -32,9 +33,11 @@ def _flip_one_byte(index: int, new: int) -> Flip:
     return flip
 
 
-def _killed_mid_step(tmp_path: Path) -> tuple[str, str, str]:
-    """A session killed inside step 2's second tool call (index_note), after append_note's result."""
-    db, side, marker = str(tmp_path / "s.db"), str(tmp_path / "side.log"), str(tmp_path / "hang")
+def _killed_mid_step(tmp_path: Path, db: str | None = None) -> tuple[str, str, str]:
+    """A session killed inside step 2's second tool call (index_note), after append_note's result
+    (in a SQLite file, or in the store ``db`` names)."""
+    side, marker = str(tmp_path / "side.log"), str(tmp_path / "hang")
+    db = db or str(tmp_path / "s.db")
     composition = sa.make_composition(db, side)
     session = composition.session("Index notes", target=4)
     sid = session.session_id.value
@@ -183,3 +186,93 @@ def test_a_lost_steering_item_is_reported_missing_not_skipped(killed: tuple[str,
         composition.runtime.checkpoint_store.list_control(sid)
     assert (caught.value.table, caught.value.row, caught.value.session_id) == ("control", "1", sid)
     assert "missing" in composition.restore(sid).inspect().snapshot_integrity
+
+
+# --------------------------------------------------------------------------- the key columns of a pending write
+# A pending write is found by its key (session, base snapshot); a row whose key was altered is not
+# found at all, so its own digest cannot speak for it. The head's tally of its step's writes does.
+
+
+@pytest.mark.parametrize("column", ["base_snapshot_id", "session_id"])
+def test_one_changed_character_in_a_pending_writes_key_is_detected_and_no_call_runs_twice(
+    killed: tuple[str, str, str], column: str
+) -> None:
+    db, side, sid = killed
+    select, update, params = _write_row("s2-append", "tool_started")
+    # "ses_..." becomes "sesZ...", a hex snapshot id gets a "Z": the start of s2-append would vanish.
+    _rewrite(db, select.format(col=column), update.format(col=column), params, _flip_one_byte(3, ord("Z")))
+    _check_detected(db, side, sid, "writes", "step on")
+
+
+def test_a_lost_pending_write_is_reported_missing_not_taken_for_a_call_that_never_started(
+    killed: tuple[str, str, str],
+) -> None:
+    db, side, sid = killed
+    with sqlite3.connect(db) as con:  # as a damaged page or a rolled-back log loses the row holding it
+        assert con.execute("DELETE FROM writes WHERE kind = 'tool_started' AND key = 's2-append'").rowcount == 1
+    _check_detected(db, side, sid, "writes", "step on")
+    inspection = sa.make_composition(db, side).restore(sid).inspect()
+    assert "records 3 pending write(s) of its unfinished step, 2 are stored" in inspection.snapshot_integrity
+
+
+def test_a_damaged_tally_in_the_head_row_is_detected(killed: tuple[str, str, str]) -> None:
+    db, side, sid = killed
+    with sqlite3.connect(db) as con:
+        assert con.execute("UPDATE heads SET writes_count = 2 WHERE session_id = ?", (sid,)).rowcount == 1
+    _check_detected(db, side, sid, "writes", "step on")
+
+
+def test_a_finished_step_leaves_no_pending_writes_behind(killed: tuple[str, str, str]) -> None:
+    db, side, sid = killed
+    composition = sa.make_composition(db, side)
+    composition.restore(sid).run()
+    composition.runtime.checkpoint_store.close()
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM writes").fetchone() == (0,)
+        assert con.execute("SELECT writes_count, writes_digest FROM heads").fetchall() == [(0, "")]
+
+
+@pytest.mark.parametrize("column", ["base_snapshot_id", "session_id"])
+def test_on_postgresql_a_changed_key_of_a_pending_write_is_detected_and_no_call_runs_twice(
+    tmp_path: Path, pg_dsn: str, column: str
+) -> None:
+    import psycopg
+
+    schema = fresh_schema()
+    db = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
+    try:
+        _, side, sid = _killed_mid_step(tmp_path, db)
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            where = f'FROM "{schema}".writes WHERE kind = %s AND key = %s'
+            row = con.execute(f"SELECT {column} {where}", ("tool_started", "s2-append")).fetchone()
+            assert row is not None
+            (value,) = row
+            changed = value[:3] + "Z" + value[4:]
+            updated = con.execute(f'UPDATE "{schema}".writes SET {column} = %s WHERE kind = %s AND key = %s',
+                                  (changed, "tool_started", "s2-append"))  # fmt: skip
+            assert updated.rowcount == 1
+        _check_detected(db, side, sid, "writes", "step on")
+    finally:
+        drop_schema(pg_dsn, schema)
+
+
+def test_on_postgresql_the_writes_of_a_committed_step_are_deleted_with_its_commit(tmp_path: Path, pg_dsn: str) -> None:
+    import psycopg
+
+    schema = fresh_schema()
+    db = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
+    try:
+        composition = sa.make_composition(db, str(tmp_path / "side.log"), approval_at=2)
+        session = composition.session("Index notes", target=4)
+        session.run()  # steps 0 and 1 ran their calls; step 2 waits for the approval of its publish call
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            left = con.execute(f'SELECT count(*) FROM "{schema}".writes').fetchone()
+            tally = con.execute(f'SELECT writes_count FROM "{schema}".heads').fetchall()
+        assert left == (0,) and tally == [(0,)]  # the waiting step's calls so far are in its snapshot
+        session.approve("s2-publish")
+        assert session.run().state.steps_done == list(range(4))
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            assert con.execute(f'SELECT count(*) FROM "{schema}".writes').fetchone() == (0,)
+        composition.runtime.checkpoint_store.close()
+    finally:
+        drop_schema(pg_dsn, schema)

@@ -488,7 +488,8 @@ class SessionCommitReceipt:
 class StepWrite:
     """One durable pending write inside a step (the decision, a tool call's intent or result).
 
-    Keyed by ``(session_id, base_snapshot_id, kind, key)``; the first write of a key is kept.
+    Keyed by ``(session_id, base_snapshot_id, kind, key)``; the first write of a key is kept. The
+    writes on a session's head are tallied by the head and deleted by the commit that moves it.
     ``base_snapshot_id`` is the snapshot the step started from and must belong to the session.
     ``lease_token`` is the writing runner's fencing token, checked like a commit's (not stored).
     """

@@ -38,6 +38,7 @@ from qitos.core._errors import (
 
 __all__ = [
     "MAX_CHAIN",
+    "NO_WRITES_DIGEST",
     "chain_oldest_first",
     "check_after",
     "check_blobs",
@@ -47,6 +48,7 @@ __all__ = [
     "check_lease_ttl",
     "check_write_base",
     "control_digest",
+    "fold_write_digests",
     "head_digest",
     "mentioned_digests",
     "metadata_digest",
@@ -57,6 +59,7 @@ __all__ = [
     "stored_text",
     "verified_head",
     "verified_position",
+    "verified_step_writes",
     "verified_write",
     "write_digest",
 ]
@@ -284,6 +287,41 @@ def verified_write(
     if digest != write_digest(write, payload_json):
         raise IntegrityError("writes", where, "content does not match its digest", session_id=session_id)
     return replace(write, payload=stored_object(payload_json, "writes", where, session_id))
+
+
+# The head's tally of its unfinished step's pending writes: how many there are and the XOR of their
+# row digests. Every store keeps it in the head row, moved in the same transaction as the writes and
+# reset by the commit that ends the step, so a pending write whose row was lost, or whose key
+# columns (the session, the base snapshot) were altered so that it no longer reads as the step's, is
+# detected rather than taken for a call that never started. XOR folds a batch in any order, so a
+# store can fold it in SQL.
+NO_WRITES_DIGEST: Final = 0
+
+
+def fold_write_digests(fold: int, digests: Iterable[str]) -> int:
+    """``fold`` with the row digests ``digests`` (64 hex digits each) folded in by XOR."""
+    for digest in digests:
+        fold ^= int(digest, 16)
+    return fold
+
+
+def verified_step_writes(
+    session_id: str, base_snapshot_id: str, count: int, fold: int, writes: list[StepWrite], digests: list[str]
+) -> list[StepWrite]:
+    """The verified pending writes on the head ``base_snapshot_id``, checked against the head's tally
+    (``count`` writes whose row digests fold to ``fold``); IntegrityError names what does not match."""
+    if len(writes) != count or fold_write_digests(NO_WRITES_DIGEST, digests) != fold:
+        found = len(writes)
+        if found < count:
+            reason = f"the head records {count} pending write(s) of its unfinished step, {found} are stored: "
+            reason += "a row is missing or its session or base snapshot was altered"
+        elif found > count:
+            reason = f"{found} pending write(s) are stored on the head, which records {count}: "
+            reason += "rows were added outside the store, or the head row is damaged"
+        else:
+            reason = f"the {count} stored pending write(s) are not the ones the head records (their digests differ)"
+        raise IntegrityError("writes", f"step on {base_snapshot_id}", reason, session_id=session_id)
+    return writes
 
 
 MAX_CHAIN: Final = 10_000_000

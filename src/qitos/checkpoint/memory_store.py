@@ -149,6 +149,8 @@ class InMemoryCheckpointStore(SyncCheckpointStore):
                 self._blobs.setdefault(digest, data)
             if request.operation_id is not None:
                 self._operations[request.operation_id] = request.session_id
+            if request.expected_head is not None:  # the step this commit ends: its outcome is in the snapshot
+                self._writes.pop((request.session_id, request.expected_head), None)
             return SessionCommitReceipt(
                 session_id=request.session_id,
                 snapshot_id=snapshot.snapshot_id,

@@ -1,4 +1,5 @@
-"""The PostgreSQL store's pooled connections: each keeps the one cursor its statements run on.
+"""The PostgreSQL store's pooled connections: each keeps the cursor its statements run on (and the
+cursors of a group's pipeline).
 
 ``connection.execute`` makes a new cursor, with a new adaptation context, for every statement; a
 store connection runs one statement at a time, so one cursor serves them all (about 8 µs of CPU
@@ -22,6 +23,7 @@ class StoreConnection(psycopg.Connection[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.statements: psycopg.Cursor[Any] = self.cursor()
+        self.spare: list[psycopg.Cursor[Any]] = []  # one per statement of a group's pipeline
         self.returned_at: float | None = None
 
 
@@ -31,4 +33,5 @@ class AsyncStoreConnection(psycopg.AsyncConnection[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.statements: psycopg.AsyncCursor[Any] = self.cursor()
+        self.spare: list[psycopg.AsyncCursor[Any]] = []
         self.returned_at: float | None = None

@@ -70,6 +70,22 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         # on disk: two a step with one tool call (the decision and the call's start).
         ("DROP INDEX IF EXISTS {s}.writes_base",),
     ),
+    Migration(
+        3,
+        "the head's tally of its unfinished step's pending writes; a step's writes end with it",
+        # How many pending writes the head's unfinished step has and the XOR of their row digests
+        # (qitos.checkpoint._rules), moved by the statement that stores them; the commit that ends the
+        # step resets them and deletes its rows (restore reads only the head's), so `writes` holds the
+        # unfinished steps' writes only. The rows of steps committed before stay (their model calls).
+        (
+            "ALTER TABLE {s}.heads ADD COLUMN writes_count bigint NOT NULL DEFAULT 0,"
+            " ADD COLUMN writes_digest bit(256) NOT NULL DEFAULT 0::bit(256)",
+            "UPDATE {s}.heads h SET writes_count = t.n, writes_digest = t.x FROM (SELECT session_id, base_snapshot_id,"
+            " count(*) AS n, bit_xor(('x' || digest)::bit(256)) AS x FROM {s}.writes"
+            " GROUP BY session_id, base_snapshot_id) t"
+            " WHERE h.session_id = t.session_id AND h.snapshot_id = t.base_snapshot_id",
+        ),
+    ),
 )
 SCHEMA_VERSION: Final[int] = MIGRATIONS[-1].version
 """The schema version this code writes; older schemas are migrated to it on open."""
@@ -84,10 +100,15 @@ def _fence_refuses(token: str) -> str:
     )
 
 
-# The end of both pending-write statements: first write wins, and one row per refusal or new write.
+# The end of both pending-write statements: first write wins, the new writes join the tally of the
+# head they were written on (a write on another base changes none), and one row per refusal or new write.
 _WRITE_TAIL = (
     " ON CONFLICT (session_id, base_snapshot_id, kind, key) DO NOTHING"
-    " RETURNING session_id, base_snapshot_id, kind, key)"
+    " RETURNING session_id, base_snapshot_id, kind, key, digest),"
+    " tally AS (UPDATE {s}.heads h SET writes_count = h.writes_count + t.n, writes_digest = h.writes_digest # t.x"
+    " FROM (SELECT session_id, base_snapshot_id, count(*) AS n, bit_xor(('x' || digest)::bit(256)) AS x"
+    " FROM ins GROUP BY session_id, base_snapshot_id) t"
+    " WHERE h.session_id = t.session_id AND h.snapshot_id = t.base_snapshot_id)"
     " SELECT 'bad', base_snapshot_id, session_id, owner, NULL, NULL, NULL FROM bad"
     " UNION ALL SELECT 'fence', session_id, lease_owner, token::text, lease_token::text,"
     " lease_expires::text, now::text FROM fenced"
@@ -126,8 +147,14 @@ class StoreSql:
         # Every statement below finds its rows by key, so one plan fits all parameter values. Left to
         # choose, PostgreSQL keeps re-planning some of them for every call (a custom plan for the
         # pending-write statement took 0.23 ms to plan, longer than it took to run), so the store's
-        # connections keep the generic plan of every statement they have prepared.
-        self.generic_plans = "SET plan_cache_mode = force_generic_plan"
+        # connections keep the generic plan of every statement they have prepared. A generic plan made
+        # while a table is (nearly) empty would scan it for as long as the connection lives, and the
+        # `writes` table is often empty (a step's writes end with its commit), so those connections
+        # take an index wherever there is one.
+        self.generic_plans = (
+            "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
+            " set_config('enable_seqscan', 'off', false)"
+        )
 
         # ---- heads and commits (one statement each; see PostgresCheckpointStore.commit_session_snapshot)
         now = "extract(epoch FROM clock_timestamp())::float8"
@@ -217,6 +244,9 @@ class StoreSql:
             " NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint FROM chain UNION ALL"
             " SELECT 'write', NULL, NULL, NULL, NULL, NULL, NULL, NULL, payload, NULL, NULL, step_id, kind, key,"
             f" digest, write_seq FROM {s}.writes WHERE session_id = %(sid)s::text AND base_snapshot_id = %(snap)s::text"
+            " UNION ALL SELECT 'head', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, writes_count, NULL,"
+            f" NULL, writes_digest::text, 0 FROM {s}.heads WHERE session_id = %(sid)s::text"
+            " AND snapshot_id = %(snap)s::text"
         )
         self.session_chain = (
             "WITH RECURSIVE chain(snapshot_id, parent_id, depth) AS ("
@@ -232,9 +262,12 @@ class StoreSql:
 
         # ---- pending writes: see writes_put
         self._writes_put: dict[int, str] = {}
+        # The head's tally first when the base is the session's head (0), then the writes in write order.
         self.writes_list = (
-            f"SELECT step_id, kind, key, payload, digest FROM {s}.writes"
-            " WHERE session_id = %s AND base_snapshot_id = %s ORDER BY write_seq"
+            f"SELECT 0, writes_count, NULL, NULL, NULL::bytea, writes_digest::text FROM {s}.heads"
+            " WHERE session_id = %(sid)s::text AND snapshot_id = %(base)s::text"
+            f" UNION ALL SELECT write_seq, step_id, kind, key, payload, digest FROM {s}.writes"
+            " WHERE session_id = %(sid)s::text AND base_snapshot_id = %(base)s::text ORDER BY 1"
         )
 
         # ---- control items: the position from the head row's counter, the row digest computed here (it
@@ -344,7 +377,8 @@ class StoreSql:
                 conditions.append(f"NOT (lease_owner IS NOT NULL AND lease_expires > {now})")
             head = (
                 f"UPDATE {s}.heads SET snapshot_id = %(id)s::text, sequence = %(seq)s::bigint,"
-                " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text"
+                " lifecycle = %(lifecycle)s::text, updated_at = %(now)s::text, digest = %(digest)s::text,"
+                " writes_count = 0, writes_digest = 0::bit(256)"
                 " WHERE session_id = %(sid)s::text AND snapshot_id = %(expected)s::text"
                 f" AND {' AND '.join(conditions)} RETURNING control_seq"
             )
@@ -356,6 +390,12 @@ class StoreSql:
             " %(created)s::text, %(encoding)s::text, %(payload)b::bytea FROM head"
             " ON CONFLICT (snapshot_id) DO NOTHING)",
         ]
+        if not create:
+            # The pending writes of the step this commit ends: its outcome is in the snapshot now.
+            parts.append(
+                f"done AS (DELETE FROM {s}.writes WHERE session_id = %(sid)s::text"
+                " AND base_snapshot_id = %(expected)s::text AND EXISTS (SELECT 1 FROM head))"
+            )
         if blobs:
             parts.append(
                 f"blob AS (INSERT INTO {s}.blobs (digest, data) SELECT t.digest, t.data FROM head,"
@@ -411,5 +451,6 @@ def _writes_put(s: str, now: str, count: int) -> str:
         f" FROM tokens t JOIN fence f ON f.session_id = t.session_id WHERE {_fence_refuses('t.token')}),"
         f" ins AS (INSERT INTO {s}.writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest)"
         " SELECT session_id, base_snapshot_id, kind, key, step_id, payload, digest FROM input"
-        f" WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord{_WRITE_TAIL}"
+        f" WHERE NOT EXISTS (SELECT 1 FROM bad) AND NOT EXISTS (SELECT 1 FROM fenced) ORDER BY ord"
+        + _WRITE_TAIL.format(s=s)
     )

@@ -36,10 +36,11 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from qitos.checkpoint._groups import GroupWriter, Pending
 from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
@@ -76,6 +77,7 @@ from qitos.checkpoint._rules import (
     stored_text,
     verified_head,
     verified_position,
+    verified_step_writes,
     verified_write,
     write_digest,
 )
@@ -256,6 +258,7 @@ class PostgresCheckpointStore(CheckpointStore):
         self._apools_opening: dict[asyncio.AbstractEventLoop, asyncio.Future[Any]] = {}  # pools being opened
         self._migrated = False
         self._closed = False
+        self._groups: GroupWriter[_Work] = self._group_writer()
         _LIVE.add(self)
 
     def __repr__(self) -> str:
@@ -264,11 +267,15 @@ class PostgresCheckpointStore(CheckpointStore):
     # ---- pools
 
     def _forget_parent_pools(self) -> None:
-        """In a forked child: drop the parent's pools without touching their threads or sockets."""
+        """In a forked child: drop the parent's pools and writer without touching their threads or sockets."""
         self._lock = threading.Lock()
         self._pool = None
         self._apools = {}
         self._apools_opening = {}
+        self._groups = self._group_writer()
+
+    def _group_writer(self) -> GroupWriter[_Work]:
+        return GroupWriter(self._write_group, awrite_group=self._awrite_group, name=f"qitos-pg-{self.schema}")
 
     def _pool_sizes(self) -> dict[str, Any]:
         """What the sync and the async pools share: sizes, wait for a connection, connection options."""
@@ -457,6 +464,99 @@ class PostgresCheckpointStore(CheckpointStore):
         finally:
             pool.putconn(conn)
 
+    # ---- group commit (see qitos.checkpoint._groups): one transaction, one round trip, per group
+
+    def _write_group(self, group: list[Pending[_Work]]) -> None:
+        """Write a group on a sync pooled connection (see :meth:`_awrite_group`)."""
+        self._ensure_open()
+        psycopg, pool = self._psycopg, self._sync_pool()
+        try:
+            conn = pool.getconn()
+        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            plans = _start_plans(group)
+            if not plans:
+                return
+            try:
+                with conn.pipeline() as pipeline:
+                    cursors = _spare_cursors(conn, len(plans))
+                    conn.execute(_BEGIN)
+                    for cursor, (_, _, query) in zip(cursors, plans, strict=True):
+                        cursor.execute(*query)
+                    conn.execute(_COMMIT)
+                    pipeline.sync()
+                    rows = [c.fetchall() if c.rownumber is not None else [] for c in cursors]
+            except psycopg.Error as exc:
+                if exc.sqlstate is None:  # the connection failed: what the server did is not known
+                    self._check_pool()
+                    raise self._error(exc) from exc
+                # A statement failed (or a deadlock with another process's group was broken): the
+                # group was rolled back, nothing of it is written. Each piece alone instead.
+                conn.rollback()
+                for pending, _, _ in plans:
+                    try:
+                        pending.result = self._run(pending.work())
+                    except Exception as exc:
+                        pending.error = exc
+                return
+            for (pending, plan, _), answer in zip(plans, rows, strict=True):
+                try:
+                    pending.result = _finish(conn.statements, plan, answer)
+                except psycopg.Error as exc:
+                    pending.error = self._error(exc)
+                except Exception as exc:
+                    pending.error = exc
+            self._stamp(conn)
+        finally:
+            pool.putconn(conn)
+
+    async def _awrite_group(self, group: list[Pending[_Work]]) -> None:
+        """Write a group on this event loop's pool: every piece's first statement in one transaction,
+        sent with BEGIN and COMMIT in one pipeline (one round trip, one WAL flush). A piece that needs
+        more (a refused commit looks up why) goes on alone after the group is durable; a statement
+        error rolls the group back and each piece is written alone, so a bad piece fails by itself."""
+        self._ensure_open()
+        psycopg, pool = self._psycopg, await self._async_pool()
+        try:
+            conn = await pool.getconn()
+        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            plans = _start_plans(group)
+            if not plans:
+                return
+            try:
+                async with conn.pipeline() as pipeline:
+                    cursors = _spare_cursors(conn, len(plans))
+                    await conn.execute(_BEGIN)
+                    for cursor, (_, _, query) in zip(cursors, plans, strict=True):
+                        await cursor.execute(*query)
+                    await conn.execute(_COMMIT)
+                    await pipeline.sync()
+                    rows = [await c.fetchall() if c.rownumber is not None else [] for c in cursors]
+            except psycopg.Error as exc:
+                if exc.sqlstate is None:
+                    await self._acheck_pool()
+                    raise self._error(exc) from exc
+                await conn.rollback()
+                for pending, _, _ in plans:
+                    try:
+                        pending.result = await self._arun(pending.work())
+                    except Exception as exc:
+                        pending.error = exc
+                return
+            for (pending, plan, _), answer in zip(plans, rows, strict=True):
+                try:
+                    pending.result = await _afinish(conn.statements, plan, answer)
+                except psycopg.Error as exc:
+                    pending.error = self._error(exc)
+                except Exception as exc:
+                    pending.error = exc
+            self._stamp(conn)
+        finally:
+            await pool.putconn(conn)
+
     def _check_pool(self) -> None:
         """After a lost connection, check the idle ones too: the server may have ended them all at once
         (a restart, a failover), and the next call must not be handed another dead one."""
@@ -486,6 +586,12 @@ class PostgresCheckpointStore(CheckpointStore):
             raise self._error(exc) from exc
         finally:
             await pool.putconn(conn)
+
+    async def _agrouped(self, plan: Callable[[], Plan[_T]]) -> _T:
+        """Run ``plan`` in this event loop's next group: its first statement goes with those of every
+        other session's operation waiting now, in one round trip (see :meth:`_awrite_group`)."""
+        result: _T = await self._groups.arun(plan)
+        return result
 
     async def _acheck_pool(self) -> None:
         """Async twin of :meth:`_check_pool` (this loop's pool)."""
@@ -610,8 +716,9 @@ class PostgresCheckpointStore(CheckpointStore):
         rows = yield self.sql.chain_with_writes, {"snap": snapshot_id, "max": MAX_CHAIN, "sid": session_id}
         chain = [row[1:] for row in rows if row[0] == "chain"]
         writes = sorted((row for row in rows if row[0] == "write"), key=lambda row: row[15])
+        tally = next(((row[11], row[14]) for row in rows if row[0] == "head"), None)
         return _chain_of(snapshot_id, chain), _writes_of(
-            session_id, snapshot_id, [(row[11], row[12], row[13], row[8], row[14]) for row in writes]
+            session_id, snapshot_id, [(row[11], row[12], row[13], row[8], row[14]) for row in writes], tally
         )
 
     def _plan_get_heads(self, session_ids: Iterable[str]) -> Plan[dict[str, SessionHeadRecord]]:
@@ -700,8 +807,12 @@ class PostgresCheckpointStore(CheckpointStore):
         return out
 
     def _plan_get_writes(self, session_id: str, base_snapshot_id: str) -> Plan[list[StepWrite]]:
-        rows = yield self.sql.writes_list, (session_id, base_snapshot_id)
-        return _writes_of(session_id, base_snapshot_id, rows)
+        rows = yield self.sql.writes_list, {"sid": session_id, "base": base_snapshot_id}
+        tally = None
+        if rows and rows[0][0] == 0:  # the base is the session's head: its tally (count, digest)
+            head = rows.pop(0)
+            tally = (head[1], head[5])
+        return _writes_of(session_id, base_snapshot_id, [row[1:] for row in rows], tally)
 
     def _plan_append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> Plan[ControlItem]:
         payload_json = check_control(session_id, kind, payload)
@@ -896,7 +1007,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS), in one statement."""
-        return self._run(self._plan_commit(request))
+        return self._groups.run(functools.partial(self._plan_commit, request))  # type: ignore[no-any-return]
 
     def find_session_by_operation(self, operation_id: str) -> str | None:
         """The session a commit with this ``operation_id`` created, or None."""
@@ -932,7 +1043,11 @@ class PostgresCheckpointStore(CheckpointStore):
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes (one statement, or one transaction for a large batch); per write,
         whether it was new (first wins)."""
-        return self._run(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
+        if not writes:
+            return []
+        if len(writes) > _WRITES_PER_STATEMENT:  # several statements: a transaction of their own
+            return self._run(self._plan_put_writes(writes), transaction=True)
+        return self._groups.run(functools.partial(self._plan_put_writes, writes))  # type: ignore[no-any-return]
 
     def load_chain_with_writes(
         self, session_id: str, snapshot_id: str
@@ -1037,6 +1152,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def close(self) -> None:
         """Close the pools; later calls raise CheckpointError. Idempotent."""
+        self._groups.close()
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -1051,7 +1167,7 @@ class PostgresCheckpointStore(CheckpointStore):
     # ---- the contract: async twins (native, on the AsyncConnectionPool)
 
     async def aget_session_head(self, session_id: str) -> SessionHeadRecord | None:
-        return await self._arun(self._plan_get_head(session_id))
+        return await self._agrouped(lambda: self._plan_get_head(session_id))
 
     async def aget_session_heads(self, session_ids: Iterable[str]) -> dict[str, SessionHeadRecord]:
         return await self._arun(self._plan_get_heads(session_ids))
@@ -1062,16 +1178,16 @@ class PostgresCheckpointStore(CheckpointStore):
         return await self._arun(self._plan_get_positions(session_ids, lifecycles))
 
     async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
-        return await self._arun(self._plan_commit(request))
+        return await self._agrouped(lambda: self._plan_commit(request))
 
     async def afind_session_by_operation(self, operation_id: str) -> str | None:
         return await self._arun(self._plan_find_operation(operation_id))
 
     async def aget_snapshot(self, snapshot_id: str) -> SessionSnapshot:
-        return await self._arun(self._plan_get_snapshot(snapshot_id))
+        return await self._agrouped(lambda: self._plan_get_snapshot(snapshot_id))
 
     async def aload_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
-        return await self._arun(self._plan_load_chain(snapshot_id))
+        return await self._agrouped(lambda: self._plan_load_chain(snapshot_id))
 
     async def alist_sessions(self, *, lifecycles: Iterable[str] | None = None) -> list[SessionHeadRecord]:
         return await self._arun(self._plan_list_sessions(lifecycles))
@@ -1080,43 +1196,47 @@ class PostgresCheckpointStore(CheckpointStore):
         return await self._arun(self._plan_session_snapshots(session_id))
 
     async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
-        return await self._arun(self._plan_put_writes(writes), transaction=len(writes) > _WRITES_PER_STATEMENT)
+        if not writes:
+            return []
+        if len(writes) > _WRITES_PER_STATEMENT:
+            return await self._arun(self._plan_put_writes(writes), transaction=True)
+        return await self._agrouped(lambda: self._plan_put_writes(writes))
 
     async def aload_chain_with_writes(
         self, session_id: str, snapshot_id: str
     ) -> tuple[list[SessionSnapshot], list[StepWrite]]:
-        return await self._arun(self._plan_chain_with_writes(session_id, snapshot_id))
+        return await self._agrouped(lambda: self._plan_chain_with_writes(session_id, snapshot_id))
 
     async def aget_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
-        return await self._arun(self._plan_get_writes(session_id, base_snapshot_id))
+        return await self._agrouped(lambda: self._plan_get_writes(session_id, base_snapshot_id))
 
     async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
-        return await self._arun(self._plan_append_control(session_id, kind, payload))
+        return await self._agrouped(lambda: self._plan_append_control(session_id, kind, payload))
 
     async def alist_control(
         self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
     ) -> list[ControlItem]:
-        return await self._arun(self._plan_list_control(session_id, after=after, kinds=kinds))
+        return await self._agrouped(lambda: self._plan_list_control(session_id, after=after, kinds=kinds))
 
     async def aacquire_lease(
         self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
     ) -> SessionLease:
-        return await self._arun(self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
+        return await self._agrouped(lambda: self._plan_acquire_lease(session_id, owner, ttl_seconds, take_over_from))
 
     async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
-        return await self._arun(self._plan_renew_lease(lease, ttl_seconds))
+        return await self._agrouped(lambda: self._plan_renew_lease(lease, ttl_seconds))
 
     async def arelease_lease(self, lease: SessionLease) -> None:
-        await self._arun(self._plan_release_lease(lease))
+        await self._agrouped(lambda: self._plan_release_lease(lease))
 
     async def aget_lease(self, session_id: str) -> SessionLease | None:
-        return await self._arun(self._plan_get_lease(session_id))
+        return await self._agrouped(lambda: self._plan_get_lease(session_id))
 
     async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
         await self._arun(self._plan_put_blobs(blobs))
 
     async def aget_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
-        return await self._arun(self._plan_get_blobs(digests))
+        return await self._agrouped(lambda: self._plan_get_blobs(digests))
 
     async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
         return await self._arun(self._plan_prune(keep), transaction=True)
@@ -1173,6 +1293,7 @@ class PostgresCheckpointStore(CheckpointStore):
         return conn
 
     async def aclose(self) -> None:
+        self._groups.close()
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -1207,6 +1328,71 @@ async def _close_with_loop(pool: Any, made: weakref.WeakSet[Any]) -> None:
         for conn in list(made):
             if not conn.closed:
                 await conn.close()
+
+
+_Work = Callable[[], Plan[Any]]  # a write: makes its plan, whose first statement joins a group
+_BEGIN: Final = "BEGIN"
+_COMMIT: Final = "COMMIT"
+
+
+_Started = list[tuple[Pending[_Work], Plan[Any], Query]]
+
+
+def _start_plans(group: list[Pending[_Work]]) -> _Started:
+    """Each piece with its plan and the plan's first statement; a piece whose plan fails before it
+    (a bad request) gets its error and leaves the group."""
+    started = []
+    for pending in group:
+        plan = pending.work()
+        try:
+            query = next(plan)
+        except StopIteration as done:
+            pending.result = done.value
+            continue
+        except Exception as exc:
+            pending.error = exc
+            continue
+        started.append((pending, plan, query))
+    return started
+
+
+def _finish(cur: Any, plan: Plan[Any], rows: Rows) -> Any:
+    """Send a piece's plan its first statement's rows and drive what else it asks for (alone)."""
+    try:
+        query = plan.send(rows)
+    except StopIteration as done:
+        return done.value
+    return _drive(cur, _prepended(query, plan), Exception)
+
+
+async def _afinish(cur: Any, plan: Plan[Any], rows: Rows) -> Any:
+    """Async twin of :func:`_finish`."""
+    try:
+        query = plan.send(rows)
+    except StopIteration as done:
+        return done.value
+    return await _adrive(cur, _prepended(query, plan), Exception)
+
+
+def _prepended(query: Query, plan: Plan[_T]) -> Plan[_T]:
+    """``plan`` already past ``next``, as a plan that yields ``query`` first."""
+    rows = yield query
+    try:
+        query = plan.send(rows)
+        while True:
+            rows = yield query
+            query = plan.send(rows)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+
+
+def _spare_cursors(conn: Any, count: int) -> list[Any]:
+    """``count`` cursors of ``conn`` for one pipeline (kept on the connection between groups)."""
+    spare: list[Any] = conn.spare
+    while len(spare) < count:
+        spare.append(conn.cursor())
+    return spare[:count]
 
 
 def _drive(cur: Any, plan: Plan[_T], errors: type[Exception]) -> _T:
@@ -1268,10 +1454,23 @@ def _chain_of(snapshot_id: str, rows: list[Any]) -> list[SessionSnapshot]:
     return SessionSnapshot.from_stored_rows([_stored_row(row) for row in chain_oldest_first(snapshot_id, rows)])
 
 
-def _writes_of(session_id: str, base_snapshot_id: str, rows: Iterable[Any]) -> list[StepWrite]:
+def _writes_of(
+    session_id: str, base_snapshot_id: str, rows: list[Any], tally: tuple[Any, Any] | None
+) -> list[StepWrite]:
     """The verified pending writes on ``base_snapshot_id`` from their rows (step, kind, key, payload,
-    digest), in the order they were written."""
-    return [verified_write(session_id, base_snapshot_id, *row) for row in rows]
+    digest), in the order they were written; with the head's ``tally`` (count, digest as a bit
+    string) when ``base_snapshot_id`` is the session's head, checked against it too."""
+    writes = [verified_write(session_id, base_snapshot_id, *row) for row in rows]
+    if tally is not None:
+        count, bits = tally
+        try:
+            fold = int(bits, 2)
+        except (TypeError, ValueError) as exc:
+            raise IntegrityError(
+                "heads", session_id, f"its tally of pending writes is unreadable: {exc}", session_id=session_id
+            ) from exc
+        verified_step_writes(session_id, base_snapshot_id, int(count), fold, writes, [row[4] for row in rows])
+    return writes
 
 
 def _payload_or_empty(row: Any) -> bytes:

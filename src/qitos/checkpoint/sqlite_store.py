@@ -2,14 +2,21 @@
 
 Design (many processes may share the file; a commit is atomic and a crash loses nothing committed):
 
-- stdlib ``sqlite3``; one connection per store per process, opened lazily, shared by threads
-  behind a ``threading.Lock`` and re-opened in a child after ``fork()`` (a connection inherited
-  across ``fork()`` is never used nor closed by the child);
+- stdlib ``sqlite3``; per store and process one writing connection and one reading connection
+  (WAL readers never wait for the writer), opened lazily, shared by threads behind locks and
+  re-opened in a child after ``fork()`` (a connection inherited across ``fork()`` is never used
+  nor closed by the child);
+- group commit (:mod:`qitos.checkpoint._groups`): the writes of every session waiting are one
+  transaction, each write in a savepoint of its own, so a refused compare-and-swap or fence rolls
+  back that write alone; a write is acknowledged once its group has committed. A sync caller
+  writes its group in its own thread; an async caller's group is written on its event loop, and
+  its reads run there too (no thread hop);
 - WAL journal, ``synchronous=NORMAL`` by default (``FULL`` on request), ``busy_timeout``; WAL
   checkpoints run on a background thread (:mod:`qitos.checkpoint.wal_checkpointer`), not inside
   whichever commit crosses the log's size limit;
-- every write is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
-  any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff, so
+- every group is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
+  any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff (an async
+  group waits on its event loop, not inside SQLite), so
   "database is locked" never reaches the caller unless the file stays locked for
   ``retry_timeout`` seconds (then a :class:`~qitos.core._errors.CheckpointError` says so);
 - a ``schema_version`` table and ordered migrations, each applied in one transaction together
@@ -26,6 +33,7 @@ corrupt the file). ``synchronous="FULL"`` makes each commit durable against powe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -36,10 +44,12 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, ParamSpec, TypeVar
 
+from qitos.checkpoint import sqlite_sql as sql
+from qitos.checkpoint._groups import GroupWriter, Pending
 from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
@@ -57,14 +67,17 @@ from qitos.checkpoint._records import (
 )
 from qitos.checkpoint._rules import (
     MAX_CHAIN,
+    NO_WRITES_DIGEST,
     chain_oldest_first,
     check_after,
     check_blobs,
     check_control,
     check_fence,
+    check_lease_owner,
     check_lease_ttl,
     check_write_base,
     control_digest,
+    fold_write_digests,
     head_digest,
     mentioned_digests,
     metadata_digest,
@@ -74,6 +87,7 @@ from qitos.checkpoint._rules import (
     stored_object,
     stored_text,
     verified_head,
+    verified_step_writes,
     verified_write,
     write_digest,
 )
@@ -87,232 +101,18 @@ from qitos.core._errors import (
     IntegrityError,
     SessionNotFoundError,
     SnapshotIntegrityError,
+    UsageError,
 )
 
 __all__ = ["SCHEMA_VERSION", "SqliteCheckpointStore"]
 
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class _Migration:
-    version: int
-    name: str
-    statements: tuple[str, ...]
-    # Run after the statements, in the same transaction: rewrites rows SQL alone cannot compute.
-    backfill: Callable[[sqlite3.Cursor], None] | None = None
-
-
-def _backfill_digests(cur: sqlite3.Cursor) -> None:
-    """Migration 3: digests for the rows written before rows carried them."""
-    for session_id, metadata in cur.execute("SELECT session_id, metadata FROM sessions").fetchall():
-        cur.execute(
-            "UPDATE sessions SET digest = ? WHERE session_id = ?", (metadata_digest(session_id, metadata), session_id)
-        )
-    rows = cur.execute("SELECT session_id, snapshot_id, sequence, lifecycle, updated_at FROM heads").fetchall()
-    for session_id, snapshot_id, sequence, lifecycle, updated_at in rows:
-        digest = head_digest(session_id, snapshot_id, sequence, lifecycle, updated_at)
-        cur.execute("UPDATE heads SET digest = ? WHERE session_id = ?", (digest, session_id))
-    rows = cur.execute("SELECT rowid, session_id, base_snapshot_id, step_id, kind, key, payload FROM writes").fetchall()
-    for rowid, session_id, base, step_id, kind, key, payload in rows:
-        write = StepWrite(session_id=session_id, base_snapshot_id=base, step_id=step_id, kind=kind, key=key, payload={})
-        cur.execute("UPDATE writes SET digest = ? WHERE rowid = ?", (write_digest(write, payload), rowid))
-    rows = cur.execute("SELECT session_id, position, kind, payload, created_at FROM control").fetchall()
-    for session_id, position, kind, payload, created_at in rows:
-        digest = control_digest(session_id, position, kind, payload, created_at)
-        cur.execute(
-            "UPDATE control SET digest = ? WHERE session_id = ? AND position = ?", (digest, session_id, position)
-        )
-
-
-# Ordered schema history. Never edit an applied migration: append a new one.
-_MIGRATIONS: Final[tuple[_Migration, ...]] = (
-    _Migration(
-        1,
-        "initial schema",
-        (
-            "CREATE TABLE snapshots (snapshot_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
-            "parent_id TEXT, base_id TEXT, sequence INTEGER NOT NULL, created_at TEXT NOT NULL, "
-            "payload TEXT NOT NULL)",
-            "CREATE TABLE heads (session_id TEXT PRIMARY KEY, snapshot_id TEXT NOT NULL, "
-            "sequence INTEGER NOT NULL, lifecycle TEXT NOT NULL, updated_at TEXT NOT NULL, "
-            "metadata TEXT NOT NULL)",
-            "CREATE TABLE writes (session_id TEXT NOT NULL, base_snapshot_id TEXT NOT NULL, "
-            "kind TEXT NOT NULL, key TEXT NOT NULL, step_id INTEGER NOT NULL, payload TEXT NOT NULL, "
-            "PRIMARY KEY (session_id, base_snapshot_id, kind, key))",
-            "CREATE TABLE control (session_id TEXT NOT NULL, position INTEGER NOT NULL, "
-            "kind TEXT NOT NULL, payload TEXT NOT NULL, created_at TEXT NOT NULL, "
-            "PRIMARY KEY (session_id, position)) WITHOUT ROWID",
-            "CREATE TABLE blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL)",
-        ),
-    ),
-    _Migration(
-        2,
-        "compressed payloads and creation operation ids",
-        (
-            "ALTER TABLE snapshots ADD COLUMN encoding TEXT NOT NULL DEFAULT 'json'",
-            "CREATE TABLE operations (operation_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
-            "snapshot_id TEXT NOT NULL, created_at TEXT NOT NULL)",
-        ),
-    ),
-    _Migration(
-        3,
-        "session leases, verified rows, metadata written once",
-        (
-            # The metadata (with the task) moves out of the head row, which every commit rewrites.
-            "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, metadata TEXT NOT NULL, digest TEXT NOT NULL)",
-            "INSERT INTO sessions (session_id, metadata, digest) SELECT session_id, metadata, '' FROM heads",
-            "ALTER TABLE heads DROP COLUMN metadata",
-            "ALTER TABLE heads ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
-            "ALTER TABLE heads ADD COLUMN control_seq INTEGER NOT NULL DEFAULT 0",
-            "UPDATE heads SET control_seq = "
-            "(SELECT COALESCE(MAX(position), 0) FROM control WHERE control.session_id = heads.session_id)",
-            "ALTER TABLE writes ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
-            "ALTER TABLE control ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
-            "CREATE TABLE leases (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL, token INTEGER NOT NULL, "
-            "expires_at REAL NOT NULL)",
-        ),
-        _backfill_digests,
-    ),
-)
-SCHEMA_VERSION: Final[int] = _MIGRATIONS[-1].version
+SCHEMA_VERSION: Final[int] = sql.SCHEMA_VERSION
 """The schema version this code writes; older files are migrated to it on open."""
 
-_SQL_SCHEMA_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-_SQL_SCHEMA_TABLE = (
-    "CREATE TABLE IF NOT EXISTS schema_version "
-    "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-)
-_SQL_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM schema_version"
-_SQL_SCHEMA_RECORD = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+_Work = Callable[[sqlite3.Cursor], Any]  # a write, run in a group transaction
 
-_SQL_HEAD_CREATE = (
-    "INSERT INTO heads (session_id, snapshot_id, sequence, lifecycle, updated_at, digest) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
-)
-_HEAD_ADVANCE = (
-    "UPDATE heads SET snapshot_id = ?, sequence = ?, lifecycle = ?, updated_at = ?, digest = ? "
-    "WHERE session_id = ? AND snapshot_id = ?"
-)
-_SQL_HEAD_ADVANCE = f"{_HEAD_ADVANCE} RETURNING control_seq"
-_SQL_HEAD_ADVANCE_FENCED = (
-    f"{_HEAD_ADVANCE} AND EXISTS (SELECT 1 FROM leases WHERE session_id = ? AND token = ? AND expires_at > ?)"
-    " RETURNING control_seq"
-)
-_SQL_METADATA_CREATE = "INSERT INTO sessions (session_id, metadata, digest) VALUES (?, ?, ?)"
-_SQL_METADATA_SET = "UPDATE sessions SET metadata = ?, digest = ? WHERE session_id = ?"
-_SQL_HEAD_ID = "SELECT snapshot_id FROM heads WHERE session_id = ?"
-_HEAD_COLUMNS = (
-    "h.session_id, h.snapshot_id, h.sequence, h.lifecycle, h.updated_at, h.digest, "
-    "CAST(m.metadata AS BLOB), m.digest, h.control_seq FROM heads h LEFT JOIN sessions m ON m.session_id = h.session_id"
-)
-_SQL_HEAD_GET = f"SELECT {_HEAD_COLUMNS} WHERE h.session_id = ?"
-_SQL_HEAD_LIST = f"SELECT {_HEAD_COLUMNS} ORDER BY h.rowid"
-
-
-def _sql_head_list_in(count: int) -> str:
-    """The heads in one of ``count`` lifecycles, in creation order."""
-    return f"SELECT {_HEAD_COLUMNS} WHERE h.lifecycle IN ({', '.join('?' * count)}) ORDER BY h.rowid"
-
-
-_SQL_LEASE_GET = "SELECT owner, token, expires_at FROM leases WHERE session_id = ?"
-_SQL_LEASE_PUT = (
-    "INSERT INTO leases (session_id, owner, token, expires_at) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
-    "expires_at = excluded.expires_at"
-)
-_SQL_LEASE_RELEASE = "UPDATE leases SET expires_at = 0 WHERE session_id = ? AND token = ? AND owner = ?"
-_SQL_SNAPSHOT_SESSION = "SELECT session_id FROM snapshots WHERE snapshot_id = ?"
-_SQL_SNAPSHOT_INSERT = (
-    "INSERT OR IGNORE INTO snapshots "
-    "(snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_SNAPSHOT_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, payload"
-_SQL_SNAPSHOT_GET = (
-    "SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, "
-    "CAST(payload AS BLOB) FROM snapshots WHERE snapshot_id = ?"
-)
-# The snapshot and its ancestors up to its base (``stop``), in one recursive query.
-_SQL_CHAIN = (
-    f"WITH RECURSIVE chain({_SNAPSHOT_COLUMNS}, stop, depth) AS ("
-    f" SELECT {_SNAPSHOT_COLUMNS}, base_id, 0 FROM snapshots WHERE snapshot_id = ?"
-    " UNION ALL"
-    " SELECT p.snapshot_id, p.session_id, p.parent_id, p.base_id, p.sequence, p.created_at, p.encoding,"
-    " p.payload, chain.stop, chain.depth + 1"
-    " FROM chain JOIN snapshots p ON p.snapshot_id = chain.parent_id"
-    " WHERE chain.stop IS NOT NULL AND chain.snapshot_id != chain.stop AND chain.depth < ?)"
-    " SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding,"
-    " CAST(payload AS BLOB), stop, depth FROM chain"
-)
-# The chain's two ends: the snapshot's rowid and session, its base and the base's rowid.
-_SQL_CHAIN_ENDS = (
-    "SELECT s.rowid, s.session_id, s.base_id, b.rowid FROM snapshots s "
-    "LEFT JOIN snapshots b ON b.snapshot_id = s.base_id WHERE s.snapshot_id = ?"
-)
-_SQL_CHAIN_RANGE = (
-    "SELECT snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, "
-    "CAST(payload AS BLOB) FROM snapshots WHERE rowid BETWEEN ? AND ? AND session_id = ?"
-)
-# A session's head chain, newest first, staying within the session.
-_SQL_SESSION_CHAIN = (
-    "WITH RECURSIVE chain(snapshot_id, parent_id, depth) AS ("
-    " SELECT s.snapshot_id, s.parent_id, 0 FROM heads h JOIN snapshots s ON s.snapshot_id = h.snapshot_id"
-    " WHERE h.session_id = ?1"
-    " UNION ALL"
-    " SELECT p.snapshot_id, p.parent_id, chain.depth + 1 FROM chain"
-    " JOIN snapshots p ON p.snapshot_id = chain.parent_id WHERE p.session_id = ?1)"
-    " SELECT snapshot_id FROM chain ORDER BY depth"
-)
-_SQL_OPERATION_GET = "SELECT session_id FROM operations WHERE operation_id = ?"
-_SQL_OPERATION_INSERT = "INSERT INTO operations (operation_id, session_id, snapshot_id, created_at) VALUES (?, ?, ?, ?)"
-_SQL_WRITE_INSERT = (
-    "INSERT OR IGNORE INTO writes (session_id, base_snapshot_id, kind, key, step_id, payload, digest) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-_SQL_WRITE_LIST = (
-    "SELECT step_id, CAST(kind AS BLOB), CAST(key AS BLOB), CAST(payload AS BLOB), digest FROM writes "
-    "WHERE session_id = ? AND base_snapshot_id = ? ORDER BY rowid"
-)
-# Control positions come from a counter in the head row (never MAX()+1 over the items).
-_SQL_CONTROL_NEXT = "UPDATE heads SET control_seq = control_seq + 1 WHERE session_id = ? RETURNING control_seq"
-_SQL_CONTROL_SEQ = "SELECT control_seq FROM heads WHERE session_id = ?"
-_SQL_HEAD_AND_CONTROL_SEQ = "SELECT snapshot_id, control_seq FROM heads WHERE session_id = ?"
-_SQL_CONTROL_INSERT = (
-    "INSERT INTO control (session_id, position, kind, payload, created_at, digest) VALUES (?, ?, ?, ?, ?, ?)"
-)
-_SQL_CONTROL_LIST = (
-    "SELECT position, CAST(kind AS BLOB), CAST(payload AS BLOB), CAST(created_at AS BLOB), digest FROM control "
-    "WHERE session_id = ? AND position > ? ORDER BY position"
-)
-_SQL_BLOB_INSERT = "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)"
-# One statement for any number of digests: they travel as one JSON array parameter.
-_SQL_BLOB_GET = "SELECT digest, data FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
-_SQL_KEEP_TABLE = "CREATE TEMP TABLE IF NOT EXISTS prune_keep (snapshot_id TEXT PRIMARY KEY)"
-_SQL_KEEP_CLEAR = "DELETE FROM temp.prune_keep"
-_SQL_KEEP_INSERT = "INSERT OR IGNORE INTO temp.prune_keep (snapshot_id) VALUES (?)"
-_SQL_KEEP_MISSING = (
-    "SELECT k.snapshot_id FROM temp.prune_keep k LEFT JOIN snapshots s ON s.snapshot_id = k.snapshot_id "
-    "WHERE s.snapshot_id IS NULL ORDER BY k.snapshot_id LIMIT 1"
-)
-# Rows as _stored_row reads them (the payload as bytes).
-_STORED_COLUMNS = "snapshot_id, session_id, parent_id, base_id, sequence, created_at, encoding, CAST(payload AS BLOB)"
-# The snapshots no head and no kept snapshot reaches through parent links.
-_SQL_PRUNE_DOOMED = (
-    "WITH RECURSIVE reach(snapshot_id) AS ("
-    " SELECT snapshot_id FROM heads UNION SELECT snapshot_id FROM temp.prune_keep"
-    " UNION SELECT s.parent_id FROM snapshots s JOIN reach r ON s.snapshot_id = r.snapshot_id"
-    " WHERE s.parent_id IS NOT NULL)"
-    f" SELECT {_STORED_COLUMNS} FROM snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM reach)"
-)
-_SQL_PRUNE = "DELETE FROM snapshots WHERE snapshot_id IN (SELECT value FROM json_each(?))"
-_SQL_DOOMED_WRITES = "SELECT payload FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
-_SQL_ALL_SNAPSHOTS = f"SELECT {_STORED_COLUMNS} FROM snapshots"
-_SQL_ALL_WRITES = "SELECT payload FROM writes"
-_SQL_BLOB_PRESENT = "SELECT digest FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
-_SQL_BLOB_DELETE = "DELETE FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
-_SQL_PRUNE_WRITES = "DELETE FROM writes WHERE base_snapshot_id NOT IN (SELECT snapshot_id FROM snapshots)"
-_SQL_SNAPSHOT_COUNT = "SELECT COUNT(*) FROM snapshots"
 
 _BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
@@ -367,10 +167,15 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         if page_size not in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
             raise ConfigurationError(f"page_size must be a power of two from 1024 to 65536, got {page_size!r}")
         self._page_size = page_size
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # the reading connection (and opening connections)
+        self._write_lock = threading.Lock()  # the writing connection: held by a group's writer
+        self._conn: sqlite3.Connection | None = None  # writes, one group at a time
         self._cursor: sqlite3.Cursor | None = None
+        self._reader: sqlite3.Connection | None = None  # reads (WAL: they never wait for a writer)
+        self._rcursor: sqlite3.Cursor | None = None
         self._checkpointer: WalCheckpointer | None = None
+        self._groups: GroupWriter[_Work] = self._group_writer()
+        self._busy_ms = busy_timeout_ms  # the writing connection's busy timeout now (see _try_group)
         self._pid = os.getpid()
         self._closed = False
         _LIVE.add(self)
@@ -378,28 +183,47 @@ class SqliteCheckpointStore(SyncCheckpointStore):
     def __repr__(self) -> str:
         return f"SqliteCheckpointStore({self.path!r}, synchronous={self.synchronous!r})"
 
-    # ---- connection, transactions, retries
+    # ---- connections, group transactions, retries
 
     def _forget_parent_connection(self) -> None:
-        """In a forked child: drop the parent's lock and connection without touching them."""
+        """In a forked child: drop the parent's locks, connections and writer without touching them."""
         self._lock = threading.Lock()
-        if self._conn is not None:
-            _INHERITED.append(self._conn)
-        self._conn = self._cursor = None
+        self._write_lock = threading.Lock()
+        _INHERITED.extend(c for c in (self._conn, self._reader) if c is not None)
+        self._conn = self._cursor = self._reader = self._rcursor = None
         self._checkpointer = None  # the parent's thread does not exist here; _open starts a new one
+        self._groups = self._group_writer()
+        self._busy_ms = self._busy_timeout_ms
         self._pid = os.getpid()
 
-    def _connection(self) -> sqlite3.Cursor:
+    def _group_writer(self) -> GroupWriter[_Work]:
+        return GroupWriter(self._write_group, awrite_group=self._awrite_group, name="qitos-sqlite-writer")
+
+    def _check_usable(self) -> None:
         if self._closed:
             raise CheckpointError(f"{self!r} is closed")
         if self._pid != os.getpid():  # forked without os.register_at_fork hooks running
             self._forget_parent_connection()
+
+    def _writer_cursor(self) -> sqlite3.Cursor:
+        """The writing connection's one reused cursor (cheaper than ``conn.execute``'s new one)."""
+        self._check_usable()
         if self._cursor is None:
             self._conn = self._open()
-            self._cursor = self._conn.cursor()  # one reused cursor: cheaper than conn.execute's new one
+            self._cursor = self._conn.cursor()
             if self.path != ":memory:":
                 self._checkpointer = WalCheckpointer(self._connect)
         return self._cursor
+
+    def _reader_cursor(self) -> sqlite3.Cursor:
+        """The reading connection's cursor (the writing one for ``:memory:``, a database of its own)."""
+        self._check_usable()
+        if self.path == ":memory:":
+            return self._writer_cursor()
+        if self._rcursor is None:
+            self._reader = self._open()
+            self._rcursor = self._reader.cursor()
+        return self._rcursor
 
     def _connect(self) -> sqlite3.Connection:
         # ``timeout`` is SQLite's busy timeout (sqlite3_busy_timeout), for this and the checkpointer's connection.
@@ -431,37 +255,96 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             raise
         return conn
 
-    def _run(self, fn: Callable[[sqlite3.Cursor], _T], *, write: bool) -> _T:
-        """Run ``fn`` on this process's connection (in a BEGIN IMMEDIATE transaction if ``write``),
-        retrying the whole call while the database is busy or locked."""
+    def _read(self, fn: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Run ``fn`` on the reading connection, retrying while the database is busy (rare in WAL)."""
+        lock = self._write_lock if self.path == ":memory:" else self._lock
         deadline: float | None = None
         attempt = 0
         while True:
-            with self._lock:
+            with lock:
                 try:
-                    cur = self._connection()
-                    if not write:
-                        return fn(cur)
-                    result = _in_transaction(cur, fn)
-                    if self._checkpointer is not None:
-                        self._checkpointer.committed()
-                    return result
+                    return fn(self._reader_cursor())
                 except sqlite3.OperationalError as exc:
                     if not _is_busy(exc):
                         raise self._error(exc) from exc
                     busy = exc
                 except sqlite3.Error as exc:
                     raise self._error(exc) from exc
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + self._retry_timeout
-            if now >= deadline:
-                raise CheckpointError(
-                    f"{self.path}: the database stayed locked by other writers for {self._retry_timeout:g} s "
-                    f"({attempt + 1} attempts); last SQLite error: {busy}"
-                ) from busy
-            time.sleep(0.001 * 2 ** min(attempt, 6) * random.uniform(0.5, 1.0))  # 1 ms .. 64 ms
+            deadline, delay = self._retry_delay(busy, deadline, attempt)
+            time.sleep(delay)
             attempt += 1
+
+    def _write(self, work: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Write ``work`` in the next group transaction (see ``qitos.checkpoint._groups``)."""
+        result: _T = self._groups.run(work)
+        return result
+
+    async def _awrite(self, work: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Async twin of :meth:`_write`: the group is written on the event loop (:meth:`_awrite_group`)."""
+        result: _T = await self._groups.arun(work)
+        return result
+
+    def _write_group(self, group: list[Pending[_Work]]) -> None:
+        """One ``BEGIN IMMEDIATE`` transaction for the whole group, each piece of work in a savepoint
+        of its own (a refused one is rolled back alone), retried whole while the database is busy or
+        locked by another process (SQLite's busy timeout first, then the store's backoff)."""
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            busy = self._try_group(group, wait=True)
+            if busy is None:
+                return
+            deadline, delay = self._retry_delay(busy, deadline, attempt)
+            time.sleep(delay)
+            attempt += 1
+
+    async def _awrite_group(self, group: list[Pending[_Work]]) -> None:
+        """:meth:`_write_group` on the event loop of the sessions waiting for it: a group is a few
+        hundred microseconds of work, and done here it needs no thread (a writer thread would wait for
+        the event loop's GIL at every statement). When another process holds the database, the
+        group does not wait inside SQLite: the event loop goes on and the group is tried again."""
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            busy = self._try_group(group, wait=False)
+            if busy is None:
+                return
+            deadline, delay = self._retry_delay(busy, deadline, attempt)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    def _try_group(self, group: list[Pending[_Work]], *, wait: bool) -> sqlite3.OperationalError | None:
+        """Write ``group`` once; the busy error when the database was locked (nothing written)."""
+        with self._write_lock:
+            try:
+                cur = self._writer_cursor()
+                busy_ms = self._busy_timeout_ms if wait else 0
+                if self._busy_ms != busy_ms:
+                    cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                    self._busy_ms = busy_ms
+                _write_in_transaction(cur, group, self._error)
+                if self._checkpointer is not None:
+                    self._checkpointer.committed()
+                return None
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise self._error(exc) from exc
+                return exc
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+
+    def _retry_delay(self, busy: sqlite3.OperationalError, deadline: float | None, attempt: int) -> tuple[float, float]:
+        """The deadline and how long to wait before the next attempt on a busy database (1 ms .. 64 ms,
+        jittered); CheckpointError once it has stayed locked for ``retry_timeout`` seconds."""
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + self._retry_timeout
+        if now >= deadline:
+            raise CheckpointError(
+                f"{self.path}: the database stayed locked by other writers for {self._retry_timeout:g} s "
+                f"({attempt + 1} attempts); last SQLite error: {busy}"
+            ) from busy
+        return deadline, 0.001 * 2 ** min(attempt, 6) * random.uniform(0.5, 1.0)
 
     def _error(self, exc: sqlite3.Error) -> CheckpointError:
         return CheckpointError(f"SQLite error on {self.path}: {exc}")
@@ -478,11 +361,18 @@ class SqliteCheckpointStore(SyncCheckpointStore):
 
     def get_session_head(self, session_id: str) -> SessionHeadRecord | None:
         """Read the current mutable head for one session (None if there is no such session)."""
-        row = self._run(lambda cur: _one(cur.execute(_SQL_HEAD_GET, (session_id,))), write=False)
+        row = self._read(lambda cur: _one(cur.execute(sql.HEAD_GET, (session_id,))))
         return None if row is None else verified_head(*row)
 
     def commit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
         """Atomically persist an immutable snapshot (and blobs) and advance its head (CAS)."""
+        return self._write(self._commit_work(request))
+
+    async def acommit_session_snapshot(self, request: SessionSnapshotCommit) -> SessionCommitReceipt:
+        return await self._awrite(self._commit_work(request))
+
+    def _commit_work(self, request: SessionSnapshotCommit) -> Callable[[sqlite3.Cursor], SessionCommitReceipt]:
+        """A head commit's work in a group transaction (validated and encoded here, before it)."""
         payload_json = request.validate()
         metadata = request.session_metadata
         metadata_json = None if metadata is None else json_text(metadata, "session_metadata")
@@ -493,39 +383,39 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         expected = request.expected_head
         operation_id = request.operation_id
 
-        def commit(cur: sqlite3.Cursor) -> tuple[str, int]:
+        def commit(cur: sqlite3.Cursor) -> SessionCommitReceipt:
             execute = cur.execute
             control_seq = 0
             now = utc_now()
             digest = head_digest(session_id, snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now)
             head = (snapshot.snapshot_id, snapshot.sequence, request.lifecycle, now, digest)
             if expected is None:
-                if execute(_SQL_HEAD_CREATE, (session_id, *head)).rowcount != 1:
-                    actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
+                if execute(sql.HEAD_CREATE, (session_id, *head)).rowcount != 1:
+                    actual = _one(execute(sql.HEAD_ID, (session_id,)))
                     raise HeadConflictError(session_id, None, None if actual is None else actual[0])
                 meta = metadata_json or "{}"
-                execute(_SQL_METADATA_CREATE, (session_id, meta, metadata_digest(session_id, meta)))
+                execute(sql.METADATA_CREATE, (session_id, meta, metadata_digest(session_id, meta)))
             else:
                 now_s = time.time()
                 token = request.lease_token
                 if token is None:
                     check_fence(session_id, _lease(cur, session_id), None, now_s)
-                    row = _one(execute(_SQL_HEAD_ADVANCE, (*head, session_id, expected)))
+                    row = _one(execute(sql.HEAD_ADVANCE, (*head, session_id, expected)))
                 else:  # the fence is checked by the UPDATE itself: one statement on the hot path
                     fenced = (*head, session_id, expected, session_id, token, now_s)
-                    row = _one(execute(_SQL_HEAD_ADVANCE_FENCED, fenced))
+                    row = _one(execute(sql.HEAD_ADVANCE_FENCED, fenced))
                 if row is not None:
                     control_seq = int(row[0])
                 else:
-                    actual = _one(execute(_SQL_HEAD_ID, (session_id,)))
+                    actual = _one(execute(sql.HEAD_ID, (session_id,)))
                     if actual is None:
                         raise SessionNotFoundError(session_id)
                     check_fence(session_id, _lease(cur, session_id), token, now_s)
                     raise HeadConflictError(session_id, expected, actual[0])
                 if metadata_json is not None:
-                    execute(_SQL_METADATA_SET, (metadata_json, metadata_digest(session_id, metadata_json), session_id))
+                    execute(sql.METADATA_SET, (metadata_json, metadata_digest(session_id, metadata_json), session_id))
             if operation_id is not None:
-                owner = _one(execute(_SQL_OPERATION_GET, (operation_id,)))
+                owner = _one(execute(sql.OPERATION_GET, (operation_id,)))
                 if owner is not None:
                     raise DuplicateOperationError(operation_id, owner[0])
             parent_id = snapshot.parent_id
@@ -533,11 +423,11 @@ class SqliteCheckpointStore(SyncCheckpointStore):
             if (
                 parent_id is not None
                 and parent_id != expected
-                and _one(execute(_SQL_SNAPSHOT_SESSION, (parent_id,))) is None
+                and _one(execute(sql.SNAPSHOT_SESSION, (parent_id,))) is None
             ):
                 raise SnapshotNotFoundError(parent_id)
             execute(
-                _SQL_SNAPSHOT_INSERT,
+                sql.SNAPSHOT_INSERT,
                 (
                     snapshot.snapshot_id,
                     session_id,
@@ -550,36 +440,35 @@ class SqliteCheckpointStore(SyncCheckpointStore):
                 ),
             )
             if blobs:
-                cur.executemany(_SQL_BLOB_INSERT, blobs)
+                cur.executemany(sql.BLOB_INSERT, blobs)
             if operation_id is not None:
-                execute(_SQL_OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
-            return now, control_seq
+                execute(sql.OPERATION_INSERT, (operation_id, session_id, snapshot.snapshot_id, now))
+            return SessionCommitReceipt(
+                session_id=session_id,
+                snapshot_id=snapshot.snapshot_id,
+                previous_head=expected,
+                sequence=snapshot.sequence,
+                committed_at=now,
+                control_seq=control_seq,
+            )
 
-        committed_at, control_seq = self._run(commit, write=True)
-        return SessionCommitReceipt(
-            session_id=session_id,
-            snapshot_id=snapshot.snapshot_id,
-            previous_head=expected,
-            sequence=snapshot.sequence,
-            committed_at=committed_at,
-            control_seq=control_seq,
-        )
+        return commit
 
     def find_session_by_operation(self, operation_id: str) -> str | None:
         """The session a commit with this ``operation_id`` created, or None."""
-        row = self._run(lambda cur: _one(cur.execute(_SQL_OPERATION_GET, (operation_id,))), write=False)
+        row = self._read(lambda cur: _one(cur.execute(sql.OPERATION_GET, (operation_id,))))
         return None if row is None else str(row[0])
 
     def get_snapshot(self, snapshot_id: str) -> SessionSnapshot:
         """Read one verified snapshot; SnapshotNotFoundError or SnapshotIntegrityError."""
-        rows = self._run(lambda cur: _snapshot_rows(cur, _SQL_SNAPSHOT_GET, (snapshot_id,), snapshot_id), write=False)
+        rows = self._read(lambda cur: _snapshot_rows(cur, sql.SNAPSHOT_GET, (snapshot_id,), snapshot_id))
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
         return _snapshot(rows[0])
 
     def load_chain(self, snapshot_id: str) -> list[SessionSnapshot]:
         """The snapshot and its ancestors back to and including its base, oldest first, verified."""
-        rows, _ = self._run(lambda cur: _chain_rows(cur, snapshot_id), write=False)
+        rows, _ = self._read(lambda cur: _chain_rows(cur, snapshot_id))
         if not rows:
             raise SnapshotNotFoundError(snapshot_id)
         return SessionSnapshot.from_stored_rows([_stored_row(row) for row in rows])
@@ -589,87 +478,117 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         wanted = name_set(lifecycles, "lifecycles")
         if wanted is not None and not wanted:
             return []
-        statement = _SQL_HEAD_LIST if wanted is None else _sql_head_list_in(len(wanted))
+        statement = sql.HEAD_LIST if wanted is None else sql.head_list_in(len(wanted))
         params = sorted(wanted or ())
-        rows = self._run(lambda cur: cur.execute(statement, params).fetchall(), write=False)
+        rows = self._read(lambda cur: cur.execute(statement, params).fetchall())
         return [verified_head(*row) for row in rows]
 
     def list_session_snapshots(self, session_id: str) -> list[str]:
         """The session's head chain within the session, newest first."""
 
         def read(cur: sqlite3.Cursor) -> list[str]:
-            ids = [row[0] for row in cur.execute(_SQL_SESSION_CHAIN, (session_id,))]
-            if not ids and _one(cur.execute(_SQL_HEAD_ID, (session_id,))) is None:
+            ids = [row[0] for row in cur.execute(sql.SESSION_CHAIN, (session_id,))]
+            if not ids and _one(cur.execute(sql.HEAD_ID, (session_id,))) is None:
                 raise SessionNotFoundError(session_id)
             return ids
 
-        return self._run(read, write=False)
+        return self._read(read)
 
     # ---- pending writes
 
     def put_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
         """Store pending writes in one transaction; per write, whether it was new (first wins)."""
+        work = self._put_work(writes)
+        return [] if work is None else self._write(work)
+
+    async def aput_writes(self, writes: Sequence[StepWrite]) -> list[bool]:
+        work = self._put_work(writes)
+        return [] if work is None else await self._awrite(work)
+
+    def _put_work(self, writes: Sequence[StepWrite]) -> Callable[[sqlite3.Cursor], list[bool]] | None:
+        """Pending writes' work in a group transaction (None: nothing to write)."""
         rows = []
         for w in writes:
             payload_json = w.payload_json()
             digest = write_digest(w, payload_json)
             rows.append((w.session_id, w.base_snapshot_id, w.kind, w.key, w.step_id, payload_json, digest))
         if not rows:
-            return []
+            return None
 
         def put(cur: sqlite3.Cursor) -> list[bool]:
-            checked: set[tuple[str, str]] = set()
+            # The tally of each (session, base) whose base is its session's head: the digest so far.
+            tallies: dict[tuple[str, str], str | None] = {}
             fenced: set[str] = set()
             now = time.time()
             for write in writes:
                 pair = (write.session_id, write.base_snapshot_id)
-                if pair not in checked:
-                    base = _one(cur.execute(_SQL_SNAPSHOT_SESSION, (write.base_snapshot_id,)))
+                if pair not in tallies:
+                    base = _one(cur.execute(sql.WRITE_BASE, pair))
                     check_write_base(write, None if base is None else base[0])
-                    checked.add(pair)
+                    tallies[pair] = base[2] if base[1] == write.base_snapshot_id else None
                 if write.session_id not in fenced:
                     check_fence(write.session_id, _lease(cur, write.session_id), write.lease_token, now)
                     fenced.add(write.session_id)
-            return [cur.execute(_SQL_WRITE_INSERT, row).rowcount == 1 for row in rows]
+            stored = [cur.execute(sql.WRITE_INSERT, row).rowcount == 1 for row in rows]
+            for pair, tally in tallies.items():
+                if tally is None:
+                    continue
+                new = [row[6] for row, is_new in zip(rows, stored, strict=True) if is_new and row[:2] == pair]
+                if new:
+                    fold = fold_write_digests(_unhex(tally, pair[0]), new)
+                    cur.execute(sql.WRITE_TALLY, (len(new), sql.tally_hex(fold), *pair))
+            return stored
 
-        return self._run(put, write=True)
+        return put
 
     def get_writes(self, session_id: str, base_snapshot_id: str) -> list[StepWrite]:
-        """Pending writes of the step that started at ``base_snapshot_id``, in write order, verified."""
-        rows = self._run(
-            lambda cur: cur.execute(_SQL_WRITE_LIST, (session_id, base_snapshot_id)).fetchall(), write=False
-        )
+        """Pending writes of the step that started at ``base_snapshot_id``, in write order, verified
+        (on the session's head: against the head's tally of them too)."""
+        rows = self._read(lambda cur: cur.execute(sql.WRITE_LIST, (session_id, base_snapshot_id)).fetchall())
+        tally = rows.pop(0) if rows and rows[0][0] == 0 else None
         out = []
-        for step_id, kind_raw, key_raw, payload_raw, digest in rows:
+        for _, step_id, kind_raw, key_raw, payload_raw, digest in rows:
             kind = stored_text(kind_raw, "writes", "?", session_id)
             key = stored_text(key_raw, "writes", kind, session_id)
             out.append(verified_write(session_id, base_snapshot_id, step_id, kind, key, payload_raw, digest))
+        if tally is not None:
+            digests = [row[5] for row in rows]
+            verified_step_writes(
+                session_id, base_snapshot_id, int(tally[1]), _unhex(tally[5], session_id), out, digests
+            )
         return out
 
     # ---- control items
 
     def append_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
         """Durably append one control item; the store assigns its position (a counter in the head row)."""
+        return self._write(self._append_work(session_id, kind, payload))
+
+    async def aappend_control(self, session_id: str, kind: str, payload: Mapping[str, Any]) -> ControlItem:
+        return await self._awrite(self._append_work(session_id, kind, payload))
+
+    def _append_work(
+        self, session_id: str, kind: str, payload: Mapping[str, Any]
+    ) -> Callable[[sqlite3.Cursor], ControlItem]:
         payload_json = check_control(session_id, kind, payload)
 
-        def append(cur: sqlite3.Cursor) -> tuple[int, str]:
-            row = _one(cur.execute(_SQL_CONTROL_NEXT, (session_id,)))
+        def append(cur: sqlite3.Cursor) -> ControlItem:
+            row = _one(cur.execute(sql.CONTROL_NEXT, (session_id,)))
             if row is None:
                 raise SessionNotFoundError(session_id)
             position = int(row[0])
             now = utc_now()
             digest = control_digest(session_id, position, kind, payload_json, now)
-            cur.execute(_SQL_CONTROL_INSERT, (session_id, position, kind, payload_json, now, digest))
-            return position, now
+            cur.execute(sql.CONTROL_INSERT, (session_id, position, kind, payload_json, now, digest))
+            return ControlItem(
+                session_id=session_id,
+                position=position,
+                kind=kind,
+                payload=stored_object(payload_json, "control", str(position), session_id),
+                created_at=now,
+            )
 
-        position, created_at = self._run(append, write=True)
-        return ControlItem(
-            session_id=session_id,
-            position=position,
-            kind=kind,
-            payload=stored_object(payload_json, "control", str(position), session_id),
-            created_at=created_at,
-        )
+        return append
 
     def list_control(self, session_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[ControlItem]:
         """Control items with position > ``after`` (optionally only ``kinds``), by position, verified.
@@ -681,12 +600,12 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         start = check_after(after)
 
         def read(cur: sqlite3.Cursor) -> tuple[int, list[Any]]:
-            seq = _one(cur.execute(_SQL_CONTROL_SEQ, (session_id,)))
+            seq = _one(cur.execute(sql.CONTROL_SEQ, (session_id,)))
             if seq is None:
                 raise SessionNotFoundError(session_id)
-            return int(seq[0]), cur.execute(_SQL_CONTROL_LIST, (session_id, start)).fetchall()
+            return int(seq[0]), cur.execute(sql.CONTROL_LIST, (session_id, start)).fetchall()
 
-        count, rows = self._run(read, write=False)
+        count, rows = self._read(read)
         items = []
         expected = start
         for position, kind_raw, payload_raw, created_raw, digest in rows:
@@ -721,36 +640,56 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
     ) -> SessionLease:
         """Take (or, for its owner, renew) the session's lease; SessionBusyError if another owner holds it."""
+        return self._write(self._acquire_work(session_id, owner, ttl_seconds, take_over_from))
+
+    async def aacquire_lease(
+        self, session_id: str, owner: str, *, ttl_seconds: float, take_over_from: str | None = None
+    ) -> SessionLease:
+        return await self._awrite(self._acquire_work(session_id, owner, ttl_seconds, take_over_from))
+
+    def _acquire_work(
+        self, session_id: str, owner: str, ttl_seconds: float, take_over_from: str | None
+    ) -> Callable[[sqlite3.Cursor], SessionLease]:
         ttl = check_lease_ttl(ttl_seconds)
+        check_lease_owner(owner, take_over_from)
 
         def acquire(cur: sqlite3.Cursor) -> SessionLease:
-            head = _one(cur.execute(_SQL_HEAD_AND_CONTROL_SEQ, (session_id,)))
+            head = _one(cur.execute(sql.HEAD_AND_CONTROL_SEQ, (session_id,)))
             if head is None:
                 raise SessionNotFoundError(session_id)
             lease = next_lease(_lease(cur, session_id), session_id, owner, ttl, time.time(), take_over_from)
-            cur.execute(_SQL_LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
+            cur.execute(sql.LEASE_PUT, (session_id, lease.owner, lease.token, lease.expires_at))
             return replace(lease, head_snapshot_id=head[0], control_seq=int(head[1]))
 
-        return self._run(acquire, write=True)
+        return acquire
 
     def renew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
         """Extend a held lease; LeaseLostError if it expired or was taken over."""
+        return self._write(self._renew_work(lease, ttl_seconds))
+
+    async def arenew_lease(self, lease: SessionLease, *, ttl_seconds: float) -> SessionLease:
+        return await self._awrite(self._renew_work(lease, ttl_seconds))
+
+    def _renew_work(self, lease: SessionLease, ttl_seconds: float) -> Callable[[sqlite3.Cursor], SessionLease]:
         ttl = check_lease_ttl(ttl_seconds)
 
         def renew(cur: sqlite3.Cursor) -> SessionLease:
             renewed = renewed_lease(_lease(cur, lease.session_id), lease, ttl, time.time())
-            cur.execute(_SQL_LEASE_PUT, (renewed.session_id, renewed.owner, renewed.token, renewed.expires_at))
+            cur.execute(sql.LEASE_PUT, (renewed.session_id, renewed.owner, renewed.token, renewed.expires_at))
             return renewed
 
-        return self._run(renew, write=True)
+        return renew
 
     def release_lease(self, lease: SessionLease) -> None:
         """Give the lease up now (a no-op if it is no longer current); its token stays used."""
-        self._run(lambda cur: cur.execute(_SQL_LEASE_RELEASE, (lease.session_id, lease.token, lease.owner)), write=True)
+        self._write(_release_work(lease))
+
+    async def arelease_lease(self, lease: SessionLease) -> None:
+        await self._awrite(_release_work(lease))
 
     def get_lease(self, session_id: str) -> SessionLease | None:
         """The session's current lease row (possibly lapsed), or None if it never had one."""
-        return self._run(lambda cur: _lease(cur, session_id), write=False)
+        return self._read(lambda cur: _lease(cur, session_id))
 
     # ---- blobs
 
@@ -758,12 +697,17 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Store content-addressed blobs (key = sha256 hex of the bytes, verified)."""
         checked = check_blobs(blobs)
         if checked:
-            self._run(lambda cur: cur.executemany(_SQL_BLOB_INSERT, checked), write=True)
+            self._write(lambda cur: cur.executemany(sql.BLOB_INSERT, checked))
+
+    async def aput_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        checked = check_blobs(blobs)
+        if checked:
+            await self._awrite(lambda cur: cur.executemany(sql.BLOB_INSERT, checked))
 
     def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
         """The stored blobs among ``digests`` (absent digests are absent from the result); verified."""
         wanted = json.dumps(sorted(name_set(digests, "digests") or ()))
-        rows = self._run(lambda cur: cur.execute(_SQL_BLOB_GET, (wanted,)).fetchall(), write=False)
+        rows = self._read(lambda cur: cur.execute(sql.BLOB_GET, (wanted,)).fetchall())
         found = {str(digest): bytes(data) for digest, data in rows}
         check_blobs(found)  # BlobIntegrityError if stored bytes were altered
         return found
@@ -774,49 +718,71 @@ class SqliteCheckpointStore(SyncCheckpointStore):
         """Delete snapshots not reachable from a head or ``keep`` (with their writes), then the
         blobs that only they mentioned (see ``mentioned_digests``). One write transaction: no
         commit can start to reference a blob while it is being judged unreferenced."""
+        return self._write(self._prune_work(keep))
+
+    async def aprune(self, *, keep: Iterable[str] = ()) -> PruneReport:
+        return await self._awrite(self._prune_work(keep))
+
+    def _prune_work(self, keep: Iterable[str]) -> Callable[[sqlite3.Cursor], PruneReport]:
         named = sorted(name_set(keep, "keep") or ())
 
         def prune(cur: sqlite3.Cursor) -> PruneReport:
-            cur.execute(_SQL_KEEP_TABLE)
-            cur.execute(_SQL_KEEP_CLEAR)
-            cur.executemany(_SQL_KEEP_INSERT, [(snapshot_id,) for snapshot_id in named])
-            missing = _one(cur.execute(_SQL_KEEP_MISSING))
+            cur.execute(sql.KEEP_TABLE)
+            cur.execute(sql.KEEP_CLEAR)
+            cur.executemany(sql.KEEP_INSERT, [(snapshot_id,) for snapshot_id in named])
+            missing = _one(cur.execute(sql.KEEP_MISSING))
             if missing is not None:
                 raise SnapshotNotFoundError(missing[0])
             candidates: set[str] = set()
-            doomed = cur.execute(_SQL_PRUNE_DOOMED).fetchall()
+            doomed = cur.execute(sql.PRUNE_DOOMED).fetchall()
             for row in doomed:
                 candidates |= mentioned_digests(_payload_or_empty(row))
-            cur.execute(_SQL_PRUNE, (json.dumps([row[0] for row in doomed]),))
-            for (payload,) in cur.execute(_SQL_DOOMED_WRITES).fetchall():
+            cur.execute(sql.PRUNE, (json.dumps([row[0] for row in doomed]),))
+            for (payload,) in cur.execute(sql.DOOMED_WRITES).fetchall():
                 candidates |= mentioned_digests(payload)
-            cur.execute(_SQL_PRUNE_WRITES)
-            cur.execute(_SQL_KEEP_CLEAR)
-            kept = int(_one(cur.execute(_SQL_SNAPSHOT_COUNT))[0])
+            cur.execute(sql.PRUNE_WRITES)
+            cur.execute(sql.KEEP_CLEAR)
+            kept = int(_one(cur.execute(sql.SNAPSHOT_COUNT))[0])
             dropped = _drop_blobs(cur, candidates)
             return PruneReport(deleted_snapshots=len(doomed), kept_snapshots=kept, deleted_blobs=dropped)
 
-        return self._run(prune, write=True)
+        return prune
 
     def vacuum(self) -> None:
-        """Rebuild the file to reclaim space freed by pruning, then truncate the WAL."""
+        """Rebuild the file to reclaim space freed by pruning, then truncate the WAL (on the writing
+        connection, between two groups: VACUUM runs outside any transaction)."""
+        with self._write_lock:
+            try:
+                cur = self._writer_cursor()
+                cur.execute("VACUUM")
+                cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
 
-        def vacuum(cur: sqlite3.Cursor) -> None:
-            cur.execute("VACUUM")
-            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-        self._run(vacuum, write=False)
+    async def avacuum(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.vacuum)
 
     def close(self) -> None:
-        """Close this process's connection; later calls raise CheckpointError. Idempotent."""
-        with self._lock:
+        """Close this process's connections; later calls raise CheckpointError. Idempotent."""
+        with self._write_lock, self._lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
                 self._checkpointer = None
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = self._cursor = None
+            if self._pid == os.getpid():
+                for conn in (self._conn, self._reader):
+                    if conn is not None:
+                        conn.close()
+            self._conn = self._cursor = self._reader = self._rcursor = None
             self._closed = True
+        self._groups.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def _offload(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Reads run inline on the event loop (WAL readers never wait for a writer); writes have
+        async twins of their own that join a group (:meth:`_awrite`)."""
+        return fn(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -838,19 +804,29 @@ def _drop_blobs(cur: sqlite3.Cursor, candidates: set[str]) -> int:
     not decode, nothing is deleted, since what it references cannot be known."""
     if not candidates:
         return 0
-    present = {row[0] for row in cur.execute(_SQL_BLOB_PRESENT, (json.dumps(sorted(candidates)),))}
+    present = {row[0] for row in cur.execute(sql.BLOB_PRESENT, (json.dumps(sorted(candidates)),))}
     if not present:
         return 0
-    for row in cur.execute(_SQL_ALL_SNAPSHOTS).fetchall():
+    for row in cur.execute(sql.ALL_SNAPSHOTS).fetchall():
         payload = _payload_or_empty(row)
         if not payload:
             return 0
         present -= mentioned_digests(payload)
-    for (payload,) in cur.execute(_SQL_ALL_WRITES).fetchall():
+    for (payload,) in cur.execute(sql.ALL_WRITES).fetchall():
         present -= mentioned_digests(payload)
     if present:
-        cur.execute(_SQL_BLOB_DELETE, (json.dumps(sorted(present)),))
+        cur.execute(sql.BLOB_DELETE, (json.dumps(sorted(present)),))
     return len(present)
+
+
+def _unhex(stored: Any, session_id: str) -> int:
+    """A stored tally digest ('' for none); IntegrityError names the head row when it is damaged."""
+    try:
+        return int(stored, 16) if stored else NO_WRITES_DIGEST
+    except (TypeError, ValueError) as exc:
+        raise IntegrityError(
+            "heads", session_id, f"its tally of pending writes is unreadable: {exc}", session_id=session_id
+        ) from exc
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -866,6 +842,32 @@ def _one(cur: sqlite3.Cursor) -> Any:
     is finished and holds no read snapshot between calls (``fetchone`` would leave it open)."""
     rows = cur.fetchall()
     return rows[0] if rows else None
+
+
+def _write_in_transaction(
+    cur: sqlite3.Cursor, group: list[Pending[_Work]], error: Callable[[sqlite3.Error], CheckpointError]
+) -> None:
+    """Run each piece of ``group``'s work in a savepoint of one transaction, setting its outcome."""
+    execute = cur.execute
+    execute("BEGIN IMMEDIATE")
+    try:
+        for pending in group:
+            pending.error = None
+            execute("SAVEPOINT work")
+            try:
+                pending.result = pending.work(cur)
+            except (CheckpointError, UsageError, sqlite3.Error) as exc:
+                if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                    raise  # the group is retried whole
+                execute("ROLLBACK TO work")
+                pending.error = error(exc) if isinstance(exc, sqlite3.Error) else exc
+            execute("RELEASE work")
+        execute("COMMIT")
+    except BaseException:
+        if cur.connection.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # SQLite already rolled back; keep the first error
+                execute("ROLLBACK")
+        raise
 
 
 def _in_transaction(cur: sqlite3.Cursor, fn: Callable[[sqlite3.Cursor], _T]) -> _T:
@@ -885,24 +887,24 @@ def _migrate(cur: sqlite3.Cursor, path: str) -> None:
     """Bring the file to SCHEMA_VERSION, one transaction per pending migration."""
     if _schema_version(cur, path) == SCHEMA_VERSION:
         return
-    for migration in _MIGRATIONS:
+    for migration in sql.MIGRATIONS:
 
-        def apply(cur: sqlite3.Cursor, migration: _Migration = migration) -> None:
-            cur.execute(_SQL_SCHEMA_TABLE)
+        def apply(cur: sqlite3.Cursor, migration: sql.Migration = migration) -> None:
+            cur.execute(sql.SCHEMA_TABLE)
             if _schema_version(cur, path) < migration.version:
                 for statement in migration.statements:
                     cur.execute(statement)
                 if migration.backfill is not None:
                     migration.backfill(cur)
-                cur.execute(_SQL_SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
+                cur.execute(sql.SCHEMA_RECORD, (migration.version, migration.name, utc_now()))
 
         _in_transaction(cur, apply)
 
 
 def _schema_version(cur: sqlite3.Cursor, path: str) -> int:
-    if _one(cur.execute(_SQL_SCHEMA_EXISTS)) is None:
+    if _one(cur.execute(sql.SCHEMA_EXISTS)) is None:
         return 0
-    version = int(_one(cur.execute(_SQL_SCHEMA_VERSION))[0])
+    version = int(_one(cur.execute(sql.SCHEMA_VERSION_GET))[0])
     if version > SCHEMA_VERSION:
         raise CheckpointError(
             f"{path} has checkpoint schema version {version}, newer than this qitos supports "
@@ -938,11 +940,11 @@ def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]
     names what is missing when that walk does not reach the base either.
     """
     with _stored_text_checked(snapshot_id):
-        ends = _one(cur.execute(_SQL_CHAIN_ENDS, (snapshot_id,)))
+        ends = _one(cur.execute(sql.CHAIN_ENDS, (snapshot_id,)))
         if ends is not None:
             rowid, session_id, base_id, base_rowid = ends
             if base_id is not None and base_rowid is not None and base_rowid <= rowid:
-                by_id = {row[0]: row for row in cur.execute(_SQL_CHAIN_RANGE, (base_rowid, rowid, session_id))}
+                by_id = {row[0]: row for row in cur.execute(sql.CHAIN_RANGE, (base_rowid, rowid, session_id))}
                 chain: list[Any] = []
                 current = by_id.get(snapshot_id)
                 while current is not None and len(chain) < len(by_id):
@@ -951,7 +953,7 @@ def _chain_rows(cur: sqlite3.Cursor, snapshot_id: str) -> tuple[list[Any], bool]
                         chain.reverse()
                         return chain, False
                     current = by_id.get(current[2])
-        rows = cur.execute(_SQL_CHAIN, (snapshot_id, MAX_CHAIN)).fetchall()
+        rows = cur.execute(sql.CHAIN, (snapshot_id, MAX_CHAIN)).fetchall()
     return chain_oldest_first(snapshot_id, rows), True
 
 
@@ -975,8 +977,15 @@ def _stored_row(row: Any) -> StoredSnapshotRow:
     return (snapshot_id, session_id, parent_id, base_id, sequence, created_at, payload)
 
 
+def _release_work(lease: SessionLease) -> Callable[[sqlite3.Cursor], None]:
+    def release(cur: sqlite3.Cursor) -> None:
+        cur.execute(sql.LEASE_RELEASE, (lease.session_id, lease.token, lease.owner))
+
+    return release
+
+
 def _lease(cur: sqlite3.Cursor, session_id: str) -> SessionLease | None:
-    row = _one(cur.execute(_SQL_LEASE_GET, (session_id,)))
+    row = _one(cur.execute(sql.LEASE_GET, (session_id,)))
     if row is None:
         return None
     owner, token, expires_at = row

@@ -7,7 +7,10 @@ A store persists four kinds of data for durable sessions:
 - one mutable **head** per session (:class:`SessionHeadRecord`), moved only by
   :meth:`CheckpointStore.commit_session_snapshot` with a compare-and-swap on the previous head;
 - **pending writes** inside a step (:class:`StepWrite`: the decision, each tool call's intent and
-  result), keyed so that writing the same key twice keeps the first;
+  result), keyed so that writing the same key twice keeps the first. The head keeps a tally of the
+  writes on it (how many, and a digest of them), so a write that is lost or whose key was altered
+  is an :class:`~qitos.core._errors.IntegrityError` when read, never a call that did not start; the
+  commit that moves the head ends that step and deletes its writes (its outcome is in the snapshot);
 - durable **control items** (:class:`ControlItem`: pause, steer, approve, reject) with positions
   assigned by the store, and content-addressed **blobs** for large values.
 

@@ -54,7 +54,7 @@ from qitos.engine._event_redaction import redact_event, redacting_sink
 from qitos.engine._events import EngineEvent, EngineEventType, EngineResult, RuntimePhase, StepRecord
 from qitos.engine._handoff import handoff_of
 from qitos.engine._hooks import HOOK_METHODS, EngineHook, HookContext
-from qitos.engine._model_path import ModelContext, ModelPath
+from qitos.engine._model_path import ModelContext, ModelPath, record_results
 from qitos.engine._policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
 from qitos.engine._run_context import RunContext, StopRun
 from qitos.engine._subagent import (
@@ -838,8 +838,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
     def _acted(self, run: RunContext, step_id: int, decision: Decision[Any], results: list[ToolResult]) -> Observation:
         """The observation of a step's tool calls, recorded in the exchange log and announced."""
         observation = Observation(results=tuple(results))
-        if self._model_path is not None:
-            self._model_path.record_results(run, results)
+        if run.log is not None:
+            record_results(run.log, results)
         for result in results:
             if type(result.output) is dict and result.ok:  # cheap gate before the handoff check
                 move = handoff_of(self.agent.tool_registry.get(result.name), result)

@@ -58,7 +58,7 @@ from qitos.kit.parsers._base import ParseError
 from qitos.kit.parsers._native import NATIVE_PROTOCOL_ID, decision_from_tool_calls
 from qitos.models._base import ModelResponse, request_digest
 
-__all__ = ["ModelContext", "ModelOutcome", "ModelPath"]
+__all__ = ["ModelContext", "ModelOutcome", "ModelPath", "record_results"]
 
 
 @dataclass
@@ -224,26 +224,6 @@ class ModelPath:
             tokens=response.usage.total_tokens,
         )
 
-    def record_results(self, run: RunContext, results: Sequence[ToolResult]) -> None:
-        """Record a model step's tool results in its exchange and close it."""
-        log: ExchangeLog | None = run.log
-        if log is None:
-            return
-        exchange = log.open_exchange
-        if exchange is None or exchange.output is None:
-            return  # this step's decision did not come from the model
-        declared = {call.id for call in exchange.tool_calls}
-        if declared:
-            for result in results:
-                if result.call_id in declared:
-                    log.record_tool_result(exchange.exchange_id, result.call_id, result.as_text())
-            log.close(exchange.exchange_id)
-            return
-        # A text protocol: results go back to the model as the next exchange's input.
-        log.close(exchange.exchange_id)
-        text = "\n".join(f"Observation from {r.name} ({r.call_id}): {r.as_text()}" for r in results)
-        log.open([{"role": "user", "content": text}])
-
     # ------------------------------------------------------------------ internals
 
     def _call_model(
@@ -357,6 +337,28 @@ class ModelPath:
         if decision.mode != "act":
             log.close(exchange_id)
         return decision
+
+
+def record_results(log: ExchangeLog, results: Sequence[ToolResult]) -> None:
+    """Record a model step's tool results in its exchange and close it.
+
+    A module function, not a :class:`ModelPath` method: a step resumed after a crash finishes the
+    model's decision it restored, on an engine that has made no model call yet.
+    """
+    exchange = log.open_exchange
+    if exchange is None or exchange.output is None:
+        return  # this step's decision did not come from the model
+    declared = {call.id for call in exchange.tool_calls}
+    if declared:
+        for result in results:
+            if result.call_id in declared:
+                log.record_tool_result(exchange.exchange_id, result.call_id, result.as_text())
+        log.close(exchange.exchange_id)
+        return
+    # A text protocol: results go back to the model as the next exchange's input.
+    log.close(exchange.exchange_id)
+    text = "\n".join(f"Observation from {r.name} ({r.call_id}): {r.as_text()}" for r in results)
+    log.open([{"role": "user", "content": text}])
 
 
 def _output_spec(agent: Any) -> OutputSpec | None:

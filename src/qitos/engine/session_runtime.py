@@ -53,6 +53,7 @@ from qitos.checkpoint.memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import (
     CheckpointStore,
     DuplicateOperationError,
+    SessionCommitReceipt,
     SessionHeadRecord,
     SessionLease,
     SessionSnapshot,
@@ -104,10 +105,12 @@ from qitos.sessions.step_journal import (
     RestoredSession,
     SessionJournal,
     arestore,
+    arestore_created,
     first_payload,
     fork_payload,
     materialize,
     restore,
+    restore_created,
 )
 
 __all__ = ["Session", "SessionInspection"]
@@ -206,6 +209,8 @@ class Session:
         self._composition = composition
         self._task = task
         self._head = head  # the head it was restored from (see _granted_head)
+        # The first snapshot, when this Session created the session and has not run it yet.
+        self._created: SessionSnapshot | None = None
         self._journal: SessionJournal | None = None
 
     @property
@@ -240,7 +245,11 @@ class Session:
         try:
             # read under the lease: no other runner moves it now
             head = self._granted_head(granted) or _require_head(store, sid)
-            restored = restore(store, sid, head.snapshot_id)
+            created, self._created = self._created, None
+            if created is not None and created.snapshot_id == head.snapshot_id:
+                restored = restore_created(store, created)  # what this Session just wrote: no read
+            else:
+                restored = restore(store, sid, head.snapshot_id)
             journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_heartbeat()
             return self.engine.run(
@@ -268,7 +277,11 @@ class Session:
             head = self._granted_head(granted) or await store.aget_session_head(sid)
             if head is None:
                 raise SessionNotFoundError(sid)
-            restored = await arestore(store, sid, head.snapshot_id)
+            created, self._created = self._created, None
+            if created is not None and created.snapshot_id == head.snapshot_id:
+                restored = await arestore_created(store, created)
+            else:
+                restored = await arestore(store, sid, head.snapshot_id)
             journal, resume = self._prepare_run(store, restored, lease, control_seq=head.control_seq)
             lease.start_async_heartbeat()
             task = self._task_or_load()
@@ -277,6 +290,19 @@ class Session:
             )
         finally:
             await lease.arelease()
+
+    def _created_as(self, commit: SessionSnapshotCommit, receipt: SessionCommitReceipt) -> None:
+        """Remember the head this Session just created (its first run need not read it back)."""
+        self._created = commit.snapshot
+        self._head = SessionHeadRecord(
+            session_id=receipt.session_id,
+            snapshot_id=receipt.snapshot_id,
+            sequence=receipt.sequence,
+            lifecycle=commit.lifecycle,
+            updated_at=receipt.committed_at,
+            metadata=commit.session_metadata or {},
+            control_seq=receipt.control_seq,
+        )
 
     def _granted_head(self, granted: SessionLease) -> SessionHeadRecord | None:
         """The head this Session was restored from, if the lease was granted on that very head (it
@@ -545,7 +571,7 @@ def new_session(
     parent's call); ``metadata``: extra session metadata (the child's link to its parent).
     """
     store, commit, session = _first_snapshot(engine, task, composition, state_kwargs, session_id, metadata)
-    store.commit_session_snapshot(commit)
+    session._created_as(commit, store.commit_session_snapshot(commit))
     return session
 
 
@@ -560,7 +586,7 @@ async def anew_session(
 ) -> Session:
     """Async twin of :func:`new_session` (the first snapshot is committed with the store's async method)."""
     store, commit, session = _first_snapshot(engine, task, composition, state_kwargs, session_id, metadata)
-    await store.acommit_session_snapshot(commit)
+    session._created_as(commit, await store.acommit_session_snapshot(commit))
     return session
 
 

@@ -3,9 +3,10 @@
 Every model call a durable session makes is recorded before anything else happens with its reply:
 the step's ``decision`` pending write (``qitos.sessions.step_journal``) holds ``model`` =
 ``{"request_id", "request_digest", "response"}``, keyed by the snapshot the step started from, and
-the snapshot that closes the step names the request view that was sent (a blob, see
-``qitos.sessions.stored_view``). :func:`recorded_calls` reads the first, in order; every row is
-checked against its digest by the store, so a damaged row raises
+the snapshot that closes the step keeps it in the step's summary (``qitos.sessions.payload``) and
+names the request view that was sent (a blob, see ``qitos.sessions.stored_view``).
+:func:`recorded_calls` reads the calls, in order; every row is checked against its digest by the
+store, so a damaged row raises
 :class:`~qitos.core._errors.IntegrityError` naming it, never a wrong reply. :func:`recorded_request`
 reads the second, only to explain a divergence: :func:`request_diff` says in a few words what
 changed between the recorded request and the new one (system prompt, a message, the tools, the
@@ -51,35 +52,45 @@ class RecordedCall:
 
 
 def recorded_calls(store: CheckpointStore, session_id: str) -> list[RecordedCall]:
-    """The model calls ``session_id`` recorded, in the order they were made (its decision writes)."""
-    calls: list[RecordedCall] = []
+    """The model calls ``session_id`` recorded, in the order they were made.
+
+    A committed step's call is in its summary in the snapshot that committed it; a step still under
+    way (or paused midway) has it in its decision's pending write, or in the head's unfinished step;
+    sessions written before the summaries held it keep it in their decision writes.
+    """
+    by_step: dict[int, tuple[Any, str, str]] = {}  # step: (model entry, table, row)
     for snapshot_id in reversed(store.list_session_snapshots(session_id)):
+        payload = SnapshotPayload.of(store.get_snapshot(snapshot_id))
+        for step in payload.steps:
+            if step.model is not None:
+                by_step.setdefault(step.step_id, (step.model, "snapshots", f"{snapshot_id} step {step.step_id}"))
+        if payload.pending is not None and payload.pending.model is not None:
+            where = f"{snapshot_id} unfinished step {payload.pending.step_id}"
+            by_step.setdefault(payload.pending.step_id, (payload.pending.model, "snapshots", where))
         for write in store.get_writes(session_id, snapshot_id):
-            if write.kind != "decision" or write.payload.get("model") is None:
-                continue
-            entry = write.payload["model"]
-            where = f"{write.kind}/{write.key} of snapshot {snapshot_id}"
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("response"), Mapping):
-                raise IntegrityError("writes", where, "the model entry has no response", session_id=session_id)
-            digest = entry.get("request_digest")
-            if not isinstance(digest, str):
-                raise IntegrityError("writes", where, "the model entry has no request digest", session_id=session_id)
-            try:
-                response = ModelResponse.from_dict(entry["response"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise IntegrityError(
-                    "writes", where, f"unreadable model response ({exc})", session_id=session_id
-                ) from exc
-            request_id = entry.get("request_id")
-            calls.append(
-                RecordedCall(
-                    step=write.step_id,
-                    request_digest=digest,
-                    response=response,
-                    request_id=request_id if isinstance(request_id, str) else None,
-                )
-            )
-    return calls
+            if write.kind == "decision" and write.payload.get("model") is not None:
+                where = f"{write.kind}/{write.key} of snapshot {snapshot_id}"
+                by_step.setdefault(write.step_id, (write.payload["model"], "writes", where))
+    return [_recorded_call(session_id, step, *found) for step, found in sorted(by_step.items())]
+
+
+def _recorded_call(session_id: str, step: int, entry: Any, table: str, where: str) -> RecordedCall:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("response"), Mapping):
+        raise IntegrityError(table, where, "the model entry has no response", session_id=session_id)
+    digest = entry.get("request_digest")
+    if not isinstance(digest, str):
+        raise IntegrityError(table, where, "the model entry has no request digest", session_id=session_id)
+    try:
+        response = ModelResponse.from_dict(entry["response"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IntegrityError(table, where, f"unreadable model response ({exc})", session_id=session_id) from exc
+    request_id = entry.get("request_id")
+    return RecordedCall(
+        step=step,
+        request_digest=digest,
+        response=response,
+        request_id=request_id if isinstance(request_id, str) else None,
+    )
 
 
 def recorded_request(store: CheckpointStore, session_id: str, step: int) -> RequestView | None:

@@ -14,7 +14,8 @@ canonical JSON of :meth:`SnapshotPayload.to_json` (the store never reads it). Th
                                               the blob of its new entries (``chunk``), when there are
     request_view                              the blob of the last RequestView (a delta: a new one)
     pending                                   a step that stopped midway (decision, calls so far)
-    step                                      what the boundary's steps did (for the work graph)
+    step                                      what the boundary's steps did (the work graph) and the
+                                              model call each made (a replay answers with it)
     fork_of                                   a fork's first snapshot: where it was forked from
     format                                    a base: the format its chain is written in
 
@@ -83,11 +84,14 @@ class CallSummary:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepSummary:
-    """What one committed step did: its decision's mode and its tool calls."""
+    """What one committed step did: its decision's mode, its tool calls and, when a model decided,
+    the model call (``request_id``, ``request_digest`` and the ``response``: what a replay answers
+    the same request with)."""
 
     step_id: int
     mode: str
     calls: tuple[CallSummary, ...] = ()
+    model: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -276,7 +280,7 @@ _PAYLOAD_KEYS: Final = frozenset(
 )
 _STATE_KEYS: Final = frozenset({"full", "chunks", "delta"})
 _LOG_KEYS: Final = frozenset({"log_id", "position", "digest", "chunks", "chunk"})
-_STEP_KEYS: Final = frozenset({"step_id", "mode", "calls"})
+_STEP_KEYS: Final = frozenset({"step_id", "mode", "calls", "model"})
 _CALL_KEYS: Final = frozenset({"call_id", "tool", "ok", "error_kind"})
 _FORK_KEYS: Final = frozenset({"session_id", "snapshot_id"})
 
@@ -421,7 +425,7 @@ def _steps(items: list[Any]) -> tuple[StepSummary, ...]:
         mode = r.text("mode")
         if mode is None:
             raise CodecError(f"{path}.mode", "missing")
-        steps.append(StepSummary(step_id=r.number("step_id"), mode=mode, calls=tuple(calls)))
+        steps.append(StepSummary(step_id=r.number("step_id"), mode=mode, calls=tuple(calls), model=r.mapping("model")))
     return tuple(steps)
 
 
@@ -431,6 +435,8 @@ def _step_json(step: StepSummary) -> dict[str, Any]:
         out["calls"] = [
             {"call_id": c.call_id, "tool": c.tool, "ok": c.ok, "error_kind": c.error_kind} for c in step.calls
         ]
+    if step.model is not None:
+        out["model"] = dict(step.model)
     return out
 
 

@@ -14,8 +14,9 @@ Redaction: every payload and blob the journal writes (pending writes, snapshot p
 the stored request view) passes its ``redactor`` (``qitos.core._redaction``: token shapes plus the
 model's configured credentials) in :meth:`SessionJournal._clean`, so no secret reaches the store;
 the exchange-log entries were redacted when recorded. A snapshot payload's other keys hold only
-counters, ids, digests and kinds, so only its ``state`` and ``pending`` parts are cleaned. A
-restored session sees the marker.
+counters, ids, digests and kinds, so only its ``state`` and ``pending`` parts are cleaned, and its
+steps' model calls are stored as their decision writes were cleaned. A restored session sees the
+marker.
 Durability modes and crash safety are described in ``qitos.engine.session_runtime``.
 """
 
@@ -47,10 +48,12 @@ __all__ = [
     "RestoredSession",
     "SessionJournal",
     "arestore",
+    "arestore_created",
     "first_payload",
     "fork_payload",
     "materialize",
     "restore",
+    "restore_created",
 ]
 
 _T = TypeVar("_T")
@@ -325,9 +328,25 @@ async def arestore(store: CheckpointStore, session_id: str, head_id: str) -> Res
     return await _aread(store, _restore(session_id, head_id))
 
 
+def restore_created(store: CheckpointStore, snapshot: SessionSnapshot) -> RestoredSession:
+    """A session at the first snapshot it was created with, while that is still its head and nothing
+    was written on it: rebuilt from ``snapshot`` itself, without reading it back."""
+    return _read(store, _restored(snapshot.session_id, [snapshot], []))
+
+
+async def arestore_created(store: CheckpointStore, snapshot: SessionSnapshot) -> RestoredSession:
+    """Async twin of :func:`restore_created`."""
+    return await _aread(store, _restored(snapshot.session_id, [snapshot], []))
+
+
 def _restore(session_id: str, head_id: str) -> _ReadPlan[RestoredSession]:
     read: tuple[list[SessionSnapshot], list[StepWrite]] = yield "load_chain_with_writes", (session_id, head_id)
     chain, writes = read
+    return (yield from _restored(session_id, chain, writes))
+
+
+def _restored(session_id: str, chain: list[SessionSnapshot], writes: list[StepWrite]) -> _ReadPlan[RestoredSession]:
+    """The session at the end of ``chain`` with the pending ``writes`` of its unfinished step folded in."""
     restored = yield from _rebuild(chain)
     recorded = restored.payload.pending
     # A copy: the calls started and finished since are added to it, never to the payload record.
@@ -424,6 +443,11 @@ class SessionJournal(RunJournal):
             self._log_position -= len(restored.pending.log_entries)
         self._log_chunks = list(restored.log_chunks)
         self._restored_started = frozenset(restored.pending.started) if restored.pending else frozenset()
+        # The model call of each step not committed yet, by step, as stored (redacted): the step's
+        # summary records it (its decision's pending write ends with the commit that ends the step).
+        self._models: dict[int, Any] = {}
+        if restored.pending is not None and restored.pending.model is not None:
+            self._models[restored.pending.step_id] = restored.pending.model
         self._request_view_id: str | None = restored.request_view
         self._request_view_obj: Any = None
         self._consumed = restored.control_position
@@ -523,6 +547,9 @@ class SessionJournal(RunJournal):
             # that stops before a tool runs commits its boundary with the decision as pending.
             self._unwritten.append(write)
             return None
+        # The commit that ends the step deletes this write; the step's summary keeps the model call
+        # (as cleaned here, so it is redacted once).
+        self._models[pending.step_id] = write.payload["model"]
         return write  # a model's output is expensive to get again: durable at once
 
     def record_tool_started(self, step_id: int, action: Action, *, idempotent: bool = False) -> None:
@@ -806,7 +833,7 @@ class SessionJournal(RunJournal):
             log=log_mark,
             request_view=view_id,
             pending=self._clean_pending(last.pending),
-            steps=_step_summary(boundaries),
+            steps=self._step_summary(boundaries),
             format=FORMAT if full else None,
         )
         snapshot = SessionSnapshot.create(
@@ -859,6 +886,27 @@ class SessionJournal(RunJournal):
         self._log_position = position
         self.commits += 1
 
+    def _step_summary(self, boundaries: list[BoundaryCommit]) -> tuple[StepSummary, ...]:
+        """What the boundaries' steps did, each with its model call (as its decision write stored it)."""
+        steps = []
+        for boundary in boundaries:
+            record = boundary.record
+            if record is None:
+                continue
+            model = self._models.pop(record.step_id, None)
+            steps.append(
+                StepSummary(
+                    step_id=record.step_id,
+                    mode=record.decision.mode,
+                    calls=tuple(
+                        CallSummary(call_id=r.call_id, tool=r.name, ok=r.ok, error_kind=r.error_kind)
+                        for r in record.observation.results
+                    ),
+                    model=model,
+                )
+            )
+        return tuple(steps)
+
     def _full_state(
         self, last: BoundaryCommit, blobs: dict[str, bytes]
     ) -> tuple[dict[str, Any], dict[str, list[ChunkRef]]]:
@@ -902,18 +950,3 @@ class _PreparedCommit:
 def _worth_writing(pending: PendingStep) -> bool:
     """False for a decision with no model and no tool call: re-deciding it is free and has no effects."""
     return bool(pending.decision.get("actions")) or pending.model is not None
-
-
-def _step_summary(boundaries: list[BoundaryCommit]) -> tuple[StepSummary, ...]:
-    return tuple(
-        StepSummary(
-            step_id=record.step_id,
-            mode=record.decision.mode,
-            calls=tuple(
-                CallSummary(call_id=r.call_id, tool=r.name, ok=r.ok, error_kind=r.error_kind)
-                for r in record.observation.results
-            ),
-        )
-        for boundary in boundaries
-        if (record := boundary.record) is not None
-    )

@@ -512,6 +512,19 @@ class CheckpointStoreConformance:
         with pytest.raises(SnapshotNotFoundError):
             store.load_chain_with_writes("s", "0" * 64)
 
+    def test_the_commit_that_moves_a_head_ends_its_steps_writes(self, store: CheckpointStore) -> None:
+        snaps = _chain_of(store, "s", 1)
+        head, earlier = snaps[-1], snaps[0]
+        other = _create(store, "t")
+        store.put_writes([_write(head, "decision", "step", {"mode": "act"}), _write(earlier, "tool_result", "old", {})])
+        store.put_writes([_write(other, "decision", "step", {"mode": "act"})])
+        moved = _advance(store, head, {"ops": ["next"]})
+        assert store.get_writes("s", head.snapshot_id) == []  # its outcome is in the snapshot now
+        assert [w.key for w in store.get_writes("s", earlier.snapshot_id)] == ["old"]  # not the head's: kept
+        assert [w.key for w in store.get_writes("t", other.snapshot_id)] == ["step"]  # another session's: kept
+        assert store.put_writes([_write(moved, "tool_started", "c1", {})]) == [True]
+        assert store.load_chain_with_writes("s", moved.snapshot_id)[1] == store.get_writes("s", moved.snapshot_id)
+
     def test_a_write_batch_with_a_bad_write_stores_none_of_it(self, store: CheckpointStore) -> None:
         head = _create(store, "s")
         other = _create(store, "other")
@@ -825,9 +838,10 @@ class CheckpointStoreConformance:
         )
         doomed = _advance(store, snaps[1], {"state": {"chunks": {"notes": [[only_pruned, 1, 9], [shared, 1, 9]]}}},
                          blobs={only_pruned: d1, shared: d2})  # fmt: skip
-        store.put_writes([_write(doomed, "decision", "step", {"view": in_write})])
         store.put_blobs({in_write: d5, orphan: d4})
         _advance(store, doomed, {"log": {"chunks": [shared, only_kept]}}, parent=snaps[1], blobs={only_kept: d3})
+        # A write on doomed after the head left it (one made while it was the head ended with that commit).
+        store.put_writes([_write(doomed, "decision", "step", {"view": in_write})])
 
         report = store.prune()
 
