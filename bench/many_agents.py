@@ -41,7 +41,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore  # noqa: E402
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore  # noqa: E402
 from qitos.core._agent_module import AgentModule  # noqa: E402
 from qitos.core._decision import Action, Decision, Observation  # noqa: E402
 from qitos.core._state import StateSchema  # noqa: E402

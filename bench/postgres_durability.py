@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 from session_durability import BenchAgent, StepClock, chunks
 
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 from qitos.engine._composition import compose
 from qitos.engine._hooks import EngineHook, HookContext
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, tool
-from qitos.checkpoint.packing import unpack
+from qitos.checkpoint._packing import unpack
 from qitos.models._scripted import FunctionModel
 
 __all__ = [

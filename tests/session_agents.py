@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qitos.checkpoint._targets import open_store
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import open_store
 from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import QitosError

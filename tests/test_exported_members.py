@@ -45,18 +45,18 @@ SURFACE = {
         "SqliteCheckpointStore",
         "open_store",
     ],
-    "qitos.checkpoint.memory_store": ["InMemoryCheckpointStore"],
-    "qitos.checkpoint.packing": ["PackingError", "ZSTD_MAGIC", "pack", "unpack"],
-    "qitos.checkpoint.postgres_connections": ["AsyncStoreConnection", "StoreConnection"],
-    "qitos.checkpoint.postgres_sql": ["Migration", "SCHEMA_VERSION", "StoreSql", "channel_name"],
-    "qitos.checkpoint.postgres_store": [
+    "qitos.checkpoint._memory_store": ["InMemoryCheckpointStore"],
+    "qitos.checkpoint._packing": ["PackingError", "ZSTD_MAGIC", "pack", "unpack"],
+    "qitos.checkpoint._postgres_connections": ["AsyncStoreConnection", "StoreConnection"],
+    "qitos.checkpoint._postgres_sql": ["Migration", "SCHEMA_VERSION", "StoreSql", "channel_name"],
+    "qitos.checkpoint._postgres_store": [
         "APPLICATION_NAME",
         "ControlAnnouncements",
         "PostgresCheckpointStore",
         "SCHEMA_VERSION",
         "TableSize",
     ],
-    "qitos.checkpoint.sqlite_store": ["SCHEMA_VERSION", "SqliteCheckpointStore"],
+    "qitos.checkpoint._sqlite_store": ["SCHEMA_VERSION", "SqliteCheckpointStore"],
     "qitos.checkpoint.store": [
         "BlobIntegrityError",
         "CheckpointStore",
@@ -73,7 +73,7 @@ SURFACE = {
         "StepWrite",
         "SyncCheckpointStore",
     ],
-    "qitos.checkpoint.targets": [
+    "qitos.checkpoint._targets": [
         "check_target",
         "describe_target",
         "is_postgres_target",
@@ -83,7 +83,7 @@ SURFACE = {
         "sqlite_path",
         "store_exists",
     ],
-    "qitos.checkpoint.wal_checkpointer": ["SAFETY_NET_PAGES", "WalCheckpointer"],
+    "qitos.checkpoint._wal_checkpointer": ["SAFETY_NET_PAGES", "WalCheckpointer"],
     "qitos.cli": [],
     "qitos.cli.app": ["app", "main"],
     "qitos.core": [

@@ -105,10 +105,10 @@ SURFACES = {
     },
     "qitos.checkpoint": {
         "CheckpointStore": "qitos.checkpoint.store",
-        "InMemoryCheckpointStore": "qitos.checkpoint.memory_store",
-        "SqliteCheckpointStore": "qitos.checkpoint.sqlite_store",
-        "PostgresCheckpointStore": "qitos.checkpoint.postgres_store",
-        "open_store": "qitos.checkpoint.targets",
+        "InMemoryCheckpointStore": "qitos.checkpoint._memory_store",
+        "SqliteCheckpointStore": "qitos.checkpoint._sqlite_store",
+        "PostgresCheckpointStore": "qitos.checkpoint._postgres_store",
+        "open_store": "qitos.checkpoint._targets",
     },
     "qitos.tools": {
         "MCPConnectionError": "qitos.kit.tools._mcp",

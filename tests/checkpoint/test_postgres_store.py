@@ -21,8 +21,8 @@ import psycopg
 import pytest
 
 from pg_server import drop_schema, fresh_schema, pg_store
-from qitos.checkpoint.postgres_store import SCHEMA_VERSION, PostgresCheckpointStore, _drive
-from qitos.checkpoint.store import BlobIntegrityError, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint._postgres_store import SCHEMA_VERSION, PostgresCheckpointStore, _drive
+from qitos.checkpoint._records import BlobIntegrityError, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
 from qitos.core._errors import (
     CheckpointError,
     ConfigurationError,
@@ -506,10 +506,10 @@ def test_bad_options_are_refused_naming_them(pg_dsn: str) -> None:
 def test_importing_qitos_never_imports_psycopg_and_a_missing_extra_is_named() -> None:
     code = (
         "import sys\n"
-        "import qitos, qitos.checkpoint.postgres_store, qitos.checkpoint.targets, qitos.cli._sessions\n"
+        "import qitos, qitos.checkpoint._postgres_store, qitos.checkpoint._targets, qitos.cli._sessions\n"
         "print('psycopg' in sys.modules, 'psycopg_pool' in sys.modules)\n"
         "sys.modules['psycopg'] = None\n"
-        "from qitos.checkpoint.targets import open_store\n"
+        "from qitos.checkpoint._targets import open_store\n"
         "try:\n"
         "    open_store('postgresql://localhost/x')\n"
         "except Exception as exc:\n"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pg_server import pg_store
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 from qitos.core._redaction import REDACTED
 
 
@@ -40,7 +40,7 @@ def test_the_approval_flow_runs_on_postgres_from_the_cli(cli: Any, workdir: Path
 
 
 def test_a_password_in_the_url_is_never_printed(cli: Any, workdir: Path, pg_dsn: str) -> None:
-    from qitos.checkpoint.targets import describe_target
+    from qitos.checkpoint._targets import describe_target
 
     assert (
         describe_target("postgresql://user:hunter2@db.example/qitos")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from qitos import Engine
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError
 from qitos.core._tool import ToolResult

@@ -17,7 +17,7 @@ import pytest
 
 import session_agents as sa
 from qitos import Action, AgentModule, AsyncEngine, Decision, StateSchema, ToolRegistry, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.engine._composition import compose
 from qitos.engine._events import EngineEvent

@@ -19,7 +19,7 @@ import pytest
 
 import delegate_agents as da
 import driven
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.engine._subagent import child_session_id
 from qitos.engine.session_runtime import restore_session

@@ -11,7 +11,7 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError

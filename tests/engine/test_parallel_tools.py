@@ -19,7 +19,7 @@ import pytest
 
 import delegate_agents as da
 import driven
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError

@@ -240,7 +240,7 @@ def test_an_interrupted_non_idempotent_call_is_reported_to_the_agent_and_not_rep
 
 def test_a_session_killed_in_its_first_tool_call_reads_running_then_interrupted(tmp_path: Path) -> None:
     """The head still says ``created`` (no boundary was committed), but a reader sees the run."""
-    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
     from qitos.viewer._data import session_detail, session_summary
 
     db, side, marker = str(tmp_path / "s.db"), str(tmp_path / "side.log"), str(tmp_path / "hang")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.sessions.payload import SnapshotPayload
 

@@ -18,12 +18,13 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
 
 # the zstd module packing compresses with (the standard library's or its backport, whichever is present)
-from qitos.checkpoint.packing import unpack, zstd  # type: ignore[attr-defined]
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
+from qitos.checkpoint._packing import unpack, zstd  # type: ignore[attr-defined]
+from qitos.checkpoint._records import SnapshotNotFoundError
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision
 from qitos.core._errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
@@ -768,7 +769,7 @@ def test_a_thousand_steps_appending_a_kib_each_keep_the_database_small(db: str, 
 
 def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_path: Path) -> None:
     from qitos import AgentModule, Decision, StateSchema, compose
-    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
     from qitos.core._errors import LeaseLostError
     from qitos.trace import list_runs
 

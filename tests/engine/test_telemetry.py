@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode, format_span_id, format_trace_id
 
 from qitos import AgentModule, AsyncEngine, Decision, Engine, StateSchema, ToolRegistry, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._install import install_command
 from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses

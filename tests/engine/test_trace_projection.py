@@ -12,7 +12,7 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.engine._composition import compose
 from qitos.engine._hooks import EngineHook, HookContext
 from qitos.sessions.payload import SnapshotPayload

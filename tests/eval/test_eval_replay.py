@@ -16,8 +16,8 @@ import pytest
 from chat_server import ScriptServer
 from replay_agents import Prompted, Reworded, ToolsChanged
 
-from qitos.checkpoint.packing import pack_or_raw, unpack
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._packing import pack_or_raw, unpack
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.eval import Dataset, EvalChangedError, ReplaySourceError, Sample, evaluate, open_eval_store, scorers
 from qitos.eval._recording import recorded_calls
 from qitos.models import FunctionModel, OpenAICompatibleModel

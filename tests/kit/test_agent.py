@@ -13,7 +13,7 @@ import pytest
 
 import agent_app
 from qitos import Agent, AgentModule, Engine, compose, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
 from qitos.engine._delegation import delegate

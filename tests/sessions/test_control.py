@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import delegate_agents as da
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.engine._subagent import child_session_id
 from qitos.sessions.control import acontinuation, continuation, continuation_position
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SCHEMA_VERSION
+from qitos.checkpoint._sqlite_store import SCHEMA_VERSION
 from qitos.core._state import StopReason
 from qitos.engine._composition import compose
 from qitos.engine.runtime import RuntimeBudget

@@ -16,8 +16,8 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
+from qitos.checkpoint._records import SessionSnapshot, SessionSnapshotCommit
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._codec import canonical_json
 from qitos.core._errors import CodecError, SnapshotIntegrityError
 from qitos.models._base import ModelResponse

@@ -7,7 +7,7 @@ import string
 
 import pytest
 
-from qitos.checkpoint.packing import ZSTD_MAGIC
+from qitos.checkpoint._packing import ZSTD_MAGIC
 from qitos.core._codec import sha256_hex
 from qitos.sessions.state_chunks import CHUNK_BYTES, ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 

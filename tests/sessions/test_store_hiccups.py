@@ -23,7 +23,7 @@ import pytest
 
 import charge_agents as ca
 from pg_server import drop_schema, fresh_schema
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 from qitos.core._errors import CheckpointError
 from qitos.sessions.lease import LeaseKeeper
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qitos import compose
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._redaction import REDACTED
 from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY, KeyedModel, SecretAgent, stored_texts
 

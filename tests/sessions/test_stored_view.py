@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import session_agents as sa
-from qitos.checkpoint.packing import unpack
+from qitos.checkpoint._packing import unpack
 from qitos.core._codec import canonical_json
 from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView

@@ -146,7 +146,7 @@ def test_a_sessions_request_inspector_shows_what_was_sent_and_what_came_back(
 
 
 def test_a_store_without_eval_tables_shows_none_and_gets_none(tmp_path: Path) -> None:
-    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
     from qitos.engine._composition import compose
 
     db = tmp_path / "sessions.db"

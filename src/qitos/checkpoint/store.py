@@ -44,9 +44,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
 from qitos.checkpoint._records import (
-    BlobIntegrityError,
     ControlItem,
-    DuplicateOperationError,
     PruneReport,
     SessionCommitReceipt,
     SessionHeadRecord,
@@ -54,28 +52,12 @@ from qitos.checkpoint._records import (
     SessionPosition,
     SessionSnapshot,
     SessionSnapshotCommit,
-    SnapshotNotFoundError,
     StepWrite,
 )
 from qitos.checkpoint._rules import name_set
 from qitos.core._errors import UsageError
 
-__all__ = [
-    "BlobIntegrityError",
-    "CheckpointStore",
-    "ControlItem",
-    "DuplicateOperationError",
-    "PruneReport",
-    "SessionCommitReceipt",
-    "SessionHeadRecord",
-    "SessionLease",
-    "SessionPosition",
-    "SessionSnapshot",
-    "SessionSnapshotCommit",
-    "SnapshotNotFoundError",
-    "StepWrite",
-    "SyncCheckpointStore",
-]
+__all__ = ["CheckpointStore"]
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")

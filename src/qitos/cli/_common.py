@@ -29,8 +29,8 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 
-from qitos.checkpoint.store import SnapshotNotFoundError
-from qitos.checkpoint.targets import check_target
+from qitos.checkpoint._records import SnapshotNotFoundError
+from qitos.checkpoint._targets import check_target
 from qitos.core._errors import QitosError, SessionNotFoundError, UsageError
 from qitos.core._redaction import redact_text
 from qitos.viewer._data import NotFoundError

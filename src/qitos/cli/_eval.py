@@ -41,7 +41,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from qitos.checkpoint.targets import describe_target, is_postgres_target, store_exists
+from qitos.checkpoint._targets import describe_target, is_postgres_target, store_exists
 from qitos.cli._agents import load_agent
 from qitos.cli._common import (
     EXIT_FAILED,

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from qitos.checkpoint.targets import open_store, sqlite_path
+from qitos.checkpoint._targets import open_store, sqlite_path
 from qitos.cli._agents import AGENT_FORMS, load_agent
 from qitos.cli._common import (
     DEFAULT_DB,

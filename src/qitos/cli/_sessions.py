@@ -18,10 +18,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._targets import describe_target, missing_store
+from qitos.checkpoint._targets import open_store as open_target
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import describe_target, missing_store
-from qitos.checkpoint.targets import open_store as open_target
 from qitos.cli._agents import AGENT_FORMS, session_agent
 from qitos.cli._common import (
     DEFAULT_DB,

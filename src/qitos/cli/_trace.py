@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from qitos.checkpoint.targets import describe_target
+from qitos.checkpoint._targets import describe_target
 from qitos.cli._common import DEFAULT_DB, DEFAULT_LOGDIR, cli_command, console, print_json, store_target
 from qitos.viewer._data import find_run, run_detail, runs_board
 

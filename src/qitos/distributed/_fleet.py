@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.store import SessionPosition
+from qitos.checkpoint._records import SessionPosition
 from qitos.core._errors import ConfigurationError, SessionNotFoundError
 from qitos.core._task import Task
 from qitos.distributed._naming import (

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from qitos.checkpoint.targets import open_store, postgres_dsn
+from qitos.checkpoint._targets import open_store, postgres_dsn
 from qitos.core._errors import ConfigurationError
 from qitos.engine._composition import Composition
 

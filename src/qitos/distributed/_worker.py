@@ -53,8 +53,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-from qitos.checkpoint.targets import postgres_dsn
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._targets import postgres_dsn
 from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError
 from qitos.distributed._naming import (
     APP_NAME,

@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._targets import open_store
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import open_store
 from qitos.core._agent_module import AgentModule
 from qitos.core._errors import ConfigurationError
 from qitos.core._task import Task
@@ -140,7 +140,7 @@ def compose(
     ``checkpoint_store`` is where sessions are stored (the name ``Engine(checkpoint_store=)`` and
     ``composition.runtime.checkpoint_store`` use); ``store`` is the same parameter under a short
     name (give one of them). It defaults to an in-process ``InMemoryCheckpointStore``; text names one
-    (a SQLite file path, ``sqlite:///path`` or a ``postgresql://`` DSN; see ``qitos.checkpoint.targets``).
+    (a SQLite file path, ``sqlite:///path`` or a ``postgresql://`` DSN; see ``qitos.checkpoint._targets``).
     ``durability`` is ``"sync"``
     (commit every boundary) or ``"batched"`` (group commit every ``batch_steps`` boundaries or
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).

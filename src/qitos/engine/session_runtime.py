@@ -48,17 +48,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TextIO
 
-from qitos.checkpoint._records import utc_now
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.store import (
-    CheckpointStore,
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._records import (
     DuplicateOperationError,
     SessionCommitReceipt,
     SessionHeadRecord,
     SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
+    utc_now,
 )
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._codec import check_text, sha256_hex
 from qitos.core._errors import (
     ConfigurationError,

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.packing import unpack
+from qitos.checkpoint._packing import unpack
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import IntegrityError
 from qitos.core.request_view import RequestView

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from qitos.checkpoint._records import utc_now
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
+from qitos.checkpoint._records import SessionHeadRecord, utc_now
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._agent_module import AgentModule
 from qitos.core._codec import canonical_json, sha256_hex
 from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError

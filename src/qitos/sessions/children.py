@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
+from qitos.checkpoint._records import SessionHeadRecord
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._codec import sha256_hex
 from qitos.sessions.journal import PendingStep
 from qitos.sessions.step_journal import restore

@@ -14,8 +14,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint._records import utc_now
-from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionHeadRecord, SessionSnapshot
+from qitos.checkpoint._records import ControlItem, SessionHeadRecord, SessionSnapshot, utc_now
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._codec import sha256_hex
 from qitos.core._errors import ConfigurationError
 from qitos.core._redaction import Redactor

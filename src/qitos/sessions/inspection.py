@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.packing import unpack
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord, SessionSnapshot
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._packing import unpack
+from qitos.checkpoint._records import SessionHeadRecord, SessionSnapshot
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import CheckpointError, IntegrityError, SessionNotFoundError
 from qitos.core._task import Task
 from qitos.core.request_view import RequestView

@@ -25,7 +25,8 @@ import threading
 import time
 import uuid
 
-from qitos.checkpoint.store import CheckpointStore, SessionLease
+from qitos.checkpoint._records import SessionLease
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import CheckpointError, LeaseLostError, SessionBusyError
 
 __all__ = ["DEFAULT_LEASE_TTL", "LeaseKeeper", "holder_is_dead", "runner_id"]

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from qitos.checkpoint.store import SessionSnapshot
+from qitos.checkpoint._records import SessionSnapshot
 from qitos.core._codec import canonical_json
 from qitos.core._errors import CodecError, SnapshotIntegrityError
 from qitos.sessions.journal import PendingStep

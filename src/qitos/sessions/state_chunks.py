@@ -12,7 +12,7 @@ the size of the state. A field changed any other way is cut again from its start
 deterministic, so runs equal to stored ones are deduplicated by their digest.
 
 A blob is the JSON text, as a Zstandard frame when that is at least 10% smaller
-(``qitos.checkpoint.packing``).
+(``qitos.checkpoint._packing``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.packing import PackingError, pack_or_raw, unpack
+from qitos.checkpoint._packing import PackingError, pack_or_raw, unpack
 from qitos.core._codec import canonical_json, sha256_hex
 
 __all__ = ["CHUNK_BYTES", "MIN_CHUNKED_BYTES", "ChunkRef", "chunk_list", "join_chunks", "parse_refs", "reusable_runs"]

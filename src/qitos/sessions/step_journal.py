@@ -29,8 +29,9 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
-from qitos.checkpoint.packing import pack_or_raw, unpack
-from qitos.checkpoint.store import CheckpointStore, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint._packing import pack_or_raw, unpack
+from qitos.checkpoint._records import ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._codec import canonical_json, encode_value, field_hints, sha256_hex
 from qitos.core._decision import Action
 from qitos.core._errors import CheckpointError, IntegrityError, SnapshotIntegrityError

@@ -31,9 +31,8 @@ from typing import Any
 
 import pytest
 
-from qitos.checkpoint.store import (
+from qitos.checkpoint._records import (
     BlobIntegrityError,
-    CheckpointStore,
     DuplicateOperationError,
     PruneReport,
     SessionSnapshot,
@@ -41,6 +40,7 @@ from qitos.checkpoint.store import (
     SnapshotNotFoundError,
     StepWrite,
 )
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import (
     CheckpointError,
     CodecError,

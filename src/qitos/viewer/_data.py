@@ -30,7 +30,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
+from qitos.checkpoint._records import SessionHeadRecord
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import CheckpointError, QitosError, UsageError
 from qitos.core._redaction import Redactor
 from qitos.distributed._naming import fleet_queue

@@ -49,8 +49,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from qitos.checkpoint._targets import describe_target, open_store, store_exists
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import describe_target, open_store, store_exists
 from qitos.core._errors import QitosError, UsageError
 from qitos.core._redaction import Redactor
 from qitos.trace._reader import TraceError

@@ -1,6 +1,6 @@
 """The PostgreSQL checkpoint store's schema, migrations and statements, for one schema name.
 
-Kept apart from :mod:`qitos.checkpoint.postgres_store` (which runs them) so the SQL can be read in
+Kept apart from :mod:`qitos.checkpoint._postgres_store` (which runs them) so the SQL can be read in
 one place. Every statement names its tables through the store's schema (tests use one schema
 each); payloads are ``bytea`` holding the exact canonical JSON bytes (or a Zstandard frame of them,
 see ``encoding``), never ``jsonb``, which would reorder keys and break the digests. Timestamps the

@@ -3,7 +3,7 @@
 It keeps exactly what the SQLite store keeps (canonical JSON text, never the caller's objects), so
 both behave the same under the conformance suite: reads return fresh, verified records and a
 caller mutating a payload after a commit cannot change what was stored. Nothing survives the
-process; use :class:`~qitos.checkpoint.sqlite_store.SqliteCheckpointStore` for that.
+process; use :class:`~qitos.checkpoint._sqlite_store.SqliteCheckpointStore` for that.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The SQLite checkpoint store's schema, migrations and statements.
 
-Kept apart from :mod:`qitos.checkpoint.sqlite_store` (which runs them) so the SQL can be read in one
-place, as :mod:`qitos.checkpoint.postgres_sql` is for PostgreSQL. Fixed SQL strings: sqlite3
+Kept apart from :mod:`qitos.checkpoint._sqlite_store` (which runs them) so the SQL can be read in one
+place, as :mod:`qitos.checkpoint._postgres_sql` is for PostgreSQL. Fixed SQL strings: sqlite3
 compiles each once and reuses it from its statement cache.
 """
 

@@ -20,7 +20,7 @@ Install with the ``qitos-kernel[postgres]`` extra (psycopg 3 and psycopg_pool). 
 - control positions come from a counter in the head row (``UPDATE ... RETURNING``), and the append
   sends ``pg_notify`` in the same statement; :meth:`PostgresCheckpointStore.wait_for_control`
   LISTENs for it (a slow poll takes over while the listening connection is lost);
-- a ``schema_version`` table and ordered migrations (:mod:`qitos.checkpoint.postgres_sql`), applied
+- a ``schema_version`` table and ordered migrations (:mod:`qitos.checkpoint._postgres_sql`), applied
   under an advisory lock so processes opening the same schema at once migrate it once.
 
 Each method is written once, as a *plan*: a generator that yields ``(sql, params)`` and receives
@@ -41,6 +41,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from qitos.checkpoint._groups import GroupWriter, Pending
+from qitos.checkpoint._packing import PackingError, pack, unpack
+from qitos.checkpoint._postgres_sql import SCHEMA_VERSION, StoreSql
 from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
@@ -81,8 +83,6 @@ from qitos.checkpoint._rules import (
     verified_write,
     write_digest,
 )
-from qitos.checkpoint.packing import PackingError, pack, unpack
-from qitos.checkpoint.postgres_sql import SCHEMA_VERSION, StoreSql
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import (
     CheckpointError,
@@ -122,12 +122,12 @@ def _psycopg() -> tuple[Any, Any, Any]:
         import psycopg
         import psycopg_pool
 
-        from qitos.checkpoint import postgres_connections
+        from qitos.checkpoint import _postgres_connections
     except ImportError as exc:
         raise ConfigurationError(
             f"PostgresCheckpointStore needs the postgres extra: {install_command('postgres')} ({exc})"
         ) from exc
-    return psycopg, psycopg_pool, postgres_connections
+    return psycopg, psycopg_pool, _postgres_connections
 
 
 @dataclass(frozen=True, slots=True)

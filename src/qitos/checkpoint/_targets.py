@@ -3,11 +3,11 @@
 Wherever a store is named by text (``compose(store=...)``, ``--db`` on every ``qitos`` command,
 the viewer), :func:`open_store` maps it:
 
-- ``postgresql://...`` or ``postgres://...``: a :class:`~qitos.checkpoint.postgres_store.PostgresCheckpointStore`
+- ``postgresql://...`` or ``postgres://...``: a :class:`~qitos.checkpoint._postgres_store.PostgresCheckpointStore`
   (the ``qitos-kernel[postgres]`` extra). A ``schema=NAME`` query parameter picks the schema (default
   ``qitos``) and is not passed on to libpq;
 - ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or any other text: a
-  :class:`~qitos.checkpoint.sqlite_store.SqliteCheckpointStore` on that file.
+  :class:`~qitos.checkpoint._sqlite_store.SqliteCheckpointStore` on that file.
 
 ``psycopg`` is imported only when a PostgreSQL store is opened (or looked for: :func:`missing_store`
 reads whether the schema holds a store, and never creates anything, unlike opening it).
@@ -140,13 +140,13 @@ def describe_target(target: str | os.PathLike[str]) -> str:
 def open_store(target: str | os.PathLike[str], **options: Any) -> CheckpointStore:
     """The checkpoint store ``target`` names (see the module docs); ``options`` go to its class."""
     if is_postgres_target(target):
-        from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+        from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 
         dsn, schema = postgres_dsn(str(target))
         if schema is not None:
             options.setdefault("schema", schema)
         return PostgresCheckpointStore(dsn, **options)
-    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 
     path = sqlite_path(target)
     if not path:

@@ -3,7 +3,7 @@ cursors of a group's pipeline).
 
 ``connection.execute`` makes a new cursor, with a new adaptation context, for every statement; a
 store connection runs one statement at a time, so one cursor serves them all (about 8 µs of CPU
-less a statement). ``qitos.checkpoint.postgres_store`` imports this module only once psycopg is
+less a statement). ``qitos.checkpoint._postgres_store`` imports this module only once psycopg is
 known to be installed: ``import qitos`` never imports psycopg.
 """
 

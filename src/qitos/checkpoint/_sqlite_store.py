@@ -12,7 +12,7 @@ Design (many processes may share the file; a commit is atomic and a crash loses 
   writes its group in its own thread; an async caller's group is written on its event loop, and
   its reads run there too (no thread hop);
 - WAL journal, ``synchronous=NORMAL`` by default (``FULL`` on request), ``busy_timeout``; WAL
-  checkpoints run on a background thread (:mod:`qitos.checkpoint.wal_checkpointer`), not inside
+  checkpoints run on a background thread (:mod:`qitos.checkpoint._wal_checkpointer`), not inside
   whichever commit crosses the log's size limit;
 - every group is one ``BEGIN IMMEDIATE`` transaction that commits on success and rolls back on
   any ``BaseException``; ``SQLITE_BUSY``/locked is retried with bounded, jittered backoff (an async
@@ -22,7 +22,7 @@ Design (many processes may share the file; a commit is atomic and a crash loses 
 - a ``schema_version`` table and ordered migrations, each applied in one transaction together
   with its version row; a file written by a newer schema is refused;
 - fixed SQL strings (compiled once and reused from sqlite3's statement cache); payloads stored
-  as compact canonical JSON text, as a Zstandard frame (``qitos.checkpoint.packing``) when at least
+  as compact canonical JSON text, as a Zstandard frame (``qitos.checkpoint._packing``) when at least
   ``compress_min_bytes`` long and the frame is at least 10% smaller; the digest always covers the
   uncompressed JSON. Rows written as zlib or raw deflate by earlier versions still read.
 
@@ -48,8 +48,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
-from qitos.checkpoint import sqlite_sql as sql
+from qitos.checkpoint import _sqlite_sql as sql
 from qitos.checkpoint._groups import GroupWriter, Pending
+from qitos.checkpoint._packing import PackingError, pack, unpack
 from qitos.checkpoint._records import (
     ControlItem,
     DuplicateOperationError,
@@ -91,9 +92,8 @@ from qitos.checkpoint._rules import (
     verified_write,
     write_digest,
 )
-from qitos.checkpoint.packing import PackingError, pack, unpack
+from qitos.checkpoint._wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
 from qitos.checkpoint.store import SyncCheckpointStore
-from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
 from qitos.core._errors import (
     CheckpointError,
     ConfigurationError,
