@@ -122,7 +122,7 @@ SURFACES = {
         "tool": "qitos.core._tool",
         "workspace_tools": "qitos.kit.tools._files",
     },
-    "qitos.testing": {"CheckpointStoreConformance": "qitos.testing.conformance"},
+    "qitos.testing": {"CheckpointStoreConformance": "qitos.testing._conformance"},
 }
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from qitos import Engine
 from qitos.cli._render import LiveRenderer, preview
-from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
+from qitos.demo._notes_agent import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.models._scripted import ScriptedModel

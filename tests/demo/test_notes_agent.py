@@ -14,8 +14,15 @@ from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError
 from qitos.core._tool import ToolResult
-from qitos.demo import NotesAgent, NotesState, prepare_workspace, scripted_model_responses
-from qitos.demo._notes_agent import INDEX_FILE, bundled_note_paths, parse_note, render_index
+from qitos.demo import NotesAgent, NotesState
+from qitos.demo._notes_agent import (
+    INDEX_FILE,
+    bundled_note_paths,
+    parse_note,
+    prepare_workspace,
+    render_index,
+    scripted_model_responses,
+)
 from qitos.engine._composition import compose
 from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor

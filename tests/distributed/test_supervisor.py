@@ -24,7 +24,7 @@ from qitos.distributed import Fleet, Worker
 from qitos.distributed._naming import dbos_schema
 from qitos.engine._composition import compose
 from qitos.engine._hooks import EngineHook, HookContext
-from qitos.sessions.control import answer_approval
+from qitos.sessions._control import answer_approval
 
 STEPS = 10
 _CLI = "from qitos.cli.app import main; main()"

@@ -23,7 +23,7 @@ from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError
 from qitos.engine._subagent import child_session_id
 from qitos.engine.session_runtime import restore_session
-from qitos.sessions.step_journal import restore as restore_chain
+from qitos.sessions._step_journal import restore as restore_chain
 from qitos.viewer._data import lineage
 from session_agents import subprocess_env
 

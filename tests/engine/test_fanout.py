@@ -20,7 +20,7 @@ from qitos.core._tool import ToolRegistry, tool
 from qitos.engine._engine import Engine
 from qitos.engine._fanout import CandidateOutcome, FanoutSelector
 from qitos.engine._subagent import FanoutRequest
-from qitos.sessions.step_journal import restore as restore_chain
+from qitos.sessions._step_journal import restore as restore_chain
 from qitos.viewer._data import lineage
 
 pytestmark = pytest.mark.usefixtures("driver")

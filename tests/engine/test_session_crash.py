@@ -22,7 +22,7 @@ import pytest
 
 import session_agents as sa
 from qitos.models._scripted import ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
+from qitos.sessions._payload import SnapshotPayload
 
 TARGET = 20
 TOOL_SLEEP = 0.004

@@ -34,8 +34,8 @@ from qitos.core._tool import ToolRegistry, tool
 from qitos.engine._composition import Composition, compose
 from qitos.engine._hooks import EngineHook, HookContext
 from qitos.models._scripted import ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
-from qitos.sessions.step_journal import materialize
+from qitos.sessions._payload import SnapshotPayload
+from qitos.sessions._step_journal import materialize
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

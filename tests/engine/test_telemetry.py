@@ -21,7 +21,7 @@ from qitos import AgentModule, AsyncEngine, Decision, Engine, StateSchema, ToolR
 from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._install import install_command
-from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
+from qitos.demo._notes_agent import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine._composition import compose
 from qitos.engine._events import EngineEventType
 from qitos.engine._hooks import EngineHook
@@ -29,7 +29,7 @@ from qitos.engine._model_path import ModelContext
 from qitos.engine._telemetry import OtelHook, OtelSettings, otel_settings
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.models._scripted import FunctionModel, ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
+from qitos.sessions._payload import SnapshotPayload
 
 
 @dataclass

@@ -15,7 +15,7 @@ import session_agents as sa
 from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.engine._composition import compose
 from qitos.engine._hooks import EngineHook, HookContext
-from qitos.sessions.payload import SnapshotPayload
+from qitos.sessions._payload import SnapshotPayload
 from qitos.trace._writer import TraceWriter
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers

@@ -19,7 +19,7 @@ from qitos.core._decision import Action, Decision
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, tool
 from qitos.engine._composition import compose
-from qitos.sessions.payload import SnapshotPayload
+from qitos.sessions._payload import SnapshotPayload
 
 
 @tool

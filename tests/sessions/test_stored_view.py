@@ -17,8 +17,8 @@ from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.engine._composition import Composition
 from qitos.models._scripted import ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
-from qitos.sessions.stored_view import view_from_record, view_record
+from qitos.sessions._payload import SnapshotPayload
+from qitos.sessions._stored_view import view_from_record, view_record
 
 
 def _model_session(tmp_path: Path, target: int = 6) -> tuple[Composition, str, ScriptedModel]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
 from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
-from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
+from qitos.demo._notes_agent import NotesAgent, prepare_workspace, scripted_model_responses
 from qitos.engine._composition import compose
 from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor

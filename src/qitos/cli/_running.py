@@ -211,7 +211,7 @@ def demo(
 
     Defaults: the embedded local model and a local SQLite session store (``--db``).
     """
-    from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
+    from qitos.demo._notes_agent import NotesAgent, prepare_workspace, scripted_model_responses
 
     chosen = policy or ("model" if model else DEMO_DEFAULT_POLICY)
     if chosen not in ("scripted", "model"):

@@ -38,7 +38,7 @@ from qitos.cli._running import compaction_extensions, finish, renderer_hooks, re
 from qitos.core._redaction import redact_text
 from qitos.engine._composition import Composition, compose
 from qitos.engine._otlp import otlp_export
-from qitos.sessions.control import answer_approval, pause_session, steer_session
+from qitos.sessions._control import answer_approval, pause_session, steer_session
 from qitos.viewer._data import how_it_continues, session_detail, session_summary, to_jsonable
 
 __all__ = ["app"]

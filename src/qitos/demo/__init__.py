@@ -3,6 +3,6 @@
 ``qitos demo`` runs it end to end, offline.
 """
 
-from qitos.demo._notes_agent import NotesAgent, NotesState, prepare_workspace, scripted_model_responses
+from qitos.demo._notes_agent import NotesAgent, NotesState
 
-__all__ = ["NotesAgent", "NotesState", "prepare_workspace", "scripted_model_responses"]
+__all__ = ["NotesAgent", "NotesState"]

@@ -30,7 +30,7 @@ from qitos.distributed._naming import (
 from qitos.distributed._worker import Worker, dbos_url
 from qitos.engine._composition import Composition
 from qitos.engine.session_runtime import Session, new_session
-from qitos.sessions.control import (
+from qitos.sessions._control import (
     ApprovalReceipt,
     PauseReceipt,
     SteeringReceipt,
@@ -38,7 +38,7 @@ from qitos.sessions.control import (
     pause_session,
     steer_session,
 )
-from qitos.sessions.inspection import SessionLifecycle
+from qitos.sessions._inspection import SessionLifecycle
 
 __all__ = ["Fleet", "SessionOutcome"]
 

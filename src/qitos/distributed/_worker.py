@@ -24,7 +24,7 @@ What qitos adds, in a supervisor thread in every worker:
   so every supervisor asks for the same run and DBOS starts it once, and cancels the stuck one.
   The new run takes the lease over (a stalled old runner is then fenced off by the store) and
   resumes from the last committed boundary; a tool call that was started and not finished is not
-  repeated unless it is idempotent (``qitos.sessions.step_journal``).
+  repeated unless it is idempotent (``qitos.sessions._step_journal``).
 - **An answer from anywhere continues the session.** It LISTENs on the store's control channel: an
   approval, rejection or steering given by ``qitos sessions approve``, the viewer or any process
   (not only :class:`~qitos.distributed.Fleet`) enqueues the waiting session's continuation, under
@@ -66,9 +66,9 @@ from qitos.distributed._naming import (
     redispatch_workflow_id,
 )
 from qitos.engine._composition import Composition
-from qitos.sessions.control import acontinuation, continuation, continuation_position, delegation_root
-from qitos.sessions.inspection import SessionLifecycle
-from qitos.sessions.lease import LeaseKeeper, holder_is_dead, runner_id
+from qitos.sessions._control import acontinuation, continuation, continuation_position, delegation_root
+from qitos.sessions._inspection import SessionLifecycle
+from qitos.sessions._lease import LeaseKeeper, holder_is_dead, runner_id
 
 __all__ = ["Worker", "dbos_url", "run_session_workflow"]
 

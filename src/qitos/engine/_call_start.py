@@ -24,7 +24,7 @@ from typing import TypeVar
 from qitos.core._decision import Action
 from qitos.core._errors import RunError
 from qitos.core._tool import ToolResult
-from qitos.sessions.journal import PendingStep, RunJournal
+from qitos.sessions._journal import PendingStep, RunJournal
 
 __all__ = ["CallAbandoned", "RecordedStart", "StepResults", "outlast_cancel"]
 

@@ -32,7 +32,7 @@ from qitos.engine._model_path import ModelContext
 from qitos.engine._tool_threads import ToolThreads
 from qitos.engine.runtime import LifecyclePolicy
 from qitos.engine.session_runtime import Session, anew_session, arestore_session, new_session, restore_session
-from qitos.sessions.lease import DEFAULT_LEASE_TTL
+from qitos.sessions._lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
 
@@ -145,7 +145,7 @@ def compose(
     (commit every boundary) or ``"batched"`` (group commit every ``batch_steps`` boundaries or
     ``batch_ms`` milliseconds; see ``qitos.engine.session_runtime`` for what a crash can lose).
     ``lease_ttl`` is how many seconds a run's hold on its session lasts without renewal: how long a
-    session whose runner died waits before another runner may take it over (``qitos.sessions.lease``).
+    session whose runner died waits before another runner may take it over (``qitos.sessions._lease``).
     ``tool_workers``: size of one executor shared by every session of this composition for its sync
     tools under ``Session.arun`` (default: the process-wide executor; see ``EngineLoop``).
     ``tool_use_policy``: the tool use of each model request: ``"auto"`` (the model chooses),

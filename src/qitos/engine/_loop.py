@@ -71,7 +71,7 @@ from qitos.engine._telemetry import OtelOption, otel_hook
 from qitos.engine._tool_threads import ToolThreads
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
 from qitos.models._function import as_model
-from qitos.sessions.journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
+from qitos.sessions._journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace._writer import TraceWriter
 
 __all__ = ["DEFAULT_TOOL_WORKERS", "EngineLoop", "status_for_stop_reason"]

@@ -35,7 +35,7 @@ from typing import Any
 from qitos.core._state import StopReason
 from qitos.core._task import Task
 from qitos.engine._events import EngineEvent, StepRecord
-from qitos.sessions.journal import BoundaryCommit, PendingStep, RunJournal
+from qitos.sessions._journal import BoundaryCommit, PendingStep, RunJournal
 from qitos.trace._writer import TraceWriter
 
 __all__ = ["RunContext", "StopRun"]

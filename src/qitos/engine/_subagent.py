@@ -22,7 +22,7 @@ from typing import Any
 from qitos.core._state import StopReason
 from qitos.core._tool import ToolResult
 from qitos.engine._effects import AsyncServices, Effect
-from qitos.sessions.children import child_session_id
+from qitos.sessions._children import child_session_id
 
 __all__ = [
     "ChildOutcome",

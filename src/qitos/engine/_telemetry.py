@@ -35,7 +35,7 @@ call is open its span is the current OpenTelemetry context of the engine's threa
 instrumented libraries (an HTTP client inside a model adapter or a tool) nest under it.
 
 Resumed sessions: a durable run writes its span's trace and span id with its first snapshot (payload
-key ``trace``, beside ``run_id``; see ``qitos.sessions.step_journal``). The session's next run, in
+key ``trace``, beside ``run_id``; see ``qitos.sessions._step_journal``). The session's next run, in
 any process, starts a new trace whose run span carries a Link to that span context
 (``qitos.link.kind=resumes``, ``qitos.run.id`` of the earlier run). A fork shares its parent's
 chain, so the child's first run links to the run that wrote the snapshot it forked from. A run
@@ -64,7 +64,7 @@ from qitos.core._errors import ConfigurationError
 from qitos.core._install import DISTRIBUTION, install_command
 from qitos.engine._events import EngineEvent, EngineEventType, RuntimePhase
 from qitos.engine._hooks import EngineHook, HookContext
-from qitos.sessions.step_journal import SessionJournal
+from qitos.sessions._step_journal import SessionJournal
 from qitos.trace._redact import Redactor
 
 if TYPE_CHECKING:

@@ -5,9 +5,9 @@ committed boundary is an immutable snapshot whose id is the SHA-256 of its conte
 
 Storage grows with what is new: a snapshot holds its step's state changes and a reference to the
 new exchange entries; a full state is rewritten only when the deltas outgrow it (the payload format
-and the rule are in ``qitos.sessions.step_journal``). A fork's first snapshot points at its parent's.
+and the rule are in ``qitos.sessions._step_journal``). A fork's first snapshot points at its parent's.
 
-One owner at a time: ``run()`` holds the session's lease (``qitos.sessions.lease``) from before it
+One owner at a time: ``run()`` holds the session's lease (``qitos.sessions._lease``) from before it
 reads the head until the run ends; every write carries the lease's fencing token, so a second
 runner gets ``SessionBusyError`` and a runner that lost its lease can write nothing.
 
@@ -80,7 +80,7 @@ from qitos.engine._agent_ref import agent_reference, import_recorded
 from qitos.engine._events import EngineResult
 from qitos.engine._loop import EngineLoop
 from qitos.engine._progress import progress_printer
-from qitos.sessions.control import (
+from qitos.sessions._control import (
     ApprovalReceipt,
     PauseReceipt,
     SteeringReceipt,
@@ -91,17 +91,17 @@ from qitos.sessions.control import (
     pause_session,
     steer_session,
 )
-from qitos.sessions.inspection import (
+from qitos.sessions._inspection import (
     SessionInspection,
     SessionLifecycle,
     inspect_session,
     session_capabilities,
 )
-from qitos.sessions.journal import (
+from qitos.sessions._journal import (
     ResumePoint,
 )
-from qitos.sessions.lease import DEFAULT_LEASE_TTL, LeaseKeeper
-from qitos.sessions.step_journal import (
+from qitos.sessions._lease import DEFAULT_LEASE_TTL, LeaseKeeper
+from qitos.sessions._step_journal import (
     RestoredSession,
     SessionJournal,
     arestore,
@@ -231,7 +231,7 @@ class Session:
 
         The run takes the session's lease first: if another runner holds it, SessionBusyError
         names that runner and nothing executes. The lease is renewed while the run goes on and
-        released when it ends (see ``qitos.sessions.lease``). ``progress=True`` prints a line per
+        released when it ends (see ``qitos.sessions._lease``). ``progress=True`` prints a line per
         step to stderr (or to the text stream given), rendered from the run's events
         (``qitos.engine._progress``).
         """
@@ -492,7 +492,7 @@ class Session:
 
     def inspect(self) -> SessionInspection:
         """Read the durable head: lifecycle, integrity, budget, work graph, last request, tool batch
-        (``qitos.sessions.inspection``, plus this runtime's budget limits and journal lag)."""
+        (``qitos.sessions._inspection``, plus this runtime's budget limits and journal lag)."""
         budget = self.engine.budget
         journal = self._journal
         mode = self._composition.runtime.durability if self._composition else "sync"

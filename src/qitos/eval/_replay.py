@@ -44,7 +44,7 @@ from qitos.eval.scorers import Scorer, _ModelGraded
 from qitos.models._base import DeltaCallback, EventListener, ModelAdapter, ModelResponse, request_digest
 from qitos.models._doubles import stream_text
 from qitos.models._scripted import ReplayDivergenceError
-from qitos.sessions.payload import SnapshotPayload
+from qitos.sessions._payload import SnapshotPayload
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView

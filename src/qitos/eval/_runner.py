@@ -50,8 +50,8 @@ from qitos.eval._store import (
     open_eval_store,
 )
 from qitos.eval.scorers import Scorer, ScorerError
-from qitos.sessions.inspection import SessionLifecycle
-from qitos.sessions.step_journal import arestore
+from qitos.sessions._inspection import SessionLifecycle
+from qitos.sessions._step_journal import arestore
 
 __all__ = [
     "EVAL_METADATA",

@@ -1,6 +1,6 @@
 """What the viewer's control buttons do: approve, reject, steer, pause and resume a session.
 
-Approve, reject, steer and pause append a control item to the store (``qitos.sessions.control``),
+Approve, reject, steer and pause append a control item to the store (``qitos.sessions._control``),
 exactly as ``qitos sessions approve|reject|steer|pause`` do; the session takes it in at its next
 boundary. A delegated child's call is answered through its parent's page (the answer goes to the
 child that waits).
@@ -28,8 +28,8 @@ from typing import Any
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import UsageError
 from qitos.distributed._naming import fleet_queue
-from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
-from qitos.sessions.inspection import SessionLifecycle, observed_lifecycle
+from qitos.sessions._control import answer_approval, delegation_root, pause_session, steer_session
+from qitos.sessions._inspection import SessionLifecycle, observed_lifecycle
 from qitos.viewer._data import NotFoundError, how_it_continues, resume_argv, to_jsonable
 
 __all__ = ["ACTIONS", "ConflictError", "Controls"]

@@ -35,8 +35,8 @@ from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import CheckpointError, QitosError, UsageError
 from qitos.core._redaction import Redactor
 from qitos.distributed._naming import fleet_queue
-from qitos.sessions.control import delegation_root
-from qitos.sessions.inspection import inspect_session, observed_lifecycle
+from qitos.sessions._control import delegation_root
+from qitos.sessions._inspection import inspect_session, observed_lifecycle
 from qitos.trace._reader import RunTrace, TraceError, list_runs
 from qitos.trace._writer import displayed_messages
 
@@ -468,7 +468,7 @@ def session_detail(store: CheckpointStore, session_id: str, *, logdir: str | Non
     """A session page: summary, its inspection, snapshot ids, the fork lineage and the run ids
     recorded in its snapshots.
 
-    Everything is read from the store (``qitos.sessions.inspection``): no agent is imported and no
+    Everything is read from the store (``qitos.sessions._inspection``): no agent is imported and no
     user code runs. When even the inspection cannot be read (a damaged head row) the page still
     shows the store's view and ``inspection_error`` says why.
     """

@@ -1,6 +1,6 @@
 """The store-backed journal of durable sessions, and rebuilding a session from its snapshots.
 
-The snapshot payload is one typed record, ``qitos.sessions.payload.SnapshotPayload`` (its module
+The snapshot payload is one typed record, ``qitos.sessions._payload.SnapshotPayload`` (its module
 says what each field holds and how it is stored); the journal builds it and restoring reads it.
 
 A snapshot holds the state *changes* of its step and a reference to a blob with the new exchange
@@ -39,11 +39,11 @@ from qitos.core._exchange import ExchangeLog
 from qitos.core._redaction import Redactor
 from qitos.core._state import apply_changes
 from qitos.core._tool import ToolResult
-from qitos.sessions.journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
-from qitos.sessions.lease import LeaseKeeper
-from qitos.sessions.payload import FORMAT, CallSummary, ForkOrigin, LogMark, SnapshotPayload, StepSummary
-from qitos.sessions.state_chunks import ChunkRef, chunk_list, join_chunks, reusable_runs
-from qitos.sessions.stored_view import view_record
+from qitos.sessions._journal import Approval, BoundaryCommit, ControlBatch, PendingStep, RunJournal, SteeringItem
+from qitos.sessions._lease import LeaseKeeper
+from qitos.sessions._payload import FORMAT, CallSummary, ForkOrigin, LogMark, SnapshotPayload, StepSummary
+from qitos.sessions._state_chunks import ChunkRef, chunk_list, join_chunks, reusable_runs
+from qitos.sessions._stored_view import view_record
 
 __all__ = [
     "RestoredSession",
@@ -407,7 +407,7 @@ class SessionJournal(RunJournal):
         self.store = store
         self.redactor = redactor if redactor is not None else Redactor()
         # The run's hold on the session: its token goes with every write, and a lost lease stops
-        # the journal before it writes anything (see qitos.sessions.lease).
+        # the journal before it writes anything (see qitos.sessions._lease).
         self.lease = lease
         # Control items (pause, steer, approvals) are read from the store at a boundary at most every
         # poll_interval seconds (always at a run's first boundary and before an approval check), so a

@@ -2,7 +2,7 @@
 
 Every snapshot a durable session commits holds one payload, stored by the checkpoint store as the
 canonical JSON of :meth:`SnapshotPayload.to_json` (the store never reads it). The journal
-(``qitos.sessions.step_journal``) builds it; restore, inspection and control read its fields::
+(``qitos.sessions._step_journal``) builds it; restore, inspection and control read its fields::
 
     step_id, control_position, budget_used    where the session stands; always written
     lifecycle                                 when not "running" (a delta carries the last one forward)
@@ -36,8 +36,8 @@ from typing import Any, Final
 from qitos.checkpoint._records import SessionSnapshot
 from qitos.core._codec import canonical_json
 from qitos.core._errors import CodecError, SnapshotIntegrityError
-from qitos.sessions.journal import PendingStep
-from qitos.sessions.state_chunks import ChunkRef, parse_refs
+from qitos.sessions._journal import PendingStep
+from qitos.sessions._state_chunks import ChunkRef, parse_refs
 
 __all__ = [
     "FORMAT",

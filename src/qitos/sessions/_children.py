@@ -15,8 +15,8 @@ from typing import Any
 from qitos.checkpoint._records import SessionHeadRecord
 from qitos.checkpoint.store import CheckpointStore
 from qitos.core._codec import sha256_hex
-from qitos.sessions.journal import PendingStep
-from qitos.sessions.step_journal import restore
+from qitos.sessions._journal import PendingStep
+from qitos.sessions._step_journal import restore
 
 __all__ = ["active_children", "child_session_id", "delegated_child", "pending_of"]
 

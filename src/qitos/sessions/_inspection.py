@@ -27,12 +27,12 @@ from qitos.checkpoint.store import CheckpointStore
 from qitos.core._errors import CheckpointError, IntegrityError, SessionNotFoundError
 from qitos.core._task import Task
 from qitos.core.request_view import RequestView
-from qitos.sessions.children import active_children, delegated_child, pending_of
-from qitos.sessions.journal import PendingStep
-from qitos.sessions.lease import holder_is_dead
-from qitos.sessions.payload import SnapshotPayload
-from qitos.sessions.step_journal import APPROVAL_KINDS, RestoredSession, restore
-from qitos.sessions.stored_view import view_from_record
+from qitos.sessions._children import active_children, delegated_child, pending_of
+from qitos.sessions._journal import PendingStep
+from qitos.sessions._lease import holder_is_dead
+from qitos.sessions._payload import SnapshotPayload
+from qitos.sessions._step_journal import APPROVAL_KINDS, RestoredSession, restore
+from qitos.sessions._stored_view import view_from_record
 
 __all__ = [
     "SessionHead",

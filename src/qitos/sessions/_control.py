@@ -19,9 +19,9 @@ from qitos.checkpoint.store import CheckpointStore
 from qitos.core._codec import sha256_hex
 from qitos.core._errors import ConfigurationError
 from qitos.core._redaction import Redactor
-from qitos.sessions.children import active_children, pending_of
-from qitos.sessions.inspection import SessionInspection, inspect_session
-from qitos.sessions.payload import SnapshotPayload
+from qitos.sessions._children import active_children, pending_of
+from qitos.sessions._inspection import SessionInspection, inspect_session
+from qitos.sessions._payload import SnapshotPayload
 
 __all__ = [
     "ApprovalReceipt",
