@@ -91,7 +91,7 @@ def test_history_policy_is_the_compaction_policy_of_the_model_path() -> None:
 
 def test_history_policy_that_is_not_a_compaction_policy_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="history_policy= must be a compaction policy"):
-        Engine(ModelAgent(), history_policy={"max_messages": 24})
+        Engine(ModelAgent(), history_policy={"max_messages": 24})  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="two compaction policies"):
         Engine(
             ModelAgent(),

@@ -226,7 +226,7 @@ def test_bad_arguments_are_clear_errors() -> None:
     with pytest.raises(ConfigurationError, match="max_steps must be a positive int"):
         Agent(None, max_steps=0)
     with pytest.raises(ConfigurationError, match="llm must be a model adapter"):
-        Agent(ScriptedModel)  # the class, not an instance
+        Agent(ScriptedModel)  # type: ignore[arg-type]  # the class, not an instance
     with pytest.raises(ConfigurationError, match=r"unknown argument\(s\) \['depth'\]"):
         Agent(None).init_state("t", depth=3)
 

@@ -71,7 +71,7 @@ def test_an_llm_that_is_neither_a_model_nor_a_function_is_refused_at_constructio
 
 def test_engine_model_argument_is_checked_like_llm(policy_agent: Any) -> None:
     with pytest.raises(ConfigurationError, match="llm must be a model adapter"):
-        Engine(policy_agent(lambda state, obs: None), model=3.5)
+        Engine(policy_agent(lambda state, obs: None), model=3.5)  # type: ignore[arg-type]
 
 
 def test_function_model_takes_the_view_or_its_messages() -> None:

@@ -86,7 +86,7 @@ def load_agent(spec: str) -> AgentFactory:
     raise ConfigurationError(f"{spec} is neither an AgentModule class, a factory nor an agent instance")
 
 
-def session_agent(session_id: str, metadata: Mapping[str, Any], override: str | None) -> AgentModule[Any, Any, Any]:
+def session_agent(session_id: str, metadata: Mapping[str, object], override: str | None) -> AgentModule[Any, Any, Any]:
     """The agent to restore ``session_id`` with: ``override`` (``--agent``), else the one its
     metadata records, built once here so that every failure names ``--agent``."""
     recorded = str(metadata.get("agent") or "")

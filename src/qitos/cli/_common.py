@@ -171,7 +171,7 @@ def shown_command(*words: str, **options: str | None) -> str:
     return shlex.join(argv)
 
 
-def print_json(value: Any) -> None:
+def print_json(value: object) -> None:
     """Write ``value`` as indented JSON on stdout (stable key order as built)."""
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False, default=repr))
 

@@ -736,7 +736,7 @@ def _comparison(result: Comparison) -> Any:
     return Group(*lines)
 
 
-def _signed(value: Any) -> str:
+def _signed(value: object) -> str:
     return "-" if value is None else f"{value:+.3f}"
 
 
@@ -747,7 +747,7 @@ def _divergence(divergence: Any) -> str:
     return f"diverged at step {divergence.get('step')} ({changed})"
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
@@ -759,6 +759,6 @@ def _value(entry: Any) -> str:
     return str(entry.get("value"))
 
 
-def _clip(value: Any, limit: int = 40) -> str:
+def _clip(value: object, limit: int = 40) -> str:
     text = "" if value is None else str(value).replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -69,7 +69,7 @@ _SHOWN = Redactor()
 _COMPACTION = {"closed_window": ClosedExchangeWindowCompactor}
 
 
-def outcome(result: EngineResult[Any], **extra: Any) -> dict[str, Any]:
+def outcome(result: EngineResult[Any], **extra: object) -> dict[str, Any]:
     """The JSON shape of a finished run (``--json`` of demo, run and sessions resume), redacted
     like everything qitos shows (``qitos.core._redaction``).
 
@@ -115,7 +115,7 @@ def renderer_hooks(json_out: bool, *, max_tokens: int | None = None) -> tuple[li
     return [renderer], renderer
 
 
-def require_model(agent: AgentModule[Any, Any, Any], adapter: Any, *, what: str) -> None:
+def require_model(agent: AgentModule[Any, Any, Any], adapter: object, *, what: str) -> None:
     """Stop before anything runs when the agent decides through a model and none was given.
 
     An agent that does not override ``decide`` (and brings no model of its own) asks its model at
@@ -132,7 +132,7 @@ def require_model(agent: AgentModule[Any, Any, Any], adapter: Any, *, what: str)
         )
 
 
-def failure_hint(result: EngineResult[Any], model: Any) -> str | None:
+def failure_hint(result: EngineResult[Any], model: object) -> str | None:
     """A hint for a failed run whose cause is a common set-up mistake (a base URL without /v1)."""
     error = (result.task_result.error if result.task_result else None) or ""
     base_url = getattr(model, "base_url", None)
@@ -149,10 +149,10 @@ def finish(
     json_out: bool,
     renderer: LiveRenderer | None,
     *,
-    adapter: Any = None,
+    adapter: object = None,
     db: str = DEFAULT_DB,
     trace_dir: str = DEFAULT_LOGDIR,
-    **extra: Any,
+    **extra: object,
 ) -> None:
     """Print the outcome (JSON, or the commands that show the session and the trace, with the
     ``--db`` and ``--logdir`` this run used) and exit with the run's code."""

@@ -252,7 +252,7 @@ def resume(
     finish(result, json_out, renderer, adapter=adapter, db=db, trace_dir=trace_dir, session_id=session_id)
 
 
-def _receipt(receipt: Any, json_out: bool, message: str) -> None:
+def _receipt(receipt: object, json_out: bool, message: str) -> None:
     if json_out:
         print_json(to_jsonable(receipt))
     else:

@@ -28,7 +28,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 _STATUS_STYLE = {"completed": "green", "running": "cyan", "stopped": "yellow", "failed": "red", "unreadable": "red"}
 
 
-def _fmt(value: Any, suffix: str = "") -> str:
+def _fmt(value: object, suffix: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, float):

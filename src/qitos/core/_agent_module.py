@@ -15,8 +15,9 @@ from qitos.core._decision import Decision
 from qitos.core._errors import ConfigurationError, RunFailedError
 from qitos.core._output import OutputSpec
 from qitos.core._state import StateSchema
-from qitos.core._task import Task
+from qitos.core._task import Env, Task
 from qitos.core._tool import ToolRegistry
+from qitos.core.request_view import CompactionPolicy, SummarizingCompactionPolicy
 
 if TYPE_CHECKING:
     from qitos.core.memory import Memory
@@ -69,12 +70,12 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
 
     def __init__(
         self,
-        tool_registry: Any = None,
+        tool_registry: object = None,
         llm: Any = None,
         model_parser: Any = None,
         memory: Memory | None = None,
-        history: Any = None,
-        **config: Any,
+        history: object = None,
+        **config: object,
     ) -> None:
         model = config.pop("model", None)  # the canonical name; llm= stays for code written against it
         if model is not None and llm is not None and model is not llm:
@@ -142,12 +143,12 @@ class AgentModule(ABC, Generic[StateT, ObservationT, ActionT]):
         engine_kwargs: dict[str, Any] | None = None,
         workspace: str | None = None,
         max_steps: int | None = None,
-        env: Any = None,
+        env: Env | None = None,
         parser: Any = None,
         search: Any = None,
         critics: list[Any] | None = None,
         stop_criteria: list[Any] | None = None,
-        history_policy: Any = None,
+        history_policy: CompactionPolicy | SummarizingCompactionPolicy | None = None,
         trace: Any = None,
         render: Any = None,
         trace_logdir: str = "./runs",

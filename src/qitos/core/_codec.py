@@ -56,7 +56,7 @@ _JSON_SCALARS = (str, int, bool, type(None))
 _CANONICAL_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """The canonical JSON text of a JSON-native value (sorted keys, compact, no NaN; lone
     surrogates escaped). A cyclic or too deeply nested value raises CodecError."""
     try:
@@ -89,7 +89,7 @@ def _escape_surrogate(match: re.Match[str]) -> str:
     return f"\\u{ord(match.group()):04x}"
 
 
-def check_text(value: Any, path: str) -> None:
+def check_text(value: object, path: str) -> None:
     """Raise CodecError naming the path of the first string (or string key) in ``value`` holding a
     lone surrogate: text that cannot be written as UTF-8 and must be refused where it enters."""
     stack: list[tuple[Any, str]] = [(value, path)]
@@ -115,7 +115,7 @@ def check_text(value: Any, path: str) -> None:
             stack.extend((getattr(item, f.name), f"{where}.{f.name}") for f in dataclasses.fields(item))
 
 
-def recursion_error(value: Any, path: str) -> CodecError:
+def recursion_error(value: object, path: str) -> CodecError:
     """The CodecError for a value whose encoding hit the recursion limit: it names the path where
     ``value`` refers back to a container it is inside (a cycle), else the path where its nesting
     exceeds what the interpreter's recursion limit allows. Walks iteratively (never recurses); paths
@@ -172,7 +172,7 @@ def sha256_hex(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def digest(value: Any) -> str:
+def digest(value: object) -> str:
     """SHA-256 of the canonical JSON of a JSON-native value."""
     return sha256_hex(canonical_json(value))
 
@@ -193,7 +193,7 @@ def field_hints(cls: type) -> dict[str, Any]:
 # --------------------------------------------------------------------------- encode
 
 
-def encode_value(value: Any, hint: Any = Any, path: str = "value") -> Any:
+def encode_value(value: object, hint: object = Any, path: str = "value") -> Any:
     """Encode ``value`` (declared as ``hint``) into JSON-native data, or raise CodecError.
 
     A value that does not fit its declared type (an ``int`` field holding ``"3"``, a ``date`` field
@@ -270,7 +270,7 @@ def _encode(value: Any, hint: Any, path: str) -> Any:
     raise CodecError(path, f"cannot encode {type(value).__qualname__}")
 
 
-def _fits(value: Any, cls: type) -> bool:
+def _fits(value: object, cls: type) -> bool:
     """Whether ``value`` decodes back equal as ``cls``: ints fit float, bools fit only bool,
     a datetime does not fit date."""
     if cls is float:
@@ -282,7 +282,7 @@ def _fits(value: Any, cls: type) -> bool:
     return isinstance(value, cls)
 
 
-def _wrong_type(expected: type, value: Any) -> str:
+def _wrong_type(expected: type, value: object) -> str:
     return f"declared {_name(expected)} but holds {type(value).__qualname__} {value!r:.60}"
 
 
@@ -302,7 +302,7 @@ def _encode_sequence(value: Any, origin: Any, args: tuple[Any, ...], path: str) 
 _PLAIN_ITEM_TYPES: frozenset[Any] = frozenset({str, int, bool})
 
 
-def _encode_untyped(value: Any, path: str) -> Any:
+def _encode_untyped(value: object, path: str) -> Any:
     """Encode a value whose declared type is Any: only JSON-native data round-trips there."""
     if isinstance(value, float):
         return _encode_float(value, path)
@@ -330,7 +330,7 @@ def _encode_float(value: float, path: str) -> float:
     return value
 
 
-def _encode_union(value: Any, hint: Any, path: str) -> Any:
+def _encode_union(value: object, hint: object, path: str) -> Any:
     arms = [a for a in typing.get_args(hint) if a is not type(None)]
     for arm in arms:
         if _matches(value, arm):
@@ -338,7 +338,7 @@ def _encode_union(value: Any, hint: Any, path: str) -> Any:
     raise CodecError(path, f"{type(value).__qualname__} matches no member of {hint}")
 
 
-def _matches(value: Any, hint: Any) -> bool:
+def _matches(value: object, hint: object) -> bool:
     if hint is Any or hint is object:
         return True
     origin = typing.get_origin(hint) or hint
@@ -369,7 +369,7 @@ def encode_key(key: Any, hint: Any, path: str) -> str:
     )
 
 
-def _encode_dataclass(value: Any, path: str) -> dict[str, Any]:
+def _encode_dataclass(value: object, path: str) -> dict[str, Any]:
     hints = field_hints(type(value))
     return {name: _encode(getattr(value, name), hint, f"{path}.{name}") for name, hint in hints.items()}
 
@@ -377,7 +377,7 @@ def _encode_dataclass(value: Any, path: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- decode
 
 
-def decode_value(data: Any, hint: Any = Any, path: str = "value") -> Any:
+def decode_value(data: object, hint: object = Any, path: str = "value") -> Any:
     """Decode JSON-native ``data`` into a value of type ``hint``, or raise CodecError (also for
     data nested too deeply to decode)."""
     try:
@@ -386,7 +386,7 @@ def decode_value(data: Any, hint: Any = Any, path: str = "value") -> Any:
         raise recursion_error(data, path) from None
 
 
-def _decode(data: Any, hint: Any, path: str) -> Any:
+def _decode(data: object, hint: object, path: str) -> Any:
     if hint is Any or hint is object:
         return data
     origin = typing.get_origin(hint)
@@ -462,7 +462,7 @@ def _decode_class(data: Any, cls: type, path: str) -> Any:
     raise CodecError(path, f"unsupported declared type {cls.__qualname__}")
 
 
-def decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
+def decode_dataclass(cls: type, data: Mapping[str, object], path: str) -> Any:
     """Build dataclass ``cls`` from encoded field data, checking for unknown fields."""
     try:
         return _decode_dataclass(cls, data, path)
@@ -470,7 +470,7 @@ def decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
         raise recursion_error(data, path) from None
 
 
-def _decode_dataclass(cls: type, data: Mapping[str, Any], path: str) -> Any:
+def _decode_dataclass(cls: type, data: Mapping[str, object], path: str) -> Any:
     hints = field_hints(cls)
     unknown = set(data) - set(hints)
     if unknown:
@@ -515,7 +515,7 @@ def _decode_sequence(data: Any, origin: Any, args: tuple[Any, ...], path: str) -
     return origin(items)
 
 
-def _decode_union(data: Any, hint: Any, path: str) -> Any:
+def _decode_union(data: object, hint: object, path: str) -> Any:
     arms = typing.get_args(hint)
     if data is None:
         if type(None) in arms:
@@ -546,7 +546,7 @@ def _decode_union(data: Any, hint: Any, path: str) -> Any:
     raise CodecError(path, f"{data!r} matches no member of {hint} ({'; '.join(errors)})")
 
 
-def decode_key(key: str, hint: Any, path: str) -> Any:
+def decode_key(key: str, hint: object, path: str) -> Any:
     """Decode a JSON object key written by :func:`encode_key` back to a key of type ``hint``."""
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         member = _enum_keys(hint).get(key)
@@ -579,12 +579,12 @@ def _enum_keys(cls: type[enum.Enum]) -> dict[str, Any]:
     return members
 
 
-def is_model_class(tp: Any) -> bool:
+def is_model_class(tp: object) -> bool:
     """Whether ``tp`` is a pydantic model class, told by its methods (pydantic is never imported)."""
     return isinstance(tp, type) and all(
         callable(getattr(tp, name, None)) for name in ("model_validate", "model_json_schema", "model_dump")
     )
 
 
-def _name(hint: Any) -> str:
+def _name(hint: object) -> str:
     return getattr(hint, "__qualname__", repr(hint))

@@ -43,7 +43,7 @@ class Action:
     args: Mapping[str, Any] = field(default_factory=dict)
     id: str = ""
 
-    def __init__(self, name: str, args: Mapping[str, Any] | None = None, id: str = "") -> None:
+    def __init__(self, name: str, args: Mapping[str, object] | None = None, id: str = "") -> None:
         if not isinstance(name, str) or not name:
             raise DecisionError(f"Action.name must be a non-empty string, got {name!r}")
         values = self.__dict__
@@ -79,7 +79,7 @@ class Decision(Generic[ActionT]):
         final_answer: str | None = None,
         rationale: str | None = None,
         candidates: tuple[Decision[ActionT], ...] = (),
-        meta: Mapping[str, Any] | None = None,
+        meta: Mapping[str, object] | None = None,
     ) -> None:
         if mode not in _MODES:
             raise DecisionError(f"Decision.mode must be one of {', '.join(_MODES)}, got {mode!r}")
@@ -190,7 +190,7 @@ class Observation:
     env: Any = None
     feedback: str | None = None
 
-    def __init__(self, results: tuple[ToolResult, ...] = (), env: Any = None, feedback: str | None = None) -> None:
+    def __init__(self, results: tuple[ToolResult, ...] = (), env: object = None, feedback: str | None = None) -> None:
         values = self.__dict__
         values["results"] = results
         values["env"] = env

@@ -94,7 +94,7 @@ class _Tracked:
             owner._q_journal()[self._q_field] = _SET
 
 
-def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> Any:
+def _adopt(value: object, owner: StateSchema | None, name: str, nested: bool) -> Any:
     """Wrap plain lists/dicts (recursively) as tracked containers bound to ``owner.name``; a cyclic
     or too deeply nested value raises CodecError naming the field (see ``qitos.core._codec``)."""
     try:
@@ -103,7 +103,7 @@ def _adopt(value: Any, owner: StateSchema | None, name: str, nested: bool) -> An
         raise recursion_error(value, f"state.{name}") from None
 
 
-def _adopt_tree(value: Any, owner: StateSchema | None, name: str, nested: bool) -> Any:
+def _adopt_tree(value: object, owner: StateSchema | None, name: str, nested: bool) -> Any:
     if type(value) in _SCALARS:
         return value
     if isinstance(value, _Tracked):
@@ -414,7 +414,7 @@ _BASE_FIELDS = frozenset(
 )
 
 
-def _render_value(value: Any) -> str:
+def _render_value(value: object) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, StrEnum):
@@ -428,7 +428,7 @@ def _render_container(value: Any) -> str:
     return "[" + ", ".join(_render_value(v) for v in value) + "]"
 
 
-def _render_field(name: str, value: Any) -> str:
+def _render_field(name: str, value: object) -> str:
     label = name.replace("_", " ").capitalize()
     if isinstance(value, list | tuple) and any(isinstance(v, str) for v in value):
         return f"{label}:\n" + "\n".join(f"- {_render_value(v)}" for v in value)
@@ -465,7 +465,7 @@ _DRAIN_HINTS: dict[type, dict[str, tuple[Any, Any, Any, Any]]] = {}
 _PASSTHROUGH = {str: (str, Any, object), int: (int, float, Any, object), bool: (bool, Any, object)}
 
 
-def _encode(value: Any, hint: Any, name: str, key: Any) -> Any:
+def _encode(value: object, hint: object, name: str, key: object) -> Any:
     """encode_value, with the common scalar case answered before any path string is built."""
     accepted = _PASSTHROUGH.get(type(value))
     if accepted is not None and hint in accepted:
@@ -487,7 +487,7 @@ def _drain_hints(cls: type) -> dict[str, tuple[Any, Any, Any, Any]]:
     return cached
 
 
-def _field_plan(hint: Any) -> tuple[Any, Any, Any, Any]:
+def _field_plan(hint: object) -> tuple[Any, Any, Any, Any]:
     base = hint
     if typing.get_origin(hint) in (Union, types.UnionType):
         arms = [a for a in typing.get_args(hint) if a is not type(None)]

@@ -111,7 +111,7 @@ class ToolResult:
         call_id: str,
         name: str,
         ok: bool,
-        output: Any = None,
+        output: object = None,
         error: str | None = None,
         error_kind: ToolErrorKind | None = None,
         duration_ms: float = 0.0,
@@ -165,7 +165,7 @@ class ToolResult:
 
 
 @overload
-def tool(func: Callable[..., Any], /) -> Callable[..., Any]: ...
+def tool(func: Callable[..., object], /) -> Callable[..., Any]: ...
 
 
 @overload
@@ -182,7 +182,7 @@ def tool(
 
 
 def tool(
-    func: Callable[..., Any] | None = None,
+    func: Callable[..., object] | None = None,
     /,
     *,
     name: str | None = None,
@@ -203,7 +203,7 @@ def tool(
     The function stays callable as before; its ``ToolSpec`` is built when it is registered.
     """
 
-    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def mark(fn: Callable[..., object]) -> Callable[..., Any]:
         if timeout is not None and timeout <= 0:
             raise ToolDefinitionError(f"tool {fn.__name__!r}: timeout must be > 0, got {timeout}")
         fn.__qitos_tool__ = {  # type: ignore[attr-defined]
@@ -220,7 +220,7 @@ def tool(
     return mark(func) if func is not None else mark
 
 
-def _spec_from_callable(fn: Callable[..., Any]) -> ToolSpec:
+def _spec_from_callable(fn: Callable[..., object]) -> ToolSpec:
     """The spec of ``fn``; a bound method's is derived once per function (agents are built per run)."""
     function = getattr(fn, "__func__", None)
     if function is None or not inspect.ismethod(fn):
@@ -233,7 +233,7 @@ def _spec_from_callable(fn: Callable[..., Any]) -> ToolSpec:
     return replace(template, func=fn)
 
 
-def _unbound(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - a cached spec's placeholder, never called
+def _unbound(*args: object, **kwargs: object) -> Any:  # pragma: no cover - a cached spec's placeholder, never called
     raise AssertionError("a cached method spec is always given its bound method")
 
 
@@ -258,7 +258,7 @@ def _checks(spec: ToolSpec) -> tuple[Validator, dict[str, Callable[[Any], Any]]]
     return validator, converters
 
 
-def _derive_spec(fn: Callable[..., Any]) -> ToolSpec:
+def _derive_spec(fn: Callable[..., object]) -> ToolSpec:
     options: dict[str, Any] = dict(getattr(fn, "__qitos_tool__", None) or {"name": fn.__name__})
     doc_summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
     return ToolSpec(
@@ -277,7 +277,7 @@ def _derive_spec(fn: Callable[..., Any]) -> ToolSpec:
 # --------------------------------------------------------------------------- schema
 
 
-def schema_for_function(fn: Callable[..., Any], param_docs: Mapping[str, str] | None = None) -> dict[str, Any]:
+def schema_for_function(fn: Callable[..., object], param_docs: Mapping[str, str] | None = None) -> dict[str, Any]:
     """JSON schema (``type: object``) of ``fn``'s parameters, from its type hints."""
     try:
         hints = typing.get_type_hints(fn)
@@ -303,14 +303,14 @@ def schema_for_function(fn: Callable[..., Any], param_docs: Mapping[str, str] | 
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def schema_for_type(hint: Any) -> dict[str, Any]:
+def schema_for_type(hint: object) -> dict[str, Any]:
     """JSON schema of a type: what a tool parameter may be, and also dataclasses (an object of their
     fields, nested dataclasses inline) and dates (ISO strings), as the strict codec decodes them.
     Raises ToolDefinitionError naming an unsupported (or recursive) type."""
     return _schema_for_hint(hint, records=())
 
 
-def _schema_for_hint(hint: Any, records: tuple[type, ...] | None = None) -> dict[str, Any]:
+def _schema_for_hint(hint: object, records: tuple[type, ...] | None = None) -> dict[str, Any]:
     # records: None for a tool parameter (plain JSON types only); else the dataclasses being described
     if hint is Any:
         return {}
@@ -402,7 +402,7 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 # --------------------------------------------------------------------------- validation
 
 
-def validate_arguments(schema: Mapping[str, Any], args: Any) -> list[str]:
+def validate_arguments(schema: Mapping[str, object], args: object) -> list[str]:
     """Problems with ``args`` against a JSON schema subset (type, properties, required, enum,
     items, anyOf, additionalProperties). An empty list means valid."""
     problems: list[str] = []
@@ -429,7 +429,7 @@ def compile_validator(schema: Mapping[str, Any]) -> Validator:
     if "anyOf" in schema:
         arms = [compile_validator(arm) for arm in schema["anyOf"]]
 
-        def any_of(value: Any, path: str, problems: list[str]) -> None:
+        def any_of(value: object, path: str, problems: list[str]) -> None:
             for arm in arms:
                 sub: list[str] = []
                 arm(value, path, sub)
@@ -442,7 +442,7 @@ def compile_validator(schema: Mapping[str, Any]) -> Validator:
     if "enum" in schema:
         allowed = list(schema["enum"])
 
-        def enum_check(value: Any, path: str, problems: list[str]) -> None:
+        def enum_check(value: object, path: str, problems: list[str]) -> None:
             if value not in allowed:
                 problems.append(f"{path}: {value!r:.60} is not one of {allowed!r}")
 
@@ -470,7 +470,7 @@ def compile_validator(schema: Mapping[str, Any]) -> Validator:
     ):
         return _object_validator(schema, names)
 
-    def check(value: Any, path: str, problems: list[str]) -> None:
+    def check(value: object, path: str, problems: list[str]) -> None:
         if single_test is not None:
             if not single_test(value):
                 problems.append(f"{path}: expected {label}, got {type(value).__name__} {value!r:.60}")
@@ -507,7 +507,7 @@ _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _simple_property(schema: Any) -> bool:
+def _simple_property(schema: object) -> bool:
     return (
         isinstance(schema, Mapping)
         and set(schema) <= {"type", "description", "default", "title"}
@@ -521,7 +521,7 @@ def _object_validator(schema: Mapping[str, Any], names: str) -> Validator:
     labels = {k: v["type"] for k, v in (schema.get("properties") or {}).items()}
     required = tuple(schema.get("required", ()))
 
-    def check(value: Any, path: str, problems: list[str]) -> None:
+    def check(value: object, path: str, problems: list[str]) -> None:
         if not isinstance(value, _MAPPINGS):
             problems.append(f"{path}: expected object, got {type(value).__name__} {value!r:.60}")
             return
@@ -556,7 +556,7 @@ class CallStart(typing.Protocol):
 class ToolRegistry:
     """Named tools an agent may call. Register functions, ``@tool`` methods of objects, or ToolSpecs."""
 
-    def __init__(self, tools: Iterable[Callable[..., Any] | ToolSpec] = ()) -> None:
+    def __init__(self, tools: Iterable[Callable[..., object] | ToolSpec] = ()) -> None:
         self._tools: dict[str, ToolSpec] = {}
         self._schemas: list[dict[str, Any]] | None = None
         self._validators: dict[str, Validator] = {}
@@ -769,7 +769,7 @@ class ToolRegistry:
 class _Job:
     __slots__ = ("done", "error", "fn", "kwargs", "result")
 
-    def __init__(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, fn: Callable[..., object], kwargs: Mapping[str, object]) -> None:
         self.fn = fn
         self.kwargs = kwargs
         self.done = threading.Event()
@@ -792,7 +792,7 @@ class _DaemonWorkers:
         self._max_idle = max_idle
         self._closed = False
 
-    def run(self, fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout: float) -> Any:
+    def run(self, fn: Callable[..., object], kwargs: Mapping[str, object], timeout: float) -> Any:
         """Run ``fn(**kwargs)`` on a worker; raise TimeoutError if it has not returned in ``timeout`` s."""
         job = _Job(fn, kwargs)
         with self._lock:
@@ -878,7 +878,7 @@ def _enum_converter(hint: Any) -> Callable[[Any], Any] | None:
     return None
 
 
-def _convert_arguments(args: Mapping[str, Any], converters: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
+def _convert_arguments(args: Mapping[str, object], converters: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
     """A copy of validated ``args`` with Enum-annotated values converted; ValueError names the argument."""
     converted = dict(args)
     for pname, convert in converters.items():
@@ -907,7 +907,7 @@ class _Bound:
 
     __slots__ = ("fn", "kwargs")
 
-    def __init__(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, fn: Callable[..., object], kwargs: Mapping[str, object]) -> None:
         self.fn = fn
         self.kwargs = kwargs
 
@@ -929,7 +929,7 @@ class _Begun(_Bound):
 
     __slots__ = ("start",)
 
-    def __init__(self, start: CallStart, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, start: CallStart, fn: Callable[..., object], kwargs: Mapping[str, object]) -> None:
         super().__init__(fn, kwargs)
         self.start = start
 
@@ -966,7 +966,7 @@ def _plain_text_values(args: Mapping[str, Any]) -> bool:
     return True
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, Mapping):
@@ -976,7 +976,7 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def _to_text(value: Any) -> str:
+def _to_text(value: object) -> str:
     try:
         return json.dumps(_jsonable(value), ensure_ascii=False)
     except (TypeError, ValueError):

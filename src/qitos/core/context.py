@@ -230,7 +230,7 @@ def unit_counter_for(unit: str, *, tokenizer: str | None = None) -> UnitCounter:
     raise ValueError(f"unit: no standard counter for {unit!r}; pass a counter whose unit is {unit!r}")
 
 
-def counts_exactly(counter_key: Sequence[Any], model_tokenizer: str | None) -> bool:
+def counts_exactly(counter_key: Sequence[object], model_tokenizer: str | None) -> bool:
     """Whether a count by the counter with ``cache_key`` ``counter_key`` is exact for a model that
     declares ``model_tokenizer``: characters always are; tokens only by that very tokenizer."""
     if not counter_key or counter_key[0] != "tokens":

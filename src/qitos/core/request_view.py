@@ -765,7 +765,7 @@ def _span(ids: Sequence[str]) -> str:
 # --------------------------------------------------------------------------- the builder
 
 
-def _model_tokenizer(model: Any) -> str | None:
+def _model_tokenizer(model: object) -> str | None:
     """The tokenizer a model adapter declares as its own (``tokenizer``), or None."""
     declared = getattr(model, "tokenizer", None)
     if declared is None:
@@ -1162,7 +1162,7 @@ def _receipt_identity(receipt: CompactionReceipt) -> list[Any]:
     ]
 
 
-def _policy_id(policy: Any) -> str:
+def _policy_id(policy: object) -> str:
     return str(getattr(policy, "policy_id", type(policy).__name__))
 
 
@@ -1171,7 +1171,7 @@ def _item_mask(role: str, has_calls: bool) -> int:
     return mask | CATEGORY_BITS["tool_calls"] if has_calls else mask
 
 
-def _instructions(values: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+def _instructions(values: Iterable[Mapping[str, object]]) -> tuple[str, ...]:
     out = []
     for i, value in enumerate(values):
         if not isinstance(value, Mapping):
@@ -1188,7 +1188,7 @@ def _instructions(values: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _tool_schemas(values: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+def _tool_schemas(values: Iterable[Mapping[str, object]]) -> tuple[str, ...]:
     out, names = [], set()
     for i, value in enumerate(values):
         if not isinstance(value, Mapping):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -39,7 +39,9 @@ from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import ConfigurationError
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, ToolSpec
+from qitos.kit.parsers._base import DecisionParser
 from qitos.kit.tools._files import workspace_tools
+from qitos.models._function import ModelSource
 
 __all__ = [
     "INDEX_FILE",
@@ -202,8 +204,8 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         workspace: str | os.PathLike[str] | None = None,
         *,
         policy: Policy = "scripted",
-        llm: Any = None,
-        model_parser: Any = None,
+        llm: ModelSource | None = None,
+        model_parser: DecisionParser | None = None,
         max_steps: int = 24,
         **config: Any,
     ) -> None:
@@ -335,7 +337,7 @@ class NotesAgent(AgentModule[NotesState, Observation, Action]):
         return state
 
 
-def _narrow(spec: ToolSpec, allowed: dict[str, list[Any]]) -> ToolSpec:
+def _narrow(spec: ToolSpec, allowed: Mapping[str, Sequence[object]]) -> ToolSpec:
     """``spec`` with only the ``allowed`` arguments, each required and an enum of its values."""
     properties = dict(spec.parameters.get("properties") or {})
     narrowed: dict[str, Any] = {}

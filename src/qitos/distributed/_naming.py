@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from qitos.checkpoint._targets import open_store, postgres_dsn
 from qitos.core._errors import ConfigurationError
@@ -40,7 +39,7 @@ FLEET_METADATA = "fleet"
 """The session metadata key a Fleet's sessions carry: ``{"queue": name}`` (see :func:`fleet_queue`)."""
 
 
-def fleet_queue(metadata: Mapping[str, Any] | None) -> str | None:
+def fleet_queue(metadata: Mapping[str, object] | None) -> str | None:
     """The queue whose workers run a session with this metadata (a Fleet submitted it), else None."""
     mark = (metadata or {}).get(FLEET_METADATA)
     queue = mark.get("queue") if isinstance(mark, Mapping) else None
@@ -80,7 +79,7 @@ def bind_store(composition: Composition, db: str) -> Composition:
     return Composition(composition.agent_factory, runtime)
 
 
-def with_engine_options(composition: Composition, **engine_kwargs: Any) -> Composition:
+def with_engine_options(composition: Composition, **engine_kwargs: object) -> Composition:
     """``composition`` whose engines also get ``engine_kwargs`` (e.g. ``otel=`` for a worker's spans)."""
     runtime = replace(composition.runtime, engine_kwargs={**composition.runtime.engine_kwargs, **engine_kwargs})
     return Composition(composition.agent_factory, runtime)

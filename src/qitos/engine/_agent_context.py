@@ -24,7 +24,7 @@ __all__ = ["AGENT_MEMORY_NAMESPACE", "check_history_policy", "request_compaction
 AGENT_MEMORY_NAMESPACE = "agent"
 
 
-def check_history_policy(policy: Any, context: Any = None) -> Any:
+def check_history_policy(policy: object, context: object = None) -> Any:
     """``policy`` if it can serve as the history (compaction) policy next to ``context`` (the
     engine's model context), or None; else ConfigurationError (at engine construction)."""
     if policy is None:
@@ -38,7 +38,7 @@ def check_history_policy(policy: Any, context: Any = None) -> Any:
     )
 
 
-def request_contributors(agent: Any, contributors: Sequence[Any]) -> list[Any]:
+def request_contributors(agent: object, contributors: Sequence[object]) -> list[Any]:
     """The contributors consulted on each request: ``contributors``, then the agent's memory."""
     out = list(contributors)
     memory = getattr(agent, "memory", None)
@@ -48,7 +48,7 @@ def request_contributors(agent: Any, contributors: Sequence[Any]) -> list[Any]:
     return out
 
 
-def request_compaction(context_policy: Any, history_policy: Any) -> Any:
+def request_compaction(context_policy: object, history_policy: object) -> Any:
     """The compaction policy of the model path: the context's, else the engine's history policy."""
     if context_policy is None:
         return history_policy

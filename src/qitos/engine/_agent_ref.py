@@ -109,7 +109,7 @@ def _callable_without_arguments(candidate: object) -> bool:
 # inspect.signature costs tens of microseconds, and every new session asks about the same few
 # module-level classes and factories.
 @functools.lru_cache(maxsize=256)
-def _takes_no_arguments(candidate: Callable[..., Any]) -> bool:
+def _takes_no_arguments(candidate: Callable[..., object]) -> bool:
     try:
         signature = inspect.signature(candidate)
     except (TypeError, ValueError):

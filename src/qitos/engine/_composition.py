@@ -32,6 +32,7 @@ from qitos.engine._model_path import ModelContext
 from qitos.engine._tool_threads import ToolThreads
 from qitos.engine.runtime import LifecyclePolicy
 from qitos.engine.session_runtime import Session, anew_session, arestore_session, new_session, restore_session
+from qitos.models._function import ModelSource
 from qitos.sessions._lease import DEFAULT_LEASE_TTL
 
 __all__ = ["Composition", "ResolverReference", "Runtime", "compose"]
@@ -51,7 +52,7 @@ class Runtime:
     """What a composition bound: the store, the model, the extensions and the selected policies."""
 
     checkpoint_store: CheckpointStore
-    model: Any
+    model: ModelSource | None
     extensions: dict[str, Any]
     contributors: list[Any]
     compactor: Any
@@ -121,10 +122,10 @@ class Composition:
 def compose(
     agent: type[AgentModule[Any, Any, Any]] | Callable[[], AgentModule[Any, Any, Any]] | AgentModule[Any, Any, Any],
     store: CheckpointStore | str | None = None,
-    extensions: Mapping[str, Any] | None = None,
+    extensions: Mapping[str, object] | None = None,
     compaction: Mapping[str, str] | None = None,
     lifecycle: Mapping[str, str] | None = None,
-    model: Any = None,
+    model: ModelSource | None = None,
     *,
     checkpoint_store: CheckpointStore | None = None,
     durability: str = "sync",
@@ -133,7 +134,7 @@ def compose(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     tool_workers: int | None = None,
     tool_use_policy: str | Callable[[ContextRequest], str] = "auto",
-    **engine_kwargs: Any,
+    **engine_kwargs: object,
 ) -> Composition:
     """Bind an agent (class, zero-argument factory or instance) with a store, extensions and a model.
 
@@ -211,7 +212,7 @@ def _agent_factory(agent: Any) -> Callable[[], AgentModule[Any, Any, Any]]:
     raise ConfigurationError(f"agent must be an AgentModule class, factory or instance, got {agent!r}")
 
 
-def _instantiate(name: str, value: Any) -> Any:
+def _instantiate(name: str, value: object) -> Any:
     if isinstance(value, type) or (callable(value) and not _looks_like_instance(value)):
         try:
             return value()
@@ -222,11 +223,11 @@ def _instantiate(name: str, value: Any) -> Any:
     return value
 
 
-def _looks_like_instance(value: Any) -> bool:
+def _looks_like_instance(value: object) -> bool:
     return any(callable(getattr(value, m, None)) for m in ("contribute", "compact", "should_pause", "retrieve"))
 
 
-def _select(bound: Mapping[str, Any], selection: Mapping[str, str] | None, what: str, method: str) -> Any:
+def _select(bound: Mapping[str, object], selection: Mapping[str, str] | None, what: str, method: str) -> Any:
     if not selection:
         return None
     unknown = set(selection) - {"provider"}
@@ -242,13 +243,13 @@ def _select(bound: Mapping[str, Any], selection: Mapping[str, str] | None, what:
     return instance
 
 
-def _kind(instance: Any) -> str:
+def _kind(instance: object) -> str:
     for method, kind in (("compact", "compactor"), ("should_pause", "lifecycle"), ("contribute", "contributor")):
         if callable(getattr(instance, method, None)):
             return kind
     return "extension"
 
 
-def _provider(value: Any) -> str:
+def _provider(value: object) -> str:
     target = value if isinstance(value, type) or (callable(value) and not _looks_like_instance(value)) else type(value)
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"

@@ -116,7 +116,7 @@ class AsyncDriver:
         loop, thread = self._running_loop(), self._thread
         context = contextvars.copy_context()  # the run's context (hooks such as telemetry read it)
 
-        def call(*args: Any) -> None:
+        def call(*args: object) -> None:
             if threading.get_ident() == thread:
                 callback(*args)
             elif not loop.is_closed():

@@ -246,7 +246,7 @@ class _Subscriber:
         self.max_queue = max_queue
         self.dropped = 0
 
-    def send(self, item: Any) -> None:
+    def send(self, item: object) -> None:
         """Deliver ``item`` from any thread: on the consumer's loop once there is one."""
         consumer = self.loop
         if self.unbound is not None:
@@ -258,7 +258,7 @@ class _Subscriber:
         if consumer is not None:
             _call_on_loop(consumer, self.deliver, item)
 
-    def deliver(self, item: Any) -> None:
+    def deliver(self, item: object) -> None:
         # Runs on the consumer's loop thread.
         queue = self.queue
         if item is not _CLOSED and queue.qsize() >= self.max_queue:

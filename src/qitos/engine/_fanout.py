@@ -65,19 +65,19 @@ class _Pinned(AgentModule[Any, Any, Any]):
         self.decision = decision
         self.step = step
 
-    def init_state(self, task: str, **kwargs: Any) -> Any:
+    def init_state(self, task: str, **kwargs: object) -> Any:
         return self.inner.init_state(task, **kwargs)
 
-    def reduce(self, state: Any, observation: Any, decision: Decision[Any]) -> Any:
+    def reduce(self, state: object, observation: object, decision: Decision[Any]) -> Any:
         return self.inner.reduce(state, observation, decision)
 
-    def build_system_prompt(self, state: Any) -> str | None:
+    def build_system_prompt(self, state: object) -> str | None:
         return self.inner.build_system_prompt(state)
 
-    def prepare(self, state: Any) -> str:
+    def prepare(self, state: object) -> str:
         return self.inner.prepare(state)
 
-    def should_stop(self, state: Any) -> bool:
+    def should_stop(self, state: object) -> bool:
         return self.inner.should_stop(state)
 
     def decide(self, state: Any, observation: Any) -> Decision[Any] | None:

@@ -36,6 +36,8 @@ from qitos.core._decision import Decision
 from qitos.core._errors import ConfigurationError, UsageError
 from qitos.core._state import StateSchema
 from qitos.core._tool import ToolRegistry, ToolResult, ToolSpec
+from qitos.kit.parsers._base import DecisionParser
+from qitos.models._function import ModelSource
 
 __all__ = ["HANDOFF_PREFIX", "HandoffTool", "Team", "TeamState", "handoff_of", "team_state_type"]
 
@@ -134,8 +136,8 @@ class Team(AgentModule[TeamState, Any, Any]):
         *,
         first: str,
         max_handoffs: int = 8,
-        llm: Any = None,
-        model_parser: Any = None,
+        llm: ModelSource | None = None,
+        model_parser: DecisionParser | None = None,
     ) -> None:
         if first not in members:
             raise ConfigurationError(f"Team: first={first!r} is not a member ({sorted(members)})")

@@ -37,6 +37,7 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
+from qitos.checkpoint.store import CheckpointStore
 from qitos.core._agent_module import AgentModule
 from qitos.core._decision import Action, Decision, Observation
 from qitos.core._errors import CheckpointError, ConfigurationError, ContextError, UsageError
@@ -45,6 +46,7 @@ from qitos.core._redaction import Redactor, model_credentials
 from qitos.core._state import StateSchema, StopReason
 from qitos.core._task import Env, Task, TaskResult
 from qitos.core._tool import ToolResult
+from qitos.core.request_view import CompactionPolicy, SummarizingCompactionPolicy
 from qitos.engine._agent_context import check_history_policy
 from qitos.engine._call_plan import plan_calls
 from qitos.engine._call_start import RecordedStart, StepResults
@@ -55,7 +57,14 @@ from qitos.engine._events import EngineEvent, EngineEventType, EngineResult, Run
 from qitos.engine._handoff import handoff_of
 from qitos.engine._hooks import HOOK_METHODS, EngineHook, HookContext
 from qitos.engine._model_path import ModelContext, ModelPath, record_results
-from qitos.engine._policies import BranchSelector, Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector
+from qitos.engine._policies import (
+    BranchSelector,
+    Critic,
+    CriticVerdict,
+    FinalResultCriteria,
+    FirstCandidateSelector,
+    StopCriteria,
+)
 from qitos.engine._run_context import RunContext, StopRun
 from qitos.engine._subagent import (
     ChildOutcome,
@@ -70,7 +79,8 @@ from qitos.engine._subagent import (
 from qitos.engine._telemetry import OtelOption, otel_hook
 from qitos.engine._tool_threads import ToolThreads
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
-from qitos.models._function import as_model
+from qitos.kit.parsers._base import DecisionParser
+from qitos.models._function import ModelSource, as_model
 from qitos.sessions._journal import BoundaryCommit, ControlBatch, PendingStep, ResumePoint, RunJournal
 from qitos.trace._writer import TraceWriter
 
@@ -154,18 +164,18 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         agent: AgentModule[StateT, ObservationT, ActionT],
         *,
         budget: RuntimeBudget | None = None,
-        parser: Any = None,
-        stop_criteria: Iterable[Any] | None = None,
+        parser: DecisionParser | None = None,
+        stop_criteria: Iterable[StopCriteria] | None = None,
         critics: Iterable[Critic] | None = None,
         env: Env | None = None,
-        history_policy: Any = None,
+        history_policy: CompactionPolicy | SummarizingCompactionPolicy | None = None,
         trace_writer: TraceWriter | None = None,
         hooks: Iterable[Any] | None = None,
         search: BranchSelector | None = None,
-        model: Any = None,
+        model: ModelSource | None = None,
         lifecycle: LifecyclePolicy | None = None,
-        context: Any = None,
-        checkpoint_store: Any = None,
+        context: object = None,
+        checkpoint_store: CheckpointStore | None = None,
         trace_logdir: str | None = None,
         trace_prefix: str | None = None,
         max_critic_retries: int = 2,
@@ -538,170 +548,231 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         """Boundaries and steps until a stop (one generator for the whole run, not one per step).
 
         ``boundary_yields``: yield ``BOUNDARY`` at each boundary (the async driver uses it; the sync
-        driver would only skip it).
+        driver would only skip it). A phase that may need effects (the model, a branch, the journal,
+        tools that need something around their call) is entered with ``yield from`` only when it
+        does, so a plain step runs in this one generator.
         """
-        journal = run.journal
-        plain_call = ToolCall(self.agent.tool_registry, "", None, "")
+        plain_call = ToolCall(self.agent.tool_registry, "", None, "")  # refilled for each plain call
         while True:
             if boundary_yields:
                 yield BOUNDARY
-            control = None
-            if journal.durable:
-                control = yield JournalCall(journal, "control", (run.state.current_step,))
-            boundary_stop = self._boundary(run, control)
-            if boundary_stop is not None:
-                return boundary_stop
-            state = run.state
-            step_id = state.current_step
-            started = time.time()
-            t0 = time.perf_counter()
-            run.emit(_fast_event(EngineEvent, (E.STEP_START, step_id, None, P.DECIDE, True, {}, None, _now())))
-            snapshot = state.to_dict() if self.critics else None
-            retries = 0
-            while True:
-                # DECIDE and ACT are spelled out here so a plain step (no journal, no model, tools that
-                # need nothing around their call) costs no generator beyond this one.
-                pending = run.pending
-                if pending is not None and pending.step_id == step_id:
-                    decision, model_entry, view_summary = self._resumed_decision(run, step_id, pending)
-                else:
-                    if self._hook_table["on_before_decide"]:
-                        self._call_hooks("on_before_decide", run, HookContext(run.run_id, step_id, state))
-                    seen: Any = _with_steering(run.observation, run.steering) if run.steering else run.observation
-                    decided: Decision[Any] | None = self.agent.decide(state, seen)
-                    model_entry = view_summary = None
-                    log_entries: list[dict[str, Any]] = _NO_ENTRIES
-                    if decided is None:
-                        decided, model_entry, view_summary, log_entries = yield from self._model_decide(run, step_id)
-                    elif not isinstance(decided, Decision):
-                        raise ConfigurationError(
-                            f"{type(self.agent).__name__}.decide must return a Decision or None, "
-                            f"got {type(decided).__name__}"
-                        )
-                    run.steering.clear()
-                    if decided.mode != "branch":
-                        decision = decided
-                    elif isinstance(self.search, FanoutRunner) and run.journal.durable:
-                        decision = yield from self._fan_out(run, step_id, decided, self.search)
-                    else:
-                        decision = self._resolve_branch(run, step_id, decided)
-                    changes = state.drain_changes() if state.__dict__.get("_q_changes") else _NO_ENTRIES
-                    if changes:
-                        run.step_changes.extend(changes)
-                    if run.journal.durable:
-                        yield from self._record_decision(
-                            run, step_id, decision, model_entry, view_summary, log_entries, changes
-                        )
-                    mode: dict[str, Any] = {"mode": decision.mode}
-                    run.emit(_fast_event(EngineEvent, (E.DECIDE, step_id, None, P.DECIDE, True, mode, None, _now())))
-                    if self._hook_table["on_after_decide"]:
-                        self._call_hooks("on_after_decide", run, HookContext(run.run_id, step_id, state, decision))
-                    if run.cancel_immediate:
-                        self._immediate_cancel_point(run)
-                observation = self._act_without_tools(run, step_id, decision)
-                if observation is None:
-                    if self.env is not None:
-                        observation = yield from self._act_env(run, step_id, decision, self.env)
-                    else:
-                        pending = run.pending
-                        registry = plain_call.registry = self.agent.tool_registry  # the agent may swap it
-                        plain = pending is None and self.lifecycle is None
-                        results: list[ToolResult] = []
-                        actions = decision.actions
-                        groups = (
-                            plan_calls(registry, actions) if len(actions) > 1 and self.max_parallel_tools > 1 else None
-                        )
-                        if groups is not None and len(groups) < len(actions):
-                            for group in groups:
-                                if len(group) > 1:
-                                    results.extend((yield from self._call_batch(run, step_id, group, pending)))
-                                else:
-                                    results.append((yield from self._call_tool(run, step_id, group[0], pending)))
-                                if run.cancel_immediate:
-                                    self._immediate_cancel_point(run)
-                            actions = ()
-                        for action in actions:
-                            spec = registry.get(action.name) if plain else None
-                            if spec is not None and not spec.needs_approval:
-                                # The common case: nothing to journal, check or approve around the call. The
-                                # run's one ToolCall is refilled (no allocation per call, see effects).
-                                plain_call.name, plain_call.args, plain_call.call_id = (
-                                    action.name,
-                                    action.args,
-                                    action.id,
-                                )
-                                results.append((yield plain_call))
-                            else:
-                                results.append((yield from self._call_tool(run, step_id, action, pending)))
-                            if run.cancel_immediate:
-                                self._immediate_cancel_point(run)
-                        observation = self._acted(run, step_id, decision, results)
-                if run.cancel_immediate:
-                    self._immediate_cancel_point(run)
-                if self._hook_table["on_before_reduce"]:
-                    self._call_hooks(
-                        "on_before_reduce", run, HookContext(run.run_id, step_id, state, decision, observation)
-                    )
-                new_state = self.agent.reduce(state, observation, decision)  # type: ignore[arg-type]
-                if new_state is not None and new_state is not state:
-                    state = run.state = self._adopt_new_state(run, state, new_state)
-                run.emit(_fast_event(EngineEvent, (E.REDUCE, step_id, None, P.REDUCE, True, {}, None, _now())))
-                if self._hook_table["on_after_reduce"]:
-                    ctx = HookContext(run.run_id, step_id, state, decision, observation)
-                    self._call_hooks("on_after_reduce", run, ctx)
-                verdicts, verdict = self._critics(run, step_id, decision, observation) if self.critics else _NO_VERDICT
-                if verdict is not None and verdict.action == "retry" and retries < self.max_critic_retries and snapshot:
-                    retries += 1
-                    state = run.state = type(state).from_dict(snapshot)
-                    run.step_changes = [{"op": "set", "field": k, "value": v} for k, v in snapshot.items()]
-                    run.observation = Observation(feedback=f"critic asked to retry: {verdict.reason or ''}".strip())
-                    run.pending = None
-                    continue
-                break
-            if decision.mode == "final" and state.final_result is None:
-                state.final_result = decision.final_answer
-            stop = self._check_stop(run, decision, verdict)
-            stop_value = stop.value if stop is not None else None
-            payload = {"stop_reason": stop_value}
-            run.emit(_fast_event(EngineEvent, (E.CHECK_STOP, step_id, None, P.CHECK_STOP, True, payload, None, _now())))
-            if stop is not None and state.stop_reason is None:
-                state.stop_reason = stop.value
-            state.current_step = step_id + 1
-            changes = run.step_changes
-            changes.extend(state.drain_changes())
-            run.step_changes = []
-            duration_ms = (time.perf_counter() - t0) * 1000.0
-            record = StepRecord(
-                step_id,
-                decision,
-                observation,
-                changes,
-                started,
-                duration_ms,
-                model_entry,
-                view_summary,
-                verdicts,
-                stop_value,
-            )
-            run.records.append(record)
-            run.pending = None
-            run.observation = observation
-            lifecycle = "running" if stop is None else _lifecycle_for(stop)
-            if run.journal.durable:
-                boundary = self._boundary_commit(run, changes, lifecycle, stop, record=record)
-                yield JournalCall(run.journal, "commit", (boundary,))
-                run.last_commit = boundary
-                if run.writer is not None:
-                    self._trace_committed(run)
-            elif run.writer is not None:
-                run.writer.step(record.to_dict())
-            payload = {"stop_reason": stop_value}
-            run.emit(_fast_event(EngineEvent, (E.STEP_END, step_id, None, P.COMMIT, True, payload, None, _now())))
-            if self._hook_table["on_step_end"]:
-                ctx = HookContext(run.run_id, step_id, state, decision, observation, record)
-                self._call_hooks("on_step_end", run, ctx)
+            control = (yield self._control_call(run)) if run.journal.durable else None
+            stop = self._boundary(run, control)
             if stop is not None:
                 return stop
+            step = _Step(run, with_snapshot=bool(self.critics))  # announces step_start
+            while True:  # one pass per step, another when a critic sends the step back
+                # DECIDE: the agent's decide hook, else the model path; then one decision is kept
+                if run.pending is not None and run.pending.step_id == step.id:
+                    decision = self._resumed_decision(run, step, run.pending)
+                else:
+                    decided = self._ask_agent(run, step)
+                    if decided is None:
+                        decided = yield from self._model_decide(run, step)
+                    if decided.mode == "branch" or run.journal.durable:
+                        decided = yield from self._settle_decision(run, step, decided)
+                    decision = self._decided(run, step.id, decided)
+                # ACT: the tool calls (or the Env); their results are the observation
+                observation = self._act_without_tools(run, step.id, decision)
+                if observation is None and self._calls_are_plain(run, decision, plain_call):
+                    results: list[ToolResult] = []
+                    for action in decision.actions:
+                        results.append((yield self._plain_call(run, plain_call, action)))
+                    observation = self._acted(run, step.id, decision, results)
+                elif observation is None:
+                    observation = yield from self._act(run, step.id, decision)
+                # REDUCE, then the critics, who may send the step back to DECIDE
+                self._reduce(run, step.id, decision, observation)
+                if not self.critics or not self._critic_retry(run, step, decision, observation):
+                    break
+            # CHECK_STOP and COMMIT
+            stop, record = self._close_step(run, step, decision, observation)
+            if run.journal.durable:
+                yield from self._commit_step(run, record, stop)
+            elif run.writer is not None:
+                run.writer.step(record.to_dict())
+            self._end_step(run, record)
+            if stop is not None:
+                return stop
+
+    # ------------------------------------------------------------------ step phases
+
+    def _control_call(self, run: RunContext) -> JournalCall:
+        """The effect that reads a durable journal's control items at a boundary."""
+        return JournalCall(run.journal, "control", (run.state.current_step,))
+
+    def _ask_agent(self, run: RunContext, step: _Step) -> Decision[Any] | None:
+        """The agent's ``decide`` hook, around its hooks; None sends DECIDE down the model path."""
+        state = run.state
+        if self._hook_table["on_before_decide"]:
+            self._call_hooks("on_before_decide", run, HookContext(run.run_id, step.id, state))
+        seen: Any = _with_steering(run.observation, run.steering) if run.steering else run.observation
+        decided: Decision[Any] | None = self.agent.decide(state, seen)
+        step.model_entry = step.view_summary = None
+        step.log_entries = _NO_ENTRIES
+        if decided is not None and not isinstance(decided, Decision):
+            raise ConfigurationError(
+                f"{type(self.agent).__name__}.decide must return a Decision or None, got {type(decided).__name__}"
+            )
+        return decided
+
+    def _settle_decision(self, run: RunContext, step: _Step, decided: Decision[Any]) -> Loop[Decision[Any]]:
+        """What a ``branch`` decision (resolved to one candidate, in forked child sessions when the
+        selector fans out) or a durable journal (the decision is recorded) needs before ``_decided``."""
+        run.steering.clear()
+        if decided.mode != "branch":
+            decision = decided
+        elif isinstance(self.search, FanoutRunner) and run.journal.durable:
+            decision = yield from self._fan_out(run, step.id, decided, self.search)
+        else:
+            decision = self._resolve_branch(run, step.id, decided)
+        changes = _state_changes(run.state)
+        if changes:
+            run.step_changes.extend(changes)
+        if run.journal.durable:
+            yield from self._record_decision(
+                run, step.id, decision, step.model_entry, step.view_summary, step.log_entries, changes
+            )
+        return decision
+
+    def _decided(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Decision[Any]:
+        """DECIDE is over: the steering it saw is used up, the state changes made while deciding join
+        the step's (both already done when ``_settle_decision`` ran: then nothing is left to do), the
+        decision is announced, its hooks run, and an immediate cancel may stop the step."""
+        run.steering.clear()
+        changes = _state_changes(run.state)
+        if changes:
+            run.step_changes.extend(changes)
+        mode: dict[str, Any] = {"mode": decision.mode}
+        run.emit(_fast_event(EngineEvent, (E.DECIDE, step_id, None, P.DECIDE, True, mode, None, _now())))
+        if self._hook_table["on_after_decide"]:
+            self._call_hooks("on_after_decide", run, HookContext(run.run_id, step_id, run.state, decision))
+        if run.cancel_immediate:
+            self._immediate_cancel_point(run)
+        return decision
+
+    def _calls_are_plain(self, run: RunContext, decision: Decision[Any], plain_call: ToolCall) -> bool:
+        """Whether every call of ``decision`` is plain: made through the registry one after the
+        other, with nothing to journal, check or approve around it (then ``plain_call`` serves them)."""
+        if self.env is not None or run.pending is not None or self.lifecycle is not None:
+            return False
+        registry = plain_call.registry = self.agent.tool_registry  # the agent may swap it
+        actions = decision.actions
+        if len(actions) > 1 and self.max_parallel_tools > 1 and len(plan_calls(registry, actions)) < len(actions):
+            return False  # some calls run together
+        for action in actions:
+            spec = registry.get(action.name)
+            if spec is None or spec.needs_approval:
+                return False
+        return True
+
+    def _plain_call(self, run: RunContext, call: ToolCall, action: Action) -> ToolCall:
+        """The run's one plain ``ToolCall`` refilled for ``action`` (no allocation per call, see
+        effects), once an immediate cancel had its chance to stop the step (as after every call)."""
+        if run.cancel_immediate:
+            self._immediate_cancel_point(run)
+        call.name, call.args, call.call_id = action.name, action.args, action.id
+        return call
+
+    def _act(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Loop[Observation]:
+        """ACT for calls that are not plain: through the Env, in concurrent groups, or each with
+        what it needs (journal records, the LifecyclePolicy, an approval, a child session)."""
+        if self.env is not None:
+            return (yield from self._act_env(run, step_id, decision, self.env))
+        pending = run.pending
+        actions = decision.actions
+        together = len(actions) > 1 and self.max_parallel_tools > 1
+        groups = plan_calls(self.agent.tool_registry, actions) if together else [(action,) for action in actions]
+        results: list[ToolResult] = []
+        for group in groups:
+            if len(group) > 1:
+                results.extend((yield from self._call_batch(run, step_id, group, pending)))
+            else:
+                results.append((yield from self._call_tool(run, step_id, group[0], pending)))
+            if run.cancel_immediate:
+                self._immediate_cancel_point(run)
+        return self._acted(run, step_id, decision, results)
+
+    def _reduce(self, run: RunContext, step_id: int, decision: Decision[Any], observation: Observation) -> None:
+        """REDUCE: the agent folds the observation into its state (in place, or as a new state)."""
+        if run.cancel_immediate:
+            self._immediate_cancel_point(run)
+        state = run.state
+        if self._hook_table["on_before_reduce"]:
+            self._call_hooks("on_before_reduce", run, HookContext(run.run_id, step_id, state, decision, observation))
+        new_state = self.agent.reduce(state, observation, decision)  # type: ignore[arg-type]
+        if new_state is not None and new_state is not state:
+            state = run.state = self._adopt_new_state(run, state, new_state)
+        run.emit(_fast_event(EngineEvent, (E.REDUCE, step_id, None, P.REDUCE, True, {}, None, _now())))
+        if self._hook_table["on_after_reduce"]:
+            self._call_hooks("on_after_reduce", run, HookContext(run.run_id, step_id, state, decision, observation))
+
+    def _critic_retry(self, run: RunContext, step: _Step, decision: Decision[Any], observation: Observation) -> bool:
+        """The critics' verdicts on the step; True when one asks for a retry the step may still make
+        (the state is then put back as it was when the step began)."""
+        step.verdicts, verdict = self._critics(run, step.id, decision, observation)
+        step.verdict = verdict
+        snapshot = step.snapshot
+        if verdict is None or verdict.action != "retry" or step.retries >= self.max_critic_retries or not snapshot:
+            return False
+        step.retries += 1
+        run.state = type(run.state).from_dict(snapshot)
+        run.step_changes = [{"op": "set", "field": k, "value": v} for k, v in snapshot.items()]
+        run.observation = Observation(feedback=f"critic asked to retry: {verdict.reason or ''}".strip())
+        run.pending = None
+        return True
+
+    def _close_step(
+        self, run: RunContext, step: _Step, decision: Decision[Any], observation: Observation
+    ) -> tuple[StopReason | None, StepRecord]:
+        """CHECK_STOP, then the step's record: the state moves to the next step."""
+        state = run.state
+        if decision.mode == "final" and state.final_result is None:
+            state.final_result = decision.final_answer
+        stop = self._check_stop(run, decision, step.verdict)
+        stop_value = stop.value if stop is not None else None
+        payload = {"stop_reason": stop_value}
+        run.emit(_fast_event(EngineEvent, (E.CHECK_STOP, step.id, None, P.CHECK_STOP, True, payload, None, _now())))
+        if stop is not None and state.stop_reason is None:
+            state.stop_reason = stop.value
+        state.current_step = step.id + 1
+        changes = run.step_changes
+        changes.extend(state.drain_changes())
+        run.step_changes = []
+        record = StepRecord(
+            step.id,
+            decision,
+            observation,
+            changes,
+            step.started,
+            (time.perf_counter() - step.t0) * 1000.0,
+            step.model_entry,
+            step.view_summary,
+            step.verdicts,
+            stop_value,
+        )
+        run.records.append(record)
+        run.pending = None
+        run.observation = observation
+        return stop, record
+
+    def _commit_step(self, run: RunContext, record: StepRecord, stop: StopReason | None) -> Loop[None]:
+        """COMMIT to a durable journal: the step's boundary (the trace follows once it is durable)."""
+        lifecycle = "running" if stop is None else _lifecycle_for(stop)
+        boundary = self._boundary_commit(run, record.state_diff, lifecycle, stop, record=record)
+        yield JournalCall(run.journal, "commit", (boundary,))
+        run.last_commit = boundary
+        if run.writer is not None:
+            self._trace_committed(run)
+
+    def _end_step(self, run: RunContext, record: StepRecord) -> None:
+        """The step is committed: ``step_end`` is announced and the ``on_step_end`` hooks run."""
+        payload = {"stop_reason": record.stop_reason}
+        step_id = record.step_id
+        run.emit(_fast_event(EngineEvent, (E.STEP_END, step_id, None, P.COMMIT, True, payload, None, _now())))
+        if self._hook_table["on_step_end"]:
+            ctx = HookContext(run.run_id, step_id, run.state, record.decision, record.observation, record)
+            self._call_hooks("on_step_end", run, ctx)
 
     def _adopt_new_state(self, run: RunContext, old: Any, new: Any) -> Any:
         # reduce returned a new object instead of mutating: record it whole (O(state), only in this case).
@@ -714,13 +785,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
 
     # ------------------------------------------------------------------ phases
 
-    def _resumed_decision(
-        self, run: RunContext, step_id: int, pending: PendingStep
-    ) -> tuple[Decision[Any], dict[str, Any] | None, dict[str, Any] | None]:
+    def _resumed_decision(self, run: RunContext, step: _Step, pending: PendingStep) -> Decision[Any]:
         """The decision of an interrupted step being finished (it is never decided again)."""
         resumed = Decision.from_dict(pending.decision)
-        run.emit(EngineEvent(E.DECIDE, step_id, phase=P.DECIDE, payload={"mode": resumed.mode, "resumed": True}))
-        return resumed, pending.model, pending.request_view
+        run.emit(EngineEvent(E.DECIDE, step.id, phase=P.DECIDE, payload={"mode": resumed.mode, "resumed": True}))
+        step.model_entry, step.view_summary = pending.model, pending.request_view
+        return resumed
 
     def _resolve_branch(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Decision[Any]:
         """The candidate the BranchSelector picks from a ``branch`` decision."""
@@ -778,9 +848,9 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         registry = self.agent.tool_registry
         return [a.id for a in decision.actions if (spec := registry.get(a.name)) is not None and spec.needs_approval]
 
-    def _model_decide(
-        self, run: RunContext, step_id: int
-    ) -> Loop[tuple[Decision[Any], dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]]:
+    def _model_decide(self, run: RunContext, step: _Step) -> Loop[Decision[Any]]:
+        """DECIDE down the model path: what the model was asked and answered is kept in ``step``."""
+        step_id = step.id
         if self.model is None:
             raise ConfigurationError(
                 f"{type(self.agent).__name__}.decide returned None (the model path) but no model is configured; "
@@ -808,7 +878,12 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         if outcome.tokens:
             run.tokens_used += outcome.tokens
         run.last_request_view = outcome.view
-        return outcome.decision, outcome.model_entry, outcome.view_summary, outcome.log_entries
+        step.model_entry, step.view_summary, step.log_entries = (
+            outcome.model_entry,
+            outcome.view_summary,
+            outcome.log_entries,
+        )
+        return outcome.decision
 
     def _act_without_tools(self, run: RunContext, step_id: int, decision: Decision[Any]) -> Observation | None:
         """ACT's hook; the whole of ACT for a decision that calls nothing (else None: calls follow)."""
@@ -837,6 +912,8 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
 
     def _acted(self, run: RunContext, step_id: int, decision: Decision[Any], results: list[ToolResult]) -> Observation:
         """The observation of a step's tool calls, recorded in the exchange log and announced."""
+        if run.cancel_immediate:
+            self._immediate_cancel_point(run)  # the last call's result arrived: a cancel can stop the step
         observation = Observation(results=tuple(results))
         if run.log is not None:
             record_results(run.log, results)
@@ -1263,7 +1340,7 @@ class EngineLoop(Generic[StateT, ObservationT, ActionT]):
         return run.elapsed_before + (time.monotonic() - run.started)
 
 
-def _overrides(hook: Any, name: str) -> bool:
+def _overrides(hook: object, name: str) -> bool:
     method = getattr(type(hook), name, None)
     if method is None:
         return False
@@ -1271,9 +1348,50 @@ def _overrides(hook: Any, name: str) -> bool:
     return method is not base
 
 
-_NO_VERDICT: tuple[list[dict[str, Any]], CriticVerdict | None] = ([], None)
 _NO_ENTRIES: list[dict[str, Any]] = []  # shared and never mutated (a list is copied before it is kept)
 _IDEMPOTENT: dict[str, Any] = {"idempotent": True}  # record_tool_started's keywords for a call safe to repeat
+
+
+class _Step:
+    """What the loop knows of the step under way, shared by its phases (one per step)."""
+
+    __slots__ = (
+        "id",
+        "log_entries",
+        "model_entry",
+        "retries",
+        "snapshot",
+        "started",
+        "t0",
+        "verdict",
+        "verdicts",
+        "view_summary",
+    )
+
+    def __init__(self, run: RunContext, *, with_snapshot: bool) -> None:
+        """The step that goes on past its boundary: its clock starts and ``step_start`` is announced."""
+        state = run.state
+        step_id = self.id = state.current_step
+        # the state as the step began, for a critic's retry (only kept when there are critics)
+        self.snapshot: dict[str, Any] | None = state.to_dict() if with_snapshot else None
+        self.started = time.time()
+        self.t0 = time.perf_counter()
+        self.retries = 0
+        self.model_entry: dict[str, Any] | None = None
+        self.view_summary: dict[str, Any] | None = None
+        self.log_entries: list[dict[str, Any]] = _NO_ENTRIES
+        self.verdicts: list[dict[str, Any]] = _NO_VERDICTS
+        self.verdict: CriticVerdict | None = None
+        run.emit(_fast_event(EngineEvent, (E.STEP_START, step_id, None, P.DECIDE, True, {}, None, _now())))
+
+
+_NO_VERDICTS: list[dict[str, Any]] = []  # a step without critics (shared and never mutated)
+
+
+def _state_changes(state: StateSchema) -> list[dict[str, Any]]:
+    """The state changes made since the last drain; the ``__dict__`` probe skips the drain's call
+    when nothing was recorded (the common case while deciding)."""
+    return state.drain_changes() if state.__dict__.get("_q_changes") else _NO_ENTRIES
 
 
 def _interrupted(action: Action) -> ToolResult:
@@ -1315,7 +1433,7 @@ def _repeats(last: BoundaryCommit | None, end: BoundaryCommit, log: Any) -> bool
     )
 
 
-def _with_steering(observation: Any, steering: list[str]) -> Observation:
+def _with_steering(observation: object, steering: list[str]) -> Observation:
     base = observation if isinstance(observation, Observation) else Observation(env=observation)
     text = "\n".join(steering)
     feedback = f"{base.feedback}\n{text}" if base.feedback else text

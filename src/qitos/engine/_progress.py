@@ -32,7 +32,7 @@ __all__ = ["ProgressPrinter", "preview", "progress_printer"]
 E = EngineEventType
 
 
-def preview(value: Any, limit: int, *, max_lines: int = 1) -> str:
+def preview(value: object, limit: int, *, max_lines: int = 1) -> str:
     """A short preview of ``value`` within ``limit`` characters.
 
     With ``max_lines=1`` the (non-blank) lines are joined with `` | `` into one line; otherwise at

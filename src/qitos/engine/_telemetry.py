@@ -568,7 +568,7 @@ def _exception_event(span: Span, kind: str, message: str, stack: str | None, at:
     span.add_event("exception", attributes, timestamp=at)
 
 
-def _attribute_value(value: Any) -> bool:
+def _attribute_value(value: object) -> bool:
     return isinstance(value, str | bool | int | float)
 
 
@@ -588,7 +588,7 @@ def _message_parts(message: Mapping[str, Any]) -> dict[str, Any]:
     return {"role": role, "parts": parts}
 
 
-def _redactor(model: Any, extra: Iterable[str]) -> Redactor:
+def _redactor(model: object, extra: Iterable[str]) -> Redactor:
     redact = Redactor(extra)
     key = getattr(model, "api_key", None)
     if isinstance(key, str):

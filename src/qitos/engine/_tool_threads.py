@@ -122,7 +122,7 @@ class _LoopWork(_Work):
 
     __slots__ = ("fn", "future", "loop")
 
-    def __init__(self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
+    def __init__(self, fn: Callable[[], object], loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
         self.fn, self.loop, self.future = fn, loop, future
 
     def run(self) -> None:
@@ -138,7 +138,7 @@ class _LoopWork(_Work):
     def cancel(self) -> None:
         self._deliver(_cancel, None)
 
-    def _deliver(self, setter: Callable[[asyncio.Future[Any], Any], None], value: Any) -> None:
+    def _deliver(self, setter: Callable[[asyncio.Future[Any], Any], None], value: object) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
             self.loop.call_soon_threadsafe(setter, self.future, value)
 
@@ -148,7 +148,7 @@ class _FutureWork(_Work):
 
     __slots__ = ("fn", "future")
 
-    def __init__(self, fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+    def __init__(self, fn: Callable[[], object], future: concurrent.futures.Future[Any]) -> None:
         self.fn, self.future = fn, future
 
     def run(self) -> None:
@@ -165,7 +165,7 @@ class _FutureWork(_Work):
         self.future.cancel()
 
 
-def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+def _resolve(future: asyncio.Future[Any], result: object) -> None:
     if not future.done():
         future.set_result(result)
 
@@ -175,5 +175,5 @@ def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
-def _cancel(future: asyncio.Future[Any], _: Any) -> None:
+def _cancel(future: asyncio.Future[Any], _: object) -> None:
     future.cancel()

@@ -219,7 +219,7 @@ class Session:
         store = self.engine.checkpoint_store
         if store is None:
             raise ConfigurationError("this engine has no checkpoint_store; pass Engine(checkpoint_store=...)")
-        return store  # type: ignore[no-any-return]
+        return store
 
     def __repr__(self) -> str:
         return f"Session({self.session_id.value!r})"
@@ -562,8 +562,8 @@ def new_session(
     *,
     composition: SessionHost | None = None,
     session_id: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    **state_kwargs: Any,
+    metadata: Mapping[str, object] | None = None,
+    **state_kwargs: object,
 ) -> Session:
     """Create a durable session: initialise the state and commit its first snapshot.
 
@@ -581,8 +581,8 @@ async def anew_session(
     *,
     composition: SessionHost | None = None,
     session_id: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    **state_kwargs: Any,
+    metadata: Mapping[str, object] | None = None,
+    **state_kwargs: object,
 ) -> Session:
     """Async twin of :func:`new_session` (the first snapshot is committed with the store's async method)."""
     store, commit, session = _first_snapshot(engine, task, composition, state_kwargs, session_id, metadata)
@@ -594,9 +594,9 @@ def _first_snapshot(
     engine: EngineLoop[Any, Any, Any],
     task: str | Task,
     composition: SessionHost | None,
-    state_kwargs: Mapping[str, Any],
+    state_kwargs: Mapping[str, object],
     given_id: str | None = None,
-    extra_metadata: Mapping[str, Any] | None = None,
+    extra_metadata: Mapping[str, object] | None = None,
 ) -> tuple[CheckpointStore, SessionSnapshotCommit, Session]:
     """A new session's first snapshot commit and its Session facade (no I/O)."""
     store = engine.checkpoint_store
@@ -681,7 +681,7 @@ def _engine_store(engine: EngineLoop[Any, Any, Any]) -> CheckpointStore:
     store = engine.checkpoint_store
     if store is None:
         raise ConfigurationError("restoring a session needs an engine with a checkpoint_store")
-    return store  # type: ignore[no-any-return]
+    return store
 
 
 def _session_from_head(

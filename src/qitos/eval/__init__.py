@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
 from qitos.eval import scorers
@@ -30,6 +29,7 @@ from qitos.eval._result import SampleResult
 from qitos.eval._runner import EvalChangedError, EvalProgress, EvalRun
 from qitos.eval._store import EvalStore, open_eval_store
 from qitos.eval.scorers import Score, Scorer, ScorerError, ScoringError
+from qitos.models._function import ModelSource
 
 __all__ = [
     "CompareError",
@@ -57,11 +57,11 @@ __all__ = [
 
 
 async def aevaluate(
-    agent: Any,
+    agent: object,
     dataset: Dataset | Iterable[Sample],
     *,
     scorers: Scorer | Sequence[Scorer],
-    model: Any = None,
+    model: ModelSource | None = None,
     store: CheckpointStore | str = "evals.db",
     name: str | None = None,
     epochs: int = 1,
@@ -70,8 +70,8 @@ async def aevaluate(
     sample_timeout: float | None = None,
     retries: int = 0,
     fail_on_error: int | float | None = None,
-    fleet: Any = None,
-    engine_kwargs: Mapping[str, Any] | None = None,
+    fleet: object = None,
+    engine_kwargs: Mapping[str, object] | None = None,
     replay: str | None = None,
     on_divergence: str = "stop",
     cache: bool = False,
@@ -119,11 +119,11 @@ async def aevaluate(
 
 
 def evaluate(
-    agent: Any,
+    agent: object,
     dataset: Dataset | Iterable[Sample],
     *,
     scorers: Scorer | Sequence[Scorer],
-    model: Any = None,
+    model: ModelSource | None = None,
     store: CheckpointStore | str = "evals.db",
     name: str | None = None,
     epochs: int = 1,
@@ -132,8 +132,8 @@ def evaluate(
     sample_timeout: float | None = None,
     retries: int = 0,
     fail_on_error: int | float | None = None,
-    fleet: Any = None,
-    engine_kwargs: Mapping[str, Any] | None = None,
+    fleet: object = None,
+    engine_kwargs: Mapping[str, object] | None = None,
     replay: str | None = None,
     on_divergence: str = "stop",
     cache: bool = False,

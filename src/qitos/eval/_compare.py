@@ -189,7 +189,7 @@ def _by_sample(report: EvalReport) -> dict[str, list[SampleReport]]:
     return dict(out)
 
 
-def _number(value: Any, grades: Mapping[str, float] | None) -> float:
+def _number(value: object, grades: Mapping[str, float] | None) -> float:
     if isinstance(value, bool):
         return 1.0 if value else 0.0
     if isinstance(value, int | float):
@@ -297,7 +297,7 @@ def _cost(
     }
 
 
-def _json(value: Any) -> Any:
+def _json(value: object) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -118,7 +118,7 @@ class Sample:
 class Dataset(Sequence[Sample]):
     """An ordered list of samples with unique ids; ``digest`` identifies its content."""
 
-    def __init__(self, samples: Iterable[Sample | Mapping[str, Any]], name: str | None = None) -> None:
+    def __init__(self, samples: Iterable[Sample | Mapping[str, object]], name: str | None = None) -> None:
         items: list[Sample] = []
         seen: dict[str, int] = {}
         for position, item in enumerate(samples):

@@ -182,7 +182,7 @@ def _message(message: Mapping[str, Any]) -> Any:
     return ChatMessageUser(content=content)
 
 
-def _target(value: Any) -> str | list[str]:
+def _target(value: object) -> str | list[str]:
     if value is None:
         return ""
     if isinstance(value, str):
@@ -192,5 +192,5 @@ def _target(value: Any) -> str | list[str]:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def _json(value: Any) -> Any:
+def _json(value: object) -> Any:
     return json.loads(json.dumps(value, default=str))

@@ -186,7 +186,7 @@ def _conversation(view: RequestView) -> list[dict[str, Any]]:
     return [m for m in view.messages() if m.get("role") != "system"]
 
 
-def _message_text(message: Mapping[str, Any] | None) -> str:
+def _message_text(message: Mapping[str, object] | None) -> str:
     if message is None:
         return ""
     text = message.get("content")
@@ -211,7 +211,7 @@ def _text_change(old: str, new: str) -> dict[str, Any]:
     }
 
 
-def _tools_change(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _tools_change(old: Sequence[Mapping[str, object]], new: Sequence[Mapping[str, object]]) -> dict[str, Any]:
     before = {str(t.get("name")): t for t in old}
     after = {str(t.get("name")): t for t in new}
     out: dict[str, Any] = {}

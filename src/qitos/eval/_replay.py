@@ -60,7 +60,7 @@ class ReplaySourceError(UsageError):
     """An eval cannot be replayed from the one named: it does not exist, or lacks samples or epochs."""
 
 
-def cache_key(model: Mapping[str, Any] | None, view: RequestView) -> str:
+def cache_key(model: Mapping[str, object] | None, view: RequestView) -> str:
     """The response cache's key of a request: a digest of the model's description, the request's
     parameters (tool choice, reasoning, protocol) and its messages and tools."""
     return sha256_hex(
@@ -94,7 +94,7 @@ class SampleModel(ModelAdapter):
         eval_store: EvalStore,
         recording: Callable[[], Sequence[RecordedCall]] | None = None,
         replayed: Callable[[], int] | None = None,
-        divergence: Callable[[], Mapping[str, Any] | None] | None = None,
+        divergence: Callable[[], Mapping[str, object] | None] | None = None,
         on_diverged: Callable[[RequestView, int, RecordedCall | None, Sequence[RecordedCall]], dict[str, Any]]
         | None = None,
         on_divergence: str = "stop",

@@ -148,7 +148,7 @@ def _numbers(rows: Sequence[ScorerRecord], given: Mapping[str, Scorer]) -> dict[
 
 
 def _generic(grades: Mapping[str, float] | None) -> Any:
-    def to_number(value: Any) -> float:
+    def to_number(value: object) -> float:
         if isinstance(value, bool):
             return 1.0 if value else 0.0
         if isinstance(value, int | float):
@@ -162,7 +162,7 @@ def _generic(grades: Mapping[str, float] | None) -> Any:
 
 
 def _sample_report(
-    result: ResultRecord, scores: Mapping[str, ScoreRecord], metadata: Mapping[str, Any]
+    result: ResultRecord, scores: Mapping[str, ScoreRecord], metadata: Mapping[str, object]
 ) -> SampleReport:
     return SampleReport(
         id=result.sample_id,

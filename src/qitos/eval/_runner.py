@@ -50,6 +50,7 @@ from qitos.eval._store import (
     open_eval_store,
 )
 from qitos.eval.scorers import Scorer, ScorerError
+from qitos.models._function import ModelSource
 from qitos.sessions._inspection import SessionLifecycle
 from qitos.sessions._step_journal import arestore
 
@@ -129,7 +130,7 @@ def session_id_for(eval_id: str, sample_id: str, epoch: int, attempt: int = 0) -
     return f"evs-{sha256_hex(canonical_json([eval_id, sample_id, epoch, attempt]))[:24]}"
 
 
-def agent_reference(agent: Any) -> str:
+def agent_reference(agent: object) -> str:
     """``module:qualname`` of an agent class or factory (of the class, for an instance)."""
     target = type(agent) if isinstance(agent, AgentModule) else agent
     module = getattr(target, "__module__", None)
@@ -144,7 +145,7 @@ def agent_reference(agent: Any) -> str:
 _RECORDED_AS = {new: old for old, new in MOVED_MODULES.items()}
 
 
-def _model_description(model: Any) -> Any:
+def _model_description(model: object) -> Any:
     if model is None:
         return None
     describe = getattr(model, "describe", None)
@@ -170,7 +171,7 @@ class EvalRun:
         dataset: Dataset | Iterable[Sample],
         *,
         scorers: Scorer | Sequence[Scorer],
-        model: Any = None,
+        model: ModelSource | None = None,
         store: CheckpointStore | str | Any = DEFAULT_STORE,
         name: str | None = None,
         epochs: int = 1,
@@ -784,13 +785,13 @@ def pin_changes(stored: Mapping[str, Any], current: Mapping[str, Any], prefix: s
     return changed
 
 
-def _scorer_names(value: Any) -> str:
+def _scorer_names(value: object) -> str:
     if not isinstance(value, list):
         return repr(value)
     return ", ".join(f"{s.get('id')}@{s.get('version')}/{s.get('reducer')}" for s in value if isinstance(s, Mapping))
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = canonical_json(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
@@ -825,7 +826,7 @@ def _calls_in(log: Any) -> list[dict[str, Any]]:
     return calls
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if value is None:
         return None
     return str(getattr(value, "value", value))
@@ -843,7 +844,7 @@ def _fleet_store(fleet: Any, store: Any) -> Any:
     return fleet.store
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
+def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
 

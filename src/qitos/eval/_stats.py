@@ -86,7 +86,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def reduce_epochs(values: Sequence[Any], numbers: Sequence[float], reducer: str) -> tuple[Any, float]:
+def reduce_epochs(values: Sequence[object], numbers: Sequence[float], reducer: str) -> tuple[Any, float]:
     """One sample's epochs reduced: (the reduced value, it as a number).
 
     ``mean``: the mean of the numbers; ``max`` (pass@k): the best; ``min`` (pass^k): the worst;
@@ -109,5 +109,5 @@ def reduce_epochs(values: Sequence[Any], numbers: Sequence[float], reducer: str)
     raise ValueError(f"unknown reducer {reducer!r}")
 
 
-def _hashable(value: Any) -> Any:
+def _hashable(value: object) -> Any:
     return (type(value).__name__, value) if isinstance(value, bool) else value

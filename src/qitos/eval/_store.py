@@ -287,7 +287,7 @@ def _encode(record: Any) -> tuple[str, str]:
     return data, sha256_hex(data)
 
 
-def _decode(table: str, key: Sequence[Any], data: str, digest: str) -> dict[str, Any]:
+def _decode(table: str, key: Sequence[object], data: str, digest: str) -> dict[str, Any]:
     row = "/".join(str(k) for k in key)
     if sha256_hex(data) != digest:
         raise IntegrityError(table, row, "content does not match its digest")
@@ -300,7 +300,7 @@ def _decode(table: str, key: Sequence[Any], data: str, digest: str) -> dict[str,
     return value
 
 
-def _record(cls: type[_R], table: str, key: Sequence[Any], data: str, digest: str) -> _R:
+def _record(cls: type[_R], table: str, key: Sequence[object], data: str, digest: str) -> _R:
     value = _decode(table, key, data, digest)
     try:
         return cls(**value)
@@ -321,11 +321,11 @@ class _SqlEvalStore(EvalStore):
     # ---- what a dialect provides
 
     @abc.abstractmethod
-    def _write(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+    def _write(self, statements: Sequence[tuple[str, Sequence[object]]]) -> list[int]:
         """Run the statements in one write transaction; each one's row count."""
 
     @abc.abstractmethod
-    def _read(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _read(self, sql: str, args: Sequence[object]) -> list[tuple[Any, ...]]:
         """The rows of one query."""
 
     @abc.abstractmethod
@@ -359,7 +359,9 @@ class _SqlEvalStore(EvalStore):
                     self._create_tables(self._ddl())
                     self._ready = True
 
-    def _insert(self, table: str, key: Sequence[Any], record: Any, *, replace: bool = False) -> tuple[str, list[Any]]:
+    def _insert(
+        self, table: str, key: Sequence[object], record: object, *, replace: bool = False
+    ) -> tuple[str, list[Any]]:
         names = _TABLES[table]
         data, digest = _encode(record)
         columns = ", ".join([*names, "data", "digest"])
@@ -368,12 +370,12 @@ class _SqlEvalStore(EvalStore):
         sql = f"INSERT INTO {self._t(table)} ({columns}) VALUES ({marks}) ON CONFLICT ({', '.join(names)}) {conflict}"
         return self._sql(sql), [*key, data, digest]
 
-    def _select(self, table: str, where: str, args: Sequence[Any], order: str) -> list[tuple[Any, ...]]:
+    def _select(self, table: str, where: str, args: Sequence[object], order: str) -> list[tuple[Any, ...]]:
         names = _TABLES[table]
         sql = f"SELECT {', '.join(names)}, data, digest FROM {self._t(table)} WHERE {where} ORDER BY {order}"
         return self._read(self._sql(sql), args)
 
-    def create_eval(self, record: EvalRecord, samples: Sequence[Mapping[str, Any]]) -> EvalRecord:
+    def create_eval(self, record: EvalRecord, samples: Sequence[Mapping[str, object]]) -> EvalRecord:
         self._ensure()
         with self._lock:
             existing = self.find_eval(record.name)

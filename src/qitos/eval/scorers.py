@@ -80,7 +80,9 @@ class Scorer(abc.ABC):
     scorer_id: str
     version: str
 
-    def __init__(self, *, scorer_id: str, version: str, reducer: str = "mean", spec: Mapping[str, Any] | None = None):
+    def __init__(
+        self, *, scorer_id: str, version: str, reducer: str = "mean", spec: Mapping[str, object] | None = None
+    ):
         if reducer not in REDUCERS:
             raise ScorerError(f"reducer must be one of {', '.join(REDUCERS)}, got {reducer!r}")
         if not scorer_id:
@@ -426,7 +428,9 @@ def model_graded(
 
 
 class _ToolCalls(Scorer):
-    def __init__(self, expected: Sequence[Mapping[str, Any]] | None, *, ordered: bool, name: str | None, reducer: str):
+    def __init__(
+        self, expected: Sequence[Mapping[str, object]] | None, *, ordered: bool, name: str | None, reducer: str
+    ):
         if expected is not None:
             _check_calls(expected, "tool_calls(expected)")
         super().__init__(
@@ -468,7 +472,7 @@ class _ToolCalls(Scorer):
         )
 
 
-def _check_calls(value: Any, where: str) -> Sequence[Mapping[str, Any]]:
+def _check_calls(value: object, where: str) -> Sequence[Mapping[str, Any]]:
     if not isinstance(value, list) or not all(
         isinstance(c, Mapping) and isinstance(c.get("name"), str) and isinstance(c.get("arguments", {}), Mapping)
         for c in value
@@ -495,7 +499,7 @@ def _call_matches(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> boo
     return True
 
 
-def _same(got: Any, want: Any) -> bool:
+def _same(got: object, want: object) -> bool:
     if isinstance(got, int | float) and isinstance(want, int | float) and not isinstance(got, bool):
         return float(got) == float(want)
     return bool(got == want)
@@ -513,7 +517,7 @@ def _match_all(expected: list[Mapping[str, Any]], actual: list[dict[str, Any]]) 
 
 
 def tool_calls(
-    expected: Sequence[Mapping[str, Any]] | None = None,
+    expected: Sequence[Mapping[str, object]] | None = None,
     *,
     ordered: bool = False,
     name: str | None = None,

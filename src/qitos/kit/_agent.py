@@ -51,6 +51,7 @@ from qitos.core._tool import ToolRegistry
 
 if TYPE_CHECKING:
     from qitos.core.memory import Memory
+    from qitos.models._function import ModelSource
 
 __all__ = ["Agent", "AgentState", "typed_state"]
 
@@ -99,7 +100,7 @@ class Agent(AgentModule[AgentState, Observation, Action]):
 
     def __init__(
         self,
-        model: Any,
+        model: ModelSource | None,
         *,
         instructions: str | None = None,
         tools: Sequence[Any] | ToolRegistry = (),

@@ -280,7 +280,7 @@ class ModelResponse:
         )
 
 
-def _json_native(value: Any) -> Any:
+def _json_native(value: object) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, Mapping):

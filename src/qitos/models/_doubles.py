@@ -30,7 +30,7 @@ ScriptedResponse = str | Mapping[str, Any] | ModelResponse
 _RESPONSE_KEYS = frozenset({"text", "tool_calls", "finish_reason", "usage"})
 
 
-def coerce_response(value: Any, *, index: int = 0, model: str = "") -> ModelResponse:
+def coerce_response(value: object, *, index: int = 0, model: str = "") -> ModelResponse:
     """Turn a scripted response (see the module docstring) into a ModelResponse.
 
     Raises ConfigurationError naming ``index`` and the problem when the shape is wrong.
@@ -71,7 +71,7 @@ def coerce_response(value: Any, *, index: int = 0, model: str = "") -> ModelResp
     )
 
 
-def _coerce_call(call: Any, index: int, j: int) -> ToolCall:
+def _coerce_call(call: object, index: int, j: int) -> ToolCall:
     where = f"scripted response #{index}, tool call #{j}"
     if not isinstance(call, Mapping):
         raise ConfigurationError(f"{where}: expected a mapping with 'name' and 'arguments'")

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 from qitos.core._errors import ConfigurationError
-from qitos.models._base import DeltaCallback, ModelResponse, Unit
+from qitos.models._base import DeltaCallback, ModelAdapter, ModelResponse, Unit
 from qitos.models._doubles import RecordingAdapter, ScriptedResponse, coerce_response, stream_text
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView
 
-__all__ = ["FunctionModel", "as_model"]
+__all__ = ["FunctionModel", "ModelSource", "as_model"]
 
 Takes = Literal["view", "messages"]
+
+ModelSource: TypeAlias = ModelAdapter | Callable[..., ScriptedResponse]
+"""What ``model=`` / ``llm=`` take: a model adapter, or a function ``messages -> text`` (see :func:`as_model`)."""
 
 
 class FunctionModel(RecordingAdapter):
@@ -74,7 +77,7 @@ class FunctionModel(RecordingAdapter):
         return {**super().describe(), "takes": self.takes}
 
 
-def as_model(llm: Any) -> Any:
+def as_model(llm: ModelSource | None) -> ModelAdapter | None:
     """The model adapter for what was passed as ``llm=`` / ``model=``.
 
     None stays None (no model: the model path then reports that none is configured); an object
@@ -82,8 +85,10 @@ def as_model(llm: Any) -> Any:
     wrapped as ``FunctionModel(llm, takes="messages")`` (model id: its name). Anything else raises
     :class:`~qitos.core._errors.ConfigurationError` naming what was given.
     """
-    if llm is None or (not inspect.isclass(llm) and callable(getattr(llm, "complete", None))):
+    if llm is None or isinstance(llm, ModelAdapter):
         return llm
+    if not inspect.isclass(llm) and callable(getattr(llm, "complete", None)):
+        return cast(ModelAdapter, llm)  # an adapter in all but its base class: used as it is
     if callable(llm) and not inspect.isclass(llm):
         name = getattr(llm, "__qualname__", None) or getattr(llm, "__name__", None) or type(llm).__name__
         return FunctionModel(llm, takes="messages", model_id=str(name))

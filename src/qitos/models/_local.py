@@ -51,7 +51,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -135,7 +135,7 @@ def tool_call_grammar(tool_schemas: Iterable[Mapping[str, Any]], llama: Any = No
     return re.sub(r"(?m)^space ::= .*$", 'space ::= | " "', grammar)
 
 
-def _grammar_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+def _grammar_schema(schema: Mapping[str, object]) -> dict[str, Any]:
     """A copy of a parameter schema without keys the converter would only carry as noise."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
@@ -490,7 +490,7 @@ def _tool_instructions(tools: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _tool_rounds(messages: list[dict[str, Any]]) -> int:
+def _tool_rounds(messages: Sequence[Mapping[str, object]]) -> int:
     """Assistant tool-call turns since the last user message (tool results do not count as one)."""
     rounds = 0
     for msg in messages:

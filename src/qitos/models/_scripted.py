@@ -242,7 +242,7 @@ class ReplayModel(RecordingAdapter):
             )
 
 
-def _entry_from_record(item: Any, *, step: Any, where: str) -> ReplayEntry:
+def _entry_from_record(item: object, *, step: object, where: str) -> ReplayEntry:
     if not isinstance(item, Mapping) or not isinstance(item.get("response"), Mapping):
         raise ConfigurationError(f"{where}: a model entry must be an object with a 'response' object")
     try:

@@ -118,14 +118,14 @@ class Controls:
             self._children = [c for c in self._children if c.poll() is None]
 
 
-def _required_text(body: Mapping[str, Any], key: str) -> str:
+def _required_text(body: Mapping[str, object], key: str) -> str:
     value = _optional_text(body, key)
     if value is None or not value.strip():
         raise UsageError(f"{key} must be a non-empty string")
     return value
 
 
-def _optional_text(body: Mapping[str, Any], key: str) -> str | None:
+def _optional_text(body: Mapping[str, object], key: str) -> str | None:
     value = body.get(key)
     if value is None:
         return None

@@ -67,7 +67,7 @@ _MAX_LINEAGE = 200
 _SHOWN = Redactor()
 
 
-def _shown(view: dict[str, Any]) -> dict[str, Any]:
+def _shown(view: Mapping[str, object]) -> dict[str, Any]:
     shown: dict[str, Any] = _SHOWN.redact_value(view)
     return shown
 
@@ -80,7 +80,7 @@ class AmbiguousReferenceError(UsageError):
     """A short reference matches several runs; give more of the id."""
 
 
-def to_jsonable(value: Any) -> Any:
+def to_jsonable(value: object) -> Any:
     """Dataclasses, mappings, tuples and enums as JSON-native values (other objects as ``repr``)."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -100,7 +100,7 @@ def to_jsonable(value: Any) -> Any:
 # --------------------------------------------------------------------------- runs
 
 
-def _parse_time(text: Any) -> datetime | None:
+def _parse_time(text: object) -> datetime | None:
     if not isinstance(text, str) or not text:
         return None
     try:

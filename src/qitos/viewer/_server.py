@@ -254,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "qitos-viewer"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         """Quiet: the viewer does not log every request."""
 
     def do_GET(self) -> None:
@@ -339,7 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _api(self, path: str, query: dict[str, list[str]]) -> None:
         self._api_call(lambda: self.viewer.api(path, query))
 
-    def _api_call(self, answer: Callable[[], Any]) -> None:
+    def _api_call(self, answer: Callable[[], object]) -> None:
         try:
             payload = answer()
         except NotFoundError as exc:
@@ -353,7 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send_json(HTTPStatus.OK, payload)
 
-    def _send_json(self, status: HTTPStatus, payload: Any) -> None:
+    def _send_json(self, status: HTTPStatus, payload: object) -> None:
         if status != HTTPStatus.OK:  # an error message may quote what it failed on (views redact themselves)
             payload = _SHOWN.redact_value(payload)
         body = json.dumps(payload, ensure_ascii=False, default=repr).encode("utf-8")

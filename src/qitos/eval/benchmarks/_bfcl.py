@@ -75,7 +75,7 @@ def tool_name(name: str) -> str:
     return name.replace(".", "_")
 
 
-def tool_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+def tool_schema(schema: Mapping[str, object]) -> dict[str, Any]:
     """A BFCL parameter schema as JSON Schema (``dict`` -> object, ``float`` -> number, ``tuple`` ->
     array, ``any`` -> no type)."""
     out: dict[str, Any] = {}
@@ -140,7 +140,7 @@ class BfclState(StateSchema):
     calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _recorded(**arguments: Any) -> str:
+def _recorded(**arguments: object) -> str:
     return "recorded"
 
 
@@ -185,7 +185,9 @@ class BfclAgent(AgentModule[BfclState, Any, Any]):
 
 
 def check_calls(
-    expected: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]], functions: Sequence[Mapping[str, Any]]
+    expected: Sequence[Mapping[str, object]],
+    calls: Sequence[Mapping[str, object]],
+    functions: Sequence[Mapping[str, object]],
 ) -> tuple[bool, str]:
     """Whether ``calls`` answer as ``expected`` allows (see the module docstring), and why not."""
     if len(calls) != len(expected):
@@ -236,11 +238,11 @@ def _check_call(expected: Mapping[str, Any], call: Mapping[str, Any], docs: Mapp
     return True, ""
 
 
-def _as_list(options: Any) -> list[Any]:
+def _as_list(options: object) -> list[Any]:
     return list(options) if isinstance(options, list) else [options]
 
 
-def _value_ok(value: Any, options: Any, schema: Mapping[str, Any]) -> bool:
+def _value_ok(value: object, options: object, schema: Mapping[str, object]) -> bool:
     return any(option != "" and _same(value, option, schema) for option in _as_list(options))
 
 

@@ -230,7 +230,7 @@ class ContextPolicyResult:
 # --------------------------------------------------------------------------- parsing
 
 
-def _keys(value: Any, path: str, allowed: set[str], required: set[str]) -> Mapping[str, Any]:
+def _keys(value: object, path: str, allowed: set[str], required: set[str]) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ContextPolicyError(path, f"expected an object, got {type(value).__name__}")
     for key in value:
@@ -242,7 +242,7 @@ def _keys(value: Any, path: str, allowed: set[str], required: set[str]) -> Mappi
     return value
 
 
-def _count(value: Any, path: str, *, minimum: int = 1) -> int | None:
+def _count(value: object, path: str, *, minimum: int = 1) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -250,13 +250,13 @@ def _count(value: Any, path: str, *, minimum: int = 1) -> int | None:
     return value
 
 
-def _text(value: Any, path: str) -> str:
+def _text(value: object, path: str) -> str:
     if not isinstance(value, str) or not value:
         raise ContextPolicyError(path, f"must be a non-empty string, got {value!r}")
     return value
 
 
-def parse_context_policy(value: Any, path: str = "policy") -> ContextPolicy:
+def parse_context_policy(value: object, path: str = "policy") -> ContextPolicy:
     """A policy from its mapping form (camelCase keys) or a policy dataclass, checked."""
     if isinstance(value, ValidatePolicy | ReducePolicy | AuditPolicy):
         value = context_policy_to_dict(value)
@@ -397,7 +397,7 @@ def _tokens(fragments: Sequence[ContextFragment], counter: UnitCounter | None) -
     return None if counter is None else sum(counter.count(canonical_json(f.value)) for f in fragments)
 
 
-def _user_turn_starts(messages: Sequence[Any]) -> list[int]:
+def _user_turn_starts(messages: Sequence[object]) -> list[int]:
     return [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"]
 
 
@@ -412,8 +412,8 @@ def _field_list(fragment: ContextFragment, step: TrimReduction, path: str) -> li
 
 
 def reduce_context(
-    policy: Any,
-    fragments: Sequence[Any],
+    policy: object,
+    fragments: Sequence[object],
     *,
     token_counter: UnitCounter | None = None,
     _boundaries: Callable[[list[Any]], tuple[list[int], int]] | None = None,
@@ -580,7 +580,7 @@ def _changed(before: Sequence[ContextFragment], after: Sequence[ContextFragment]
     return out
 
 
-def audit_context(policy: Any, before: Sequence[Any], after: Sequence[Any]) -> ContextPolicyReceipt:
+def audit_context(policy: object, before: Sequence[object], after: Sequence[object]) -> ContextPolicyReceipt:
     """Check that only the audit policy's mutable fragments changed; raise a violation otherwise."""
     parsed = parse_context_policy(policy)
     if not isinstance(parsed, AuditPolicy):
@@ -602,7 +602,7 @@ def audit_context(policy: Any, before: Sequence[Any], after: Sequence[Any]) -> C
     )
 
 
-def validate_context_policy(policy: Any, before: Sequence[Any], after: Sequence[Any]) -> ContextPolicyReceipt:
+def validate_context_policy(policy: object, before: Sequence[object], after: Sequence[object]) -> ContextPolicyReceipt:
     """Check a policy's shape and, given fragments, that ``after`` is an effect it allows from
     ``before``. Raises :class:`ContextPolicyError` (shape) or :class:`ContextPolicyViolation`."""
     parsed = parse_context_policy(policy)
@@ -700,7 +700,7 @@ def _loads(text: str) -> Any:
 
 
 def apply_context_policy(
-    policy: Any,
+    policy: object,
     view: RequestView,
     *,
     previous: RequestView | None = None,

@@ -26,7 +26,7 @@ import gc
 import json
 import re
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from itertools import accumulate, repeat
@@ -216,7 +216,7 @@ def _columns(parsed: list[Any], bucket: str) -> tuple[tuple[Any, ...], ...] | No
 
 
 def _entries_one_by_one(
-    parsed: list[Any],
+    parsed: Sequence[object],
     bodies: list[str],
     starts: list[int],
     text: str,
@@ -254,7 +254,7 @@ def _entries_one_by_one(
     return entries
 
 
-def _consume(iterator: Iterator[Any]) -> None:
+def _consume(iterator: Iterator[object]) -> None:
     """Run an iterator to its end, keeping nothing."""
     deque(iterator, maxlen=0)
 

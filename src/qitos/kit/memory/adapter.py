@@ -34,7 +34,7 @@ class MemorySourceAdapter:
         memory: Memory,
         *,
         namespace: str,
-        query: Mapping[str, Any] | None = None,
+        query: Mapping[str, object] | None = None,
         required: bool = False,
         priority: int = 0,
     ) -> None:

@@ -85,7 +85,7 @@ class MarkdownFileMemory:
             handle.write(text)
 
 
-def _render(content: Any) -> str:
+def _render(content: object) -> str:
     try:
         return canonical_json(content)
     except (TypeError, ValueError):

@@ -208,7 +208,7 @@ def workspace_tools(
     ]
 
 
-def _spec(fn: Callable[..., Any], *, idempotent: bool, max_output_chars: int | None) -> ToolSpec:
+def _spec(fn: Callable[..., object], *, idempotent: bool, max_output_chars: int | None) -> ToolSpec:
     # Registering through a throwaway registry reuses @tool's schema and docstring handling.
     return ToolRegistry().register(tool(idempotent=idempotent, max_output_chars=max_output_chars)(fn))
 

@@ -219,7 +219,7 @@ class MCPToolset:
         return _result_value(name, result)
 
     def _caller(self, name: str) -> Any:
-        def call_tool(**arguments: Any) -> Any:
+        def call_tool(**arguments: object) -> Any:
             return self.call(name, arguments)
 
         call_tool.__name__ = name
