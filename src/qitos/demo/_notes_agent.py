@@ -362,7 +362,7 @@ def _spec_key(spec: ToolSpec) -> str:
 
 
 def scripted_model_responses(workspace: str | os.PathLike[str]) -> list[dict[str, Any] | str]:
-    """Responses for :class:`~qitos.models._scripted.ScriptedModel` that drive ``policy="model"``
+    """Responses for :class:`~qitos.models.ScriptedModel` that drive ``policy="model"``
     through the engine's model path over ``workspace``: list, then read each note (in reverse path
     order, to show that the order is the model's choice).
 
