@@ -60,8 +60,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from qitos import AgentModule, AsyncEngine, StateSchema, ToolRegistry, compose, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.models.base import ModelAdapter, ModelResponse, ToolCall
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.models._base import ModelAdapter, ModelResponse, ToolCall
 
 variant, n, k, latency, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 
@@ -111,7 +111,7 @@ async def main():
         results = await asyncio.gather(*(engine.arun(f"run {i}") for i in range(n)))
     else:
         if variant == "postgres":  # path is a DSN naming a fresh schema
-            from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+            from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 
             dsn, _, schema = path.rpartition("#")
             store = PostgresCheckpointStore(dsn, schema=schema, max_size=4)

@@ -18,8 +18,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextBudget
-from qitos.core.exchange import ExchangeLog
 from qitos.core.memory import MemoryRecord
 from qitos.core.request_view import RequestView
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor

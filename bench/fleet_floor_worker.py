@@ -11,7 +11,7 @@ statements on an ``AsyncConnectionPool``, no lock of the worker's own). DBOS is 
 notification polling 0.05 s, DBOS's worker concurrency ``2 * CONCURRENCY``: as many runs prefetched
 as run), and like it runs ``CONCURRENCY`` workflows at once: the others wait for a free slot. Its
 garbage collector and event loop are set up as ``qitos worker`` sets its own
-(``qitos.cli.worker.tune_collector``; uvloop when it is installed, as ``--loop auto``).
+(``qitos.cli._worker.tune_collector``; uvloop when it is installed, as ``--loop auto``).
 Prints one line of JSON ``{"ready": true}`` once DBOS is up and the queue registered; runs until
 SIGTERM. Imports nothing of qitos.
 """
@@ -153,7 +153,7 @@ def main() -> None:
     DBOS.workflow(name=name)(workflows[name])
     DBOS.launch()
     DBOS.register_queue(QUEUE, worker_concurrency=2 * _concurrency, polling_interval_sec=0.05)
-    gc.collect()  # as qitos.cli.worker.tune_collector: start-up frozen, young objects every 10,000 allocations
+    gc.collect()  # as qitos.cli._worker.tune_collector: start-up frozen, young objects every 10,000 allocations
     gc.freeze()
     gc.set_threshold(10_000, *gc.get_threshold()[1:])
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)

@@ -5,7 +5,7 @@
 Delegation (SQLite, ``durability="sync"``, a fresh database file per measurement):
 
 - delegated: a parent session of ``children + 1`` steps; steps 0..children-1 each delegate one task
-  to a sub-agent (``qitos.engine.delegation``) whose child session does ``steps`` tool steps (a
+  to a sub-agent (``qitos.engine._delegation``) whose child session does ``steps`` tool steps (a
   trivial tool) and answers; the last step answers. Time of the parent's ``run()``.
 - parent alone: the same parent with a trivial tool in place of the delegation (its own steps and
   calls, no children). Time of its ``run()``.
@@ -41,13 +41,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore  # noqa: E402
-from qitos.core.agent_module import AgentModule  # noqa: E402
-from qitos.core.decision import Action, Decision, Observation  # noqa: E402
-from qitos.core.state import StateSchema  # noqa: E402
-from qitos.core.tool import ToolRegistry, tool  # noqa: E402
-from qitos.engine.delegation import delegate  # noqa: E402
-from qitos.engine.engine import Engine  # noqa: E402
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore  # noqa: E402
+from qitos.core._agent_module import AgentModule  # noqa: E402
+from qitos.core._decision import Action, Decision, Observation  # noqa: E402
+from qitos.core._state import StateSchema  # noqa: E402
+from qitos.core._tool import ToolRegistry, tool  # noqa: E402
+from qitos.engine._delegation import delegate  # noqa: E402
+from qitos.engine._engine import Engine  # noqa: E402
 
 
 @dataclass

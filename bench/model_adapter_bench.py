@@ -41,9 +41,9 @@ from typing import Any
 
 import httpx
 
-from qitos.core.exchange import ExchangeLog
+from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.models._openai_compat import OpenAICompatibleModel
 
 TOOLS = [
     {
@@ -142,7 +142,7 @@ def build_view(with_tools: bool) -> RequestView:
 
 
 def openai_args(view: RequestView) -> dict[str, Any]:
-    from qitos.models.openai_compat import to_openai_messages, to_openai_tools
+    from qitos.models._openai_compat import to_openai_messages, to_openai_tools
 
     args: dict[str, Any] = {"model": "bench-model", "messages": to_openai_messages(view.messages())}
     if view.tools():
@@ -220,7 +220,7 @@ def adapter_overhead(calls: int, rounds: int) -> None:
 
 def local_model(threads: int | None) -> None:
     try:
-        from qitos.models.local import LocalModel
+        from qitos.models._local import LocalModel
     except ImportError as exc:  # pragma: no cover - depends on the extra
         print(f"local model skipped: {exc}")
         return
@@ -233,7 +233,7 @@ def local_model(threads: int | None) -> None:
     from dataclasses import field as dc_field
 
     from qitos import Action, AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
-    from qitos.core.decision import Observation
+    from qitos.core._decision import Observation
 
     load_before = os.getloadavg()[0]
     started = time.perf_counter()

@@ -42,9 +42,9 @@ from typing import Any
 import psycopg
 from session_durability import BenchAgent, StepClock, chunks
 
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-from qitos.engine.composition import compose
-from qitos.engine.hooks import EngineHook, HookContext
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+from qitos.engine._composition import compose
+from qitos.engine._hooks import EngineHook, HookContext
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -45,15 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.composition import compose
-from qitos.engine.engine import Engine
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.sessions.payload import SnapshotPayload
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._composition import compose
+from qitos.engine._engine import Engine
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.sessions._payload import SnapshotPayload
 
 HERE = Path(__file__).resolve().parent
 LANGGRAPH_VENV = HERE / ".venvs" / "langgraph"
@@ -273,7 +273,7 @@ def _restore_child(argv: list[str]) -> dict[str, Any]:
 def restore_child(db: str, session_id: str) -> None:
     """In a fresh process: time opening the store and rebuilding the head's state (after imports)."""
     import qitos.engine.session_runtime  # noqa: F401 - imported lazily by Composition.restore; not timed
-    from qitos.sessions.step_journal import restore
+    from qitos.sessions._step_journal import restore
 
     start = time.perf_counter()
     store = SqliteCheckpointStore(db)

@@ -27,9 +27,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._records import SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
 
 KIB = "".join(random.Random(7).choice(string.ascii_letters + " ") for _ in range(1024))
 
@@ -116,7 +117,7 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
 
 _RESTORE = r"""
 import sys, time
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 t0 = time.perf_counter()
 store = SqliteCheckpointStore(sys.argv[1])
 head = store.get_session_head("bench")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qitos import Agent, compose, tool
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 INSTRUCTIONS = "You publish short notes. Use the tools."
 

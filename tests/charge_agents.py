@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qitos.checkpoint._targets import open_store
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import open_store
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.composition import Composition, compose
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._composition import Composition, compose
 
 __all__ = ["ChargeAgent", "ChargeState", "charge_composition", "ledger", "main", "observed"]
 

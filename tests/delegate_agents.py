@@ -33,14 +33,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.delegation import delegate
-from qitos.engine.engine import Engine
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._delegation import delegate
+from qitos.engine._engine import Engine
 from qitos.engine.session_runtime import Session, restore_session
 from session_agents import start_module
 

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 
 from delegate_agents import ParentAgent
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.composition import compose
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._composition import compose
 
 __all__ = ["FleetAgent", "FleetState", "composition", "delegating"]
 

@@ -80,7 +80,7 @@ def drop_schema(dsn: str, schema: str) -> None:
 @contextmanager
 def pg_store(dsn: str, **options: Any) -> Iterator[Any]:
     """A PostgresCheckpointStore on a fresh schema, closed and dropped afterwards."""
-    from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+    from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 
     schema = options.pop("schema", None) or fresh_schema()
     store = PostgresCheckpointStore(dsn, schema=schema, **options)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, tool
-from qitos.checkpoint.packing import unpack
-from qitos.models.scripted import FunctionModel
+from qitos.checkpoint._packing import unpack
+from qitos.models._scripted import FunctionModel
 
 __all__ = [
     "API_KEY",

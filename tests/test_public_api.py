@@ -67,24 +67,24 @@ def test_root_all_is_sorted_and_is_exactly_the_spec_names() -> None:
 
 def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
     canonical = {
-        "StateSchema": "qitos.core.state",
-        "StopReason": "qitos.core.state",
-        "Task": "qitos.core.task",
-        "TaskBudget": "qitos.core.task",
-        "TaskResource": "qitos.core.task",
-        "Decision": "qitos.core.decision",
-        "Action": "qitos.core.decision",
-        "AgentModule": "qitos.core.agent_module",
-        "Engine": "qitos.engine.engine",
-        "EngineResult": "qitos.engine.events",
-        "AsyncEngine": "qitos.engine.async_engine",
-        "tool": "qitos.core.tool",
-        "ToolRegistry": "qitos.core.tool",
-        "compose": "qitos.engine.composition",
-        "Agent": "qitos.kit.agent",
-        "Observation": "qitos.core.decision",
+        "StateSchema": "qitos.core._state",
+        "StopReason": "qitos.core._state",
+        "Task": "qitos.core._task",
+        "TaskBudget": "qitos.core._task",
+        "TaskResource": "qitos.core._task",
+        "Decision": "qitos.core._decision",
+        "Action": "qitos.core._decision",
+        "AgentModule": "qitos.core._agent_module",
+        "Engine": "qitos.engine._engine",
+        "EngineResult": "qitos.engine._events",
+        "AsyncEngine": "qitos.engine._async_engine",
+        "tool": "qitos.core._tool",
+        "ToolRegistry": "qitos.core._tool",
+        "compose": "qitos.engine._composition",
+        "Agent": "qitos.kit._agent",
+        "Observation": "qitos.core._decision",
         "RuntimeBudget": "qitos.engine.runtime",
-        "RunFailedError": "qitos.core.errors",
+        "RunFailedError": "qitos.core._errors",
     }
     for name, module in canonical.items():
         assert getattr(qitos, name) is getattr(importlib.import_module(module), name), name
@@ -92,37 +92,37 @@ def test_every_root_name_is_importable_and_is_the_canonical_object() -> None:
 
 SURFACES = {
     "qitos.models": {
-        "FunctionModel": "qitos.models.scripted",
-        "LocalModel": "qitos.models.local",
-        "ModelAdapter": "qitos.models.base",
-        "ModelResponse": "qitos.models.base",
-        "OpenAICompatibleModel": "qitos.models.openai_compat",
-        "ReplayDivergenceError": "qitos.models.scripted",
-        "ReplayModel": "qitos.models.scripted",
-        "ScriptedModel": "qitos.models.scripted",
-        "ToolCall": "qitos.models.base",
-        "Usage": "qitos.models.base",
+        "FunctionModel": "qitos.models._scripted",
+        "LocalModel": "qitos.models._local",
+        "ModelAdapter": "qitos.models._base",
+        "ModelResponse": "qitos.models._base",
+        "OpenAICompatibleModel": "qitos.models._openai_compat",
+        "ReplayDivergenceError": "qitos.models._scripted",
+        "ReplayModel": "qitos.models._scripted",
+        "ScriptedModel": "qitos.models._scripted",
+        "ToolCall": "qitos.models._base",
+        "Usage": "qitos.models._base",
     },
     "qitos.checkpoint": {
         "CheckpointStore": "qitos.checkpoint.store",
-        "InMemoryCheckpointStore": "qitos.checkpoint.memory_store",
-        "SqliteCheckpointStore": "qitos.checkpoint.sqlite_store",
-        "PostgresCheckpointStore": "qitos.checkpoint.postgres_store",
-        "open_store": "qitos.checkpoint.targets",
+        "InMemoryCheckpointStore": "qitos.checkpoint._memory_store",
+        "SqliteCheckpointStore": "qitos.checkpoint._sqlite_store",
+        "PostgresCheckpointStore": "qitos.checkpoint._postgres_store",
+        "open_store": "qitos.checkpoint._targets",
     },
     "qitos.tools": {
-        "MCPConnectionError": "qitos.kit.tools.mcp",
-        "MCPToolError": "qitos.kit.tools.mcp",
-        "MCPToolset": "qitos.kit.tools.mcp",
-        "ToolRegistry": "qitos.core.tool",
-        "ToolResult": "qitos.core.tool",
-        "ToolSpec": "qitos.core.tool",
-        "WorkspacePathError": "qitos.kit.tools.files",
-        "shell_tool": "qitos.kit.tools.shell",
-        "tool": "qitos.core.tool",
-        "workspace_tools": "qitos.kit.tools.files",
+        "MCPConnectionError": "qitos.kit.tools._mcp",
+        "MCPToolError": "qitos.kit.tools._mcp",
+        "MCPToolset": "qitos.kit.tools._mcp",
+        "ToolRegistry": "qitos.core._tool",
+        "ToolResult": "qitos.core._tool",
+        "ToolSpec": "qitos.core._tool",
+        "WorkspacePathError": "qitos.kit.tools._files",
+        "shell_tool": "qitos.kit.tools._shell",
+        "tool": "qitos.core._tool",
+        "workspace_tools": "qitos.kit.tools._files",
     },
-    "qitos.testing": {"CheckpointStoreConformance": "qitos.testing.conformance"},
+    "qitos.testing": {"CheckpointStoreConformance": "qitos.testing._conformance"},
 }
 
 
@@ -151,8 +151,8 @@ def test_a_surface_loads_its_optional_dependencies_only_on_access(package: str, 
 
 def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
     from qitos.checkpoint import InMemoryCheckpointStore
-    from qitos.core.errors import ConfigurationError
-    from qitos.core.exchange import LoggedToolCall
+    from qitos.core._errors import ConfigurationError
+    from qitos.core._exchange import LoggedToolCall
     from qitos.models import ScriptedModel, ToolCall
 
     class Minimal(qitos.AgentModule):  # type: ignore[type-arg]
@@ -172,7 +172,7 @@ def test_one_name_per_concept_with_the_seed_spellings_as_aliases() -> None:
     with pytest.raises(ConfigurationError, match="store once"):
         qitos.compose(Minimal, store=store, checkpoint_store=InMemoryCheckpointStore())
     assert LoggedToolCall is not ToolCall  # type: ignore[comparison-overlap]  # the log's record of a call vs the model's returned call
-    assert not hasattr(importlib.import_module("qitos.core.exchange"), "ToolCall")
+    assert not hasattr(importlib.import_module("qitos.core._exchange"), "ToolCall")
 
 
 def test_star_import_gives_exactly_all() -> None:

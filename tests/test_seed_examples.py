@@ -25,8 +25,8 @@ from qitos import (
     ToolRegistry,
     tool,
 )
-from qitos.engine.events import EngineEvent, EngineEventType, EventStream
-from qitos.models.scripted import ScriptedModel
+from qitos.engine._events import EngineEvent, EngineEventType, EventStream
+from qitos.models._scripted import ScriptedModel
 
 # --------------------------------------------------------------------------- state and task
 

@@ -14,22 +14,21 @@ The public surface, one obvious place per need:
 - ``qitos.checkpoint``: session stores (``SqliteCheckpointStore``, ``InMemoryCheckpointStore``);
 - ``qitos.tools``: ``tool``, ``ToolRegistry`` and the kit's file, shell and MCP tools.
 
-The modules that define these names (``qitos.core.state``, ``qitos.checkpoint.sqlite_store`` ...) are
-importable too and hold the same objects.
+Each package's ``__init__`` is its face; modules named ``_name`` are internal.
 """
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import RunFailedError
-from qitos.core.state import StateSchema, StopReason
-from qitos.core.task import Task, TaskBudget, TaskResource
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.async_engine import AsyncEngine
-from qitos.engine.composition import compose
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineResult
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import RunFailedError
+from qitos.core._state import StateSchema, StopReason
+from qitos.core._task import Task, TaskBudget, TaskResource
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._async_engine import AsyncEngine
+from qitos.engine._composition import compose
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineResult
 from qitos.engine.runtime import RuntimeBudget
-from qitos.kit.agent import Agent
+from qitos.kit._agent import Agent
 
 __version__ = "0.1.0"
 

@@ -12,11 +12,9 @@ from typing import Any
 import pytest
 from test_store_conformance import AsyncOnlyStore
 
-from qitos.checkpoint._records import snapshot_content_text
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.store import (
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._records import (
     BlobIntegrityError,
-    CheckpointStore,
     ControlItem,
     DuplicateOperationError,
     PruneReport,
@@ -26,10 +24,11 @@ from qitos.checkpoint.store import (
     SessionSnapshotCommit,
     SnapshotNotFoundError,
     StepWrite,
-    SyncCheckpointStore,
+    snapshot_content_text,
 )
-from qitos.core.codec import canonical_json, digest
-from qitos.core.errors import CodecError, SnapshotIntegrityError, UsageError
+from qitos.checkpoint.store import CheckpointStore, SyncCheckpointStore
+from qitos.core._codec import canonical_json, digest
+from qitos.core._errors import CodecError, SnapshotIntegrityError, UsageError
 
 RECORDS = [
     SessionSnapshot,
@@ -215,9 +214,10 @@ def test_the_contract_module_holds_the_abcs_and_names_the_records_at_the_seed_pa
     import inspect
 
     from qitos.checkpoint import _records, _rules, store
+    from qitos.checkpoint._records import SessionCommitReceipt, SessionHeadRecord, SessionSnapshotCommit
 
     # The seed's path: the contract and the records its methods take and return.
-    from qitos.checkpoint.store import CheckpointStore, SessionCommitReceipt, SessionHeadRecord, SessionSnapshotCommit
+    from qitos.checkpoint.store import CheckpointStore
 
     assert (SessionHeadRecord, SessionSnapshotCommit, SessionCommitReceipt) == (
         _records.SessionHeadRecord,

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from pg_server import pg_store
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import CheckpointStore, SessionSnapshot, SessionSnapshotCommit, StepWrite
-from qitos.core.errors import LeaseLostError
+from qitos.checkpoint._records import SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
+from qitos.core._errors import LeaseLostError
 
 
 def _qitos_threads() -> set[threading.Thread]:

@@ -1,4 +1,4 @@
-"""Compression of stored bytes (``qitos.checkpoint.packing``)."""
+"""Compression of stored bytes (``qitos.checkpoint._packing``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from qitos.checkpoint.packing import ZSTD_MAGIC, PackingError, pack, pack_or_raw, unpack
+from qitos.checkpoint._packing import ZSTD_MAGIC, PackingError, pack, pack_or_raw, unpack
 
 TEXT = b'{"notes":["' + b"a sentence that repeats, " * 200 + b'"]}'
 

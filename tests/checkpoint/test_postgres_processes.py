@@ -21,14 +21,14 @@ import pytest
 
 import session_agents as sa
 from pg_server import pg_store
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
 _COMMITTER = textwrap.dedent(
     """
     import json, sys
-    from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+    from qitos.checkpoint._postgres_store import PostgresCheckpointStore
     from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
     dsn, schema, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     with PostgresCheckpointStore(dsn, schema=schema) as store:
@@ -51,8 +51,8 @@ _RACER = textwrap.dedent(
     import json, sys
     sys.path.insert(0, sys.argv[5])
     import session_agents
-    from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-    from qitos.core.errors import QitosError
+    from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+    from qitos.core._errors import QitosError
     dsn, schema, name, barrier = sys.argv[1:5]
     out = {"name": name}
     with PostgresCheckpointStore(dsn, schema=schema) as store:
@@ -110,7 +110,7 @@ def test_eight_processes_committing_their_own_sessions_all_land(pg_dsn: str, sto
 def test_four_processes_racing_for_one_sessions_lease_leave_exactly_one_owner(
     pg_dsn: str, store: PostgresCheckpointStore, tmp_path: Path
 ) -> None:
-    from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
+    from qitos.checkpoint._records import SessionSnapshot, SessionSnapshotCommit
 
     first = SessionSnapshot.create(session_id="s", parent_id=None, base_id=None, sequence=0, payload={})
     store.commit_session_snapshot(

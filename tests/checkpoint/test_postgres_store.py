@@ -21,16 +21,16 @@ import psycopg
 import pytest
 
 from pg_server import drop_schema, fresh_schema, pg_store
-from qitos.checkpoint.postgres_store import SCHEMA_VERSION, PostgresCheckpointStore, _drive
-from qitos.checkpoint.store import BlobIntegrityError, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
-from qitos.core._install import install_command
-from qitos.core.errors import (
+from qitos.checkpoint._postgres_store import SCHEMA_VERSION, PostgresCheckpointStore, _drive
+from qitos.checkpoint._records import BlobIntegrityError, ControlItem, SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.core._errors import (
     CheckpointError,
     ConfigurationError,
     IntegrityError,
     SessionBusyError,
     SnapshotIntegrityError,
 )
+from qitos.core._install import install_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -506,10 +506,10 @@ def test_bad_options_are_refused_naming_them(pg_dsn: str) -> None:
 def test_importing_qitos_never_imports_psycopg_and_a_missing_extra_is_named() -> None:
     code = (
         "import sys\n"
-        "import qitos, qitos.checkpoint.postgres_store, qitos.checkpoint.targets, qitos.cli.sessions\n"
+        "import qitos, qitos.checkpoint._postgres_store, qitos.checkpoint._targets, qitos.cli._sessions\n"
         "print('psycopg' in sys.modules, 'psycopg_pool' in sys.modules)\n"
         "sys.modules['psycopg'] = None\n"
-        "from qitos.checkpoint.targets import open_store\n"
+        "from qitos.checkpoint._targets import open_store\n"
         "try:\n"
         "    open_store('postgresql://localhost/x')\n"
         "except Exception as exc:\n"
@@ -577,7 +577,7 @@ def test_a_sessions_statements_find_rows_by_key_and_never_scan_a_table(pg_dsn: s
     """Generic plans (which the store's connections keep) guess ten rows for every array: a
     statement that joins an array to a table could then scan the whole table at every step."""
     from fleet_app import FleetAgent
-    from qitos.engine.composition import compose
+    from qitos.engine._composition import compose
 
     schema, application_name = fresh_schema(), f"qitos_plans_{fresh_schema()}"
     separator = "&" if "?" in pg_dsn else "?"
@@ -616,7 +616,7 @@ def test_the_many_heads_reads_find_each_head_by_key_though_planned_on_a_small_ta
     """What Fleet.wait reads at every poll. A generic plan is made once per connection, here while
     the table holds three sessions: it must still look each head up by key at three hundred."""
     from fleet_app import FleetAgent
-    from qitos.engine.composition import compose
+    from qitos.engine._composition import compose
 
     schema, application_name = fresh_schema(), f"qitos_plans_{fresh_schema()}"
     separator = "&" if "?" in pg_dsn else "?"

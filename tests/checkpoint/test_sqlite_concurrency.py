@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit, StepWrite
-from qitos.core.errors import HeadConflictError
+from qitos.checkpoint._records import SessionSnapshot, SessionSnapshotCommit, StepWrite
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import HeadConflictError
 
 _CAS_WORKER = r"""
 import json, sys, time
 from pathlib import Path
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
-from qitos.core.errors import HeadConflictError
+from qitos.core._errors import HeadConflictError
 
 db, name, rounds, sync_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 store = SqliteCheckpointStore(db)
@@ -51,7 +51,7 @@ store.close()
 _WRITER_WORKER = r"""
 import sys, time
 from pathlib import Path
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit, StepWrite
 
 db, session, steps, busy_ms, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])

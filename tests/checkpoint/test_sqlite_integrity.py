@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from qitos.checkpoint.packing import unpack
-from qitos.checkpoint.sqlite_store import SCHEMA_VERSION, SqliteCheckpointStore
-from qitos.checkpoint.store import (
+from qitos.checkpoint._packing import unpack
+from qitos.checkpoint._records import (
     BlobIntegrityError,
     SessionSnapshot,
     SessionSnapshotCommit,
     SnapshotNotFoundError,
     StepWrite,
 )
-from qitos.core.errors import CheckpointError, ConfigurationError, SnapshotIntegrityError
+from qitos.checkpoint._sqlite_store import SCHEMA_VERSION, SqliteCheckpointStore
+from qitos.core._errors import CheckpointError, ConfigurationError, SnapshotIntegrityError
 
 
 def _session(store: SqliteCheckpointStore, steps: int = 3) -> list[SessionSnapshot]:
@@ -400,7 +400,7 @@ def _two_interleaved_sessions(store: SqliteCheckpointStore, steps: int) -> dict[
 
 
 def test_a_chain_within_one_session_is_read_as_one_range_among_other_sessions_rows(db: Path) -> None:
-    from qitos.checkpoint.sqlite_store import _chain_rows
+    from qitos.checkpoint._sqlite_store import _chain_rows
 
     with SqliteCheckpointStore(db) as store:
         ids = _two_interleaved_sessions(store, 20)

@@ -14,10 +14,8 @@ from typing import Any
 import pytest
 
 from pg_server import pg_store
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import (
-    CheckpointStore,
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._records import (
     ControlItem,
     PruneReport,
     SessionCommitReceipt,
@@ -27,6 +25,8 @@ from qitos.checkpoint.store import (
     SessionSnapshotCommit,
     StepWrite,
 )
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
 from qitos.testing import CheckpointStoreConformance
 
 

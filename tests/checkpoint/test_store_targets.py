@@ -1,4 +1,4 @@
-"""Naming a store by text: qitos.checkpoint.targets.open_store and compose(store=...)."""
+"""Naming a store by text: qitos.checkpoint._targets.open_store and compose(store=...)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from pg_server import pg_store
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.targets import describe_target, open_store, postgres_dsn, sqlite_path, store_exists
-from qitos.core.errors import ConfigurationError
-from qitos.engine.composition import compose
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._targets import describe_target, open_store, postgres_dsn, sqlite_path, store_exists
+from qitos.core._errors import ConfigurationError
+from qitos.engine._composition import compose
 
 
 def test_paths_and_sqlite_urls_name_sqlite_files(tmp_path: Path) -> None:

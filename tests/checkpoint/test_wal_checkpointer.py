@@ -9,9 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
-from qitos.checkpoint.wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
+from qitos.checkpoint._records import SessionSnapshot, SessionSnapshotCommit
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._wal_checkpointer import SAFETY_NET_PAGES, WalCheckpointer
 
 
 def _commit_steps(store: SqliteCheckpointStore, steps: int) -> list[str]:

@@ -57,10 +57,9 @@ if __name__ == "__main__":
 TEAM_MODULE = """
 from dataclasses import dataclass
 
-from qitos import Decision, Engine, compose
-from qitos.core.agent_module import AgentModule
+from qitos import AgentModule, Decision, Engine, compose
 from qitos.checkpoint import SqliteCheckpointStore
-from qitos.engine.handoff import Team, TeamState
+from qitos.engine import Team, TeamState
 
 
 class Greeter(AgentModule[TeamState, object, object]):
@@ -146,7 +145,7 @@ def test_a_team_built_by_a_named_factory_resumes_and_one_built_inline_asks_for_a
     assert resumed["final_result"] == "hello from the team"
 
     failed = sh(f"qitos sessions resume {inline} --db team.db", tmp_path, code=2)
-    assert "qitos.engine.handoff:Team" in failed.stderr and "--agent" in failed.stderr
+    assert "qitos.engine._handoff:Team" in failed.stderr and "--agent" in failed.stderr
     assert "TypeError" not in failed.stderr
     resumed = json.loads(
         sh(f"qitos sessions resume {inline} --db team.db --agent teams:make_team --json", tmp_path).stdout

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import qitos
-from qitos.demo import bundled_note_paths
+from qitos.demo._notes_agent import bundled_note_paths
 from qitos.trace import open_run
 
 DEMO_KEYS = {
@@ -165,7 +165,7 @@ def test_console_script_version_and_demo_run_in_a_real_process(tmp_path: Path) -
 
 def test_importing_qitos_and_the_viewer_does_not_import_typer_or_rich() -> None:
     code = (
-        "import sys, qitos, qitos.demo, qitos.viewer.server, qitos.viewer.data\n"
+        "import sys, qitos, qitos.demo, qitos.viewer._server, qitos.viewer._data\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'rich', 'click'))\n"
         "assert not bad, bad\n"
     )
@@ -196,7 +196,7 @@ def _local_model_loadable() -> bool:
     if importlib.util.find_spec("cyllama") is None:
         return False
     try:
-        from qitos.models.local import default_model_path
+        from qitos.models._local import default_model_path
 
         default_model_path()
     except (ImportError, OSError):

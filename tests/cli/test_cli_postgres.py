@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pg_server import pg_store
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-from qitos.core.redaction import REDACTED
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+from qitos.core._redaction import REDACTED
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_the_approval_flow_runs_on_postgres_from_the_cli(cli: Any, workdir: Path
 
 
 def test_a_password_in_the_url_is_never_printed(cli: Any, workdir: Path, pg_dsn: str) -> None:
-    from qitos.checkpoint.targets import describe_target
+    from qitos.checkpoint._targets import describe_target
 
     assert (
         describe_target("postgresql://user:hunter2@db.example/qitos")
@@ -54,7 +54,7 @@ def test_a_password_in_the_url_is_never_printed(cli: Any, workdir: Path, pg_dsn:
 def test_a_password_in_the_urls_query_is_never_printed_by_the_cli_or_shown_by_the_viewer(
     cli: Any, workdir: Path, url: str
 ) -> None:
-    from qitos.viewer.server import ViewerServer
+    from qitos.viewer._server import ViewerServer
 
     secret = "S3cretPw0rd-r11"
     with_password = f"{url}&password={secret}"  # libpq takes it; the test server trusts local users
@@ -91,7 +91,7 @@ def _schema_state(pg_dsn: str, schema: str) -> tuple[bool, bool]:
 def test_read_only_commands_never_create_a_schema_and_name_the_missing_one(
     cli: Any, workdir: Path, pg_dsn: str, schema: str
 ) -> None:
-    from qitos.viewer.server import ViewerServer
+    from qitos.viewer._server import ViewerServer
 
     url = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"
     before = _schema_state(pg_dsn, schema)

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from qitos import compose
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.redaction import REDACTED
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._redaction import REDACTED
 from secret_agents import API_KEY, TASK_KEY, KeyedModel, SecretAgent
 
 

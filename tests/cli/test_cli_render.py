@@ -8,11 +8,11 @@ from pathlib import Path
 from rich.console import Console
 
 from qitos import Engine
-from qitos.cli.render import LiveRenderer, preview
-from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
-from qitos.engine.model_path import ModelContext
+from qitos.cli._render import LiveRenderer, preview
+from qitos.demo._notes_agent import NotesAgent, prepare_workspace, scripted_model_responses
+from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 def _console(*, terminal: bool) -> tuple[Console, io.StringIO]:

@@ -324,7 +324,7 @@ def test_tool_choice_holds_until_a_tool_was_used_so_the_agent_still_finishes(
 
 
 def test_an_openai_model_without_a_declared_window_assumes_a_conservative_one() -> None:
-    from qitos.cli.models import DEFAULT_OPENAI_WINDOW, resolve_model
+    from qitos.cli._models import DEFAULT_OPENAI_WINDOW, resolve_model
 
     model = resolve_model("openai:m", base_url="http://127.0.0.1:9/v1")
     assert model.max_input_units == DEFAULT_OPENAI_WINDOW == 8_192

@@ -168,7 +168,7 @@ from dataclasses import dataclass, field
 import sys
 
 from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, compose, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 
 
 @tool(needs_approval=True)

@@ -132,7 +132,7 @@ def test_serve_binds_loopback_prints_its_url_and_answers_the_api(workdir: Path, 
 
 
 def test_serve_on_a_port_in_use_is_a_usage_error(cli: Any, workdir: Path) -> None:
-    from qitos.viewer.server import ViewerServer
+    from qitos.viewer._server import ViewerServer
 
     with ViewerServer(str(workdir / "runs"), port=0) as busy:
         result = cli.run("trace", "serve", "--port", str(busy.port), code=2)

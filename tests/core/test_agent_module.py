@@ -10,10 +10,10 @@ import pytest
 from rich.console import Console
 
 from qitos import Action, AgentModule, Decision, StateSchema, compose, tool
-from qitos.cli.render import LiveRenderer
-from qitos.core.errors import ConfigurationError, RunFailedError
+from qitos.cli._render import LiveRenderer
+from qitos.core._errors import ConfigurationError, RunFailedError
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 @dataclass

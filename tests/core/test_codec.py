@@ -12,8 +12,8 @@ from typing import Any, Literal, Optional, Union
 import pytest
 
 from qitos import StateSchema
-from qitos.core.codec import canonical_json, decode_value, digest, encode_value, sha256_hex
-from qitos.core.errors import CodecError
+from qitos.core._codec import canonical_json, decode_value, digest, encode_value, sha256_hex
+from qitos.core._errors import CodecError
 
 
 class Color(enum.Enum):

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from qitos.core.codec import canonical_json
+from qitos.core._codec import canonical_json
+from qitos.core._errors import ContextError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import (
     CharacterCounter,
     ContextBudget,
@@ -23,8 +25,6 @@ from qitos.core.context import (
     default_unit_counter,
     unit_counter_for,
 )
-from qitos.core.errors import ContextError
-from qitos.core.exchange import ExchangeLog
 
 
 def contribution(cid: str, text: str = "x", **kw: object) -> ContextContribution:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qitos import Action, Decision
-from qitos.core.decision import DecisionError
+from qitos.core._decision import DecisionError
 
 
 def test_act_example_from_the_seed() -> None:

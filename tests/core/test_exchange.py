@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import UsageError
-from qitos.core.exchange import (
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import UsageError
+from qitos.core._exchange import (
     EXCHANGE_LOG_SCHEMA,
     ExchangeIdRange,
     ExchangeLog,

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from qitos.core.errors import QitosError, RunError
+from qitos.core._errors import QitosError, RunError
 from qitos.core.memory import Memory, MemoryRecord, MemoryResourceError, record_revision
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
 from qitos.kit.memory.memdir_memory import MemdirMemory

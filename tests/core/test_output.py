@@ -13,10 +13,10 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-from qitos.core.codec import decode_value, encode_value
-from qitos.core.errors import CodecError, ConfigurationError
-from qitos.core.output import FINAL_ANSWER_TOOL, OutputSpec, OutputValidationError
-from qitos.core.state import StateSchema
+from qitos.core._codec import decode_value, encode_value
+from qitos.core._errors import CodecError, ConfigurationError
+from qitos.core._output import FINAL_ANSWER_TOOL, OutputSpec, OutputValidationError
+from qitos.core._state import StateSchema
 
 
 class Sky(enum.Enum):
@@ -150,6 +150,6 @@ def test_the_codec_refuses_what_would_not_come_back() -> None:
 
 
 def test_qitos_never_imports_pydantic_itself() -> None:
-    code = "import sys, qitos, qitos.core.output; print('pydantic' in sys.modules)"
+    code = "import sys, qitos, qitos.core._output; print('pydantic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from qitos.core.redaction import REDACTED, Redactor, model_credentials, redact_text
+from qitos.core._redaction import REDACTED, Redactor, model_credentials, redact_text
 
 
 def test_token_shapes_are_redacted_without_any_configuration() -> None:

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qitos.core.codec import canonical_json
+from qitos.core._codec import canonical_json
+from qitos.core._errors import ConfigurationError, ContextError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import (
     ContextBudget,
     ContextContribution,
     StaticContextContributor,
     TokenCounter,
 )
-from qitos.core.errors import ConfigurationError, ContextError
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import (
     REQUEST_VIEW_SCHEMA_VERSION,
     ArtifactRef,

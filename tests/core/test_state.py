@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qitos import StateSchema, StopReason
-from qitos.core.errors import CodecError, StateValidationError
-from qitos.core.state import apply_changes
+from qitos.core._errors import CodecError, StateValidationError
+from qitos.core._state import apply_changes
 
 
 @dataclass

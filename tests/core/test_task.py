@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qitos import Task, TaskBudget, TaskResource
-from qitos.core.task import EnvSpec, TaskValidationError
+from qitos.core._task import EnvSpec, TaskValidationError
 
 
 def test_task_example_from_the_seed_builds() -> None:
@@ -176,7 +176,7 @@ def test_task_ids_are_unique_by_default() -> None:
 
 
 def test_a_task_whose_text_cannot_be_encoded_is_refused_naming_the_field() -> None:
-    from qitos.core.errors import CodecError
+    from qitos.core._errors import CodecError
 
     with pytest.raises(CodecError, match="lone surrogate") as caught:
         Task.coerce("summarise \ud800 this")

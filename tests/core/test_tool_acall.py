@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 
-from qitos.core.tool import ToolRegistry, tool
+from qitos.core._tool import ToolRegistry, tool
 
 
 @tool(max_output_chars=5)

@@ -13,8 +13,8 @@ from typing import Any, Literal
 import pytest
 
 from qitos import ToolRegistry, tool
-from qitos.core.errors import ToolDefinitionError
-from qitos.core.tool import ToolResult, ToolSpec, validate_arguments
+from qitos.core._errors import ToolDefinitionError
+from qitos.core._tool import ToolResult, ToolSpec, validate_arguments
 
 
 class Mode(enum.Enum):

@@ -10,16 +10,23 @@ from typing import Any
 import pytest
 
 from qitos import Engine
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.tool import ToolResult
-from qitos.demo import NotesAgent, NotesState, bundled_note_paths, prepare_workspace, scripted_model_responses
-from qitos.demo.notes_agent import INDEX_FILE, parse_note, render_index
-from qitos.engine.composition import compose
-from qitos.engine.model_path import ModelContext
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._tool import ToolResult
+from qitos.demo import NotesAgent, NotesState
+from qitos.demo._notes_agent import (
+    INDEX_FILE,
+    bundled_note_paths,
+    parse_note,
+    prepare_workspace,
+    render_index,
+    scripted_model_responses,
+)
+from qitos.engine._composition import compose
+from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 def _bundle_digest() -> str:

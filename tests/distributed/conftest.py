@@ -10,7 +10,7 @@ import pytest
 from fleet_app import composition
 from pg_server import drop_schema, fresh_schema
 from qitos.distributed import Fleet
-from qitos.distributed.naming import dbos_schema
+from qitos.distributed._naming import dbos_schema
 
 
 @pytest.fixture

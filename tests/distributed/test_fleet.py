@@ -18,9 +18,9 @@ from fleet_procs import ROOT, side_counts, start_worker, stop_workers, until, wo
 
 pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qitos[fleet]')")
 
-from qitos.core.errors import ConfigurationError, SessionNotFoundError
+from qitos.core._errors import ConfigurationError, SessionNotFoundError
 from qitos.distributed import Fleet
-from qitos.distributed.naming import dbos_schema
+from qitos.distributed._naming import dbos_schema
 
 STEPS = 10
 
@@ -56,7 +56,7 @@ def _first_runs(fleet_db: str, ids: list[str], column: str) -> set[str]:
     """``column`` of the sessions' first runs (workflows ``qitos-{id}-0``) in DBOS's workflow_status."""
     import psycopg
 
-    from qitos.checkpoint.targets import postgres_dsn
+    from qitos.checkpoint._targets import postgres_dsn
 
     dsn, _ = postgres_dsn(fleet_db)
     with psycopg.connect(dsn) as conn:
@@ -70,7 +70,7 @@ def _first_runs(fleet_db: str, ids: list[str], column: str) -> set[str]:
 def _workflow_ids(fleet_db: str, session_id: str) -> list[str]:
     import psycopg
 
-    from qitos.checkpoint.targets import postgres_dsn
+    from qitos.checkpoint._targets import postgres_dsn
 
     dsn, _ = postgres_dsn(fleet_db)
     with psycopg.connect(dsn) as conn:

@@ -21,10 +21,10 @@ from delegate_agents import ParentAgent, ParentState
 from fleet_app import delegating
 from qitos.checkpoint.store import CheckpointStore
 from qitos.distributed import Fleet, Worker
-from qitos.distributed.naming import dbos_schema
-from qitos.engine.composition import compose
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.sessions.control import answer_approval
+from qitos.distributed._naming import dbos_schema
+from qitos.engine._composition import compose
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.sessions._control import answer_approval
 
 STEPS = 10
 _CLI = "from qitos.cli.app import main; main()"

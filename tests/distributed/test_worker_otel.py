@@ -15,7 +15,7 @@ pytest.importorskip("dbos", reason="the fleet tests need dbos (pip install 'qito
 
 from fleet_app import composition
 from qitos.distributed import Fleet
-from qitos.distributed.naming import dbos_schema
+from qitos.distributed._naming import dbos_schema
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 
 __all__ = ["create", "kill_inside_group", "main", "run_all"]
 

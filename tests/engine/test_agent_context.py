@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, tool
-from qitos.core.errors import ConfigurationError
+from qitos.core._errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
-from qitos.engine.model_path import ModelContext
+from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
 from qitos.kit.memory.adapter import MemorySourceAdapter
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 
 @tool

@@ -17,12 +17,12 @@ import pytest
 
 import session_agents as sa
 from qitos import Action, AgentModule, AsyncEngine, Decision, StateSchema, ToolRegistry, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import ConfigurationError
-from qitos.engine.composition import compose
-from qitos.engine.events import EngineEvent
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.models.base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import ConfigurationError
+from qitos.engine._composition import compose
+from qitos.engine._events import EngineEvent
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.models._base import DeltaCallback, ModelAdapter, ModelResponse, ToolCall
 
 
 @tool
@@ -458,8 +458,8 @@ def test_a_cancelled_session_run_commits_its_boundary_and_the_next_run_finishes_
 
 def test_arestore_gives_the_session_restore_gives_and_resumes_it_on_the_loop(tmp_path: Path) -> None:
     from fleet_app import FleetAgent
-    from qitos.core.errors import SessionNotFoundError
-    from qitos.engine.composition import compose
+    from qitos.core._errors import SessionNotFoundError
+    from qitos.engine._composition import compose
 
     composition = compose(FleetAgent, store=str(tmp_path / "s.db"))
     sid = composition.session("resume me", target=3).session_id.value

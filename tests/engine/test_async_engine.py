@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from qitos import Action, AgentModule, AsyncEngine, Decision, Engine, EngineResult, tool
-from qitos.engine.events import EngineEvent, EngineEventType
-from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine._events import EngineEvent, EngineEventType
+from qitos.engine._hooks import EngineHook, HookContext
 from qitos.engine.runtime import RuntimeBudget
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from qitos import Action, AgentModule, Decision, StateSchema, ToolRegistry, compose, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import CodecError
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import CodecError
 
 
 @dataclass
@@ -155,7 +155,7 @@ def test_a_huge_list_output_is_capped_before_it_reaches_the_store(tmp_path: Path
 
 
 def test_a_model_reply_with_a_lone_surrogate_is_stored_traced_and_restored(tmp_path: Path) -> None:
-    from qitos.models.scripted import ScriptedModel
+    from qitos.models._scripted import ScriptedModel
     from qitos.trace import list_runs
     from secret_agents import SecretAgent
 
@@ -185,7 +185,7 @@ def test_a_session_id_or_snapshot_id_with_a_lone_surrogate_is_a_codec_error_nami
         store: Any = SqliteCheckpointStore(str(tmp_path / "s.db"))
     else:
         from pg_server import drop_schema, fresh_schema
-        from qitos.checkpoint.postgres_store import PostgresCheckpointStore
+        from qitos.checkpoint._postgres_store import PostgresCheckpointStore
 
         dsn, schema = request.getfixturevalue("pg_dsn"), fresh_schema()
         store = PostgresCheckpointStore(dsn, schema=schema)

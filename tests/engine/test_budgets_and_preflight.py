@@ -10,9 +10,9 @@ import pytest
 
 import driven
 from qitos import Action, Decision, Engine, Task, TaskBudget, TaskResource, tool
-from qitos.core.task import EnvSpec, TaskValidationError
+from qitos.core._task import EnvSpec, TaskValidationError
 from qitos.engine.runtime import RuntimeBudget
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

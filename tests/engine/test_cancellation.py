@@ -11,8 +11,8 @@ import pytest
 
 import driven
 from qitos import Action, Decision, Engine, tool
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.trace.reader import open_run
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.trace._reader import open_run
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

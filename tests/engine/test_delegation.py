@@ -19,12 +19,12 @@ import pytest
 
 import delegate_agents as da
 import driven
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import ConfigurationError
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import ConfigurationError
+from qitos.engine._subagent import child_session_id
 from qitos.engine.session_runtime import restore_session
-from qitos.engine.subagent import child_session_id
-from qitos.sessions.step_journal import restore as restore_chain
-from qitos.viewer.data import lineage
+from qitos.sessions._step_journal import restore as restore_chain
+from qitos.viewer._data import lineage
 from session_agents import subprocess_env
 
 

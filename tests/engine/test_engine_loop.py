@@ -12,10 +12,10 @@ import pytest
 
 import driven
 from qitos import Action, AgentModule, Decision, Engine, EngineResult, StateSchema, tool
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import apply_changes
-from qitos.engine.events import StepRecord
-from qitos.models.scripted import ScriptedModel
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import apply_changes
+from qitos.engine._events import StepRecord
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from qitos import Engine
-from qitos.core.redaction import REDACTED
-from qitos.engine.events import EngineEvent
+from qitos.core._redaction import REDACTED
+from qitos.engine._events import EngineEvent
 from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY, KeyedModel, SecretAgent
 
 

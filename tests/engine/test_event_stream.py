@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from qitos import Action, AsyncEngine, Decision, Engine, tool
-from qitos.engine.events import EngineEvent, EngineEventType, EventStream
-from qitos.engine.hooks import EngineHook, HookContext
+from qitos.engine._events import EngineEvent, EngineEventType, EventStream
+from qitos.engine._hooks import EngineHook, HookContext
 
 
 @tool

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 
 import driven
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.engine import Engine
-from qitos.engine.fanout import CandidateOutcome, FanoutSelector
-from qitos.engine.subagent import FanoutRequest
-from qitos.sessions.step_journal import restore as restore_chain
-from qitos.viewer.data import lineage
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._engine import Engine
+from qitos.engine._fanout import CandidateOutcome, FanoutSelector
+from qitos.engine._subagent import FanoutRequest
+from qitos.sessions._step_journal import restore as restore_chain
+from qitos.viewer._data import lineage
 
 pytestmark = pytest.mark.usefixtures("driver")
 

@@ -11,15 +11,15 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.engine import Engine
-from qitos.engine.handoff import Team, TeamState
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._engine import Engine
+from qitos.engine._handoff import Team, TeamState
 from qitos.engine.session_runtime import restore_session
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")
 

@@ -8,9 +8,9 @@ import pytest
 
 import driven
 from qitos import Action, Decision, Engine, tool
-from qitos.engine.hooks import HOOK_METHODS, EngineHook, HookContext
-from qitos.engine.policies import CriticVerdict
-from qitos.trace.reader import open_run
+from qitos.engine._hooks import HOOK_METHODS, EngineHook, HookContext
+from qitos.engine._policies import CriticVerdict
+from qitos.trace._reader import open_run
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

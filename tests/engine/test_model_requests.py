@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
+from qitos.core._errors import ConfigurationError, ModelError
+from qitos.core._tool import tool
 from qitos.core.context import ContextRequest
-from qitos.core.errors import ConfigurationError, ModelError
 from qitos.core.request_view import ReasoningPolicy, RequestView
-from qitos.core.tool import tool
-from qitos.engine.async_engine import AsyncEngine
-from qitos.engine.composition import compose
-from qitos.engine.engine import Engine
-from qitos.engine.model_path import ModelContext
-from qitos.models.function import FunctionModel
-from qitos.trace.reader import RunTrace
-from qitos.viewer.data import NotFoundError, run_request
+from qitos.engine._async_engine import AsyncEngine
+from qitos.engine._composition import compose
+from qitos.engine._engine import Engine
+from qitos.engine._model_path import ModelContext
+from qitos.models._function import FunctionModel
+from qitos.trace._reader import RunTrace
+from qitos.viewer._data import NotFoundError, run_request
 
 
 @tool
@@ -159,7 +159,7 @@ def test_a_failed_request_is_recorded_with_its_messages_and_every_failed_attempt
 
 
 def test_a_step_without_a_model_request_is_not_found(policy_agent: Any, tmp_path: Path) -> None:
-    from qitos.core.decision import Decision
+    from qitos.core._decision import Decision
 
     result = policy_agent(lambda s, o: Decision.final("no model"), tools=[add]).run(
         "t", return_state=True, trace_logdir=str(tmp_path)

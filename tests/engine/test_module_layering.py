@@ -66,5 +66,5 @@ def test_the_engine_and_sessions_import_graph_has_no_cycle() -> None:
         if name not in state and visit(name, []):
             break
     assert cycle == []
-    assert "qitos.engine.engine" not in graph["qitos.engine.model_path"]
-    assert "qitos.engine.composition" not in graph["qitos.engine.session_runtime"]
+    assert "qitos.engine._engine" not in graph["qitos.engine._model_path"]
+    assert "qitos.engine._composition" not in graph["qitos.engine.session_runtime"]

@@ -6,9 +6,9 @@ import pytest
 
 from otlp_receiver import otlp_receiver
 from qitos import AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
-from qitos.core.errors import ConfigurationError
-from qitos.engine.otlp import otlp_export, otlp_tracer_provider
-from qitos.models.scripted import ScriptedModel
+from qitos.core._errors import ConfigurationError
+from qitos.engine._otlp import otlp_export, otlp_tracer_provider
+from qitos.models._scripted import ScriptedModel
 
 
 @tool

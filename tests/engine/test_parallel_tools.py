@@ -19,14 +19,14 @@ import pytest
 
 import delegate_agents as da
 import driven
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision, Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.call_plan import plan_calls
-from qitos.engine.engine import Engine
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision, Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._call_plan import plan_calls
+from qitos.engine._engine import Engine
 
 pytestmark = pytest.mark.usefixtures("driver")
 

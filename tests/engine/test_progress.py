@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from qitos import Action, Decision, compose, tool
-from qitos.core.errors import ConfigurationError
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineEvent
-from qitos.engine.events import EngineEventType as E
-from qitos.engine.progress import ProgressPrinter
-from qitos.models.scripted import ScriptedModel
+from qitos.core._errors import ConfigurationError
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineEvent
+from qitos.engine._events import EngineEventType as E
+from qitos.engine._progress import ProgressPrinter
+from qitos.models._scripted import ScriptedModel
 
 
 @tool

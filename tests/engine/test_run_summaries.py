@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from qitos import Action, Decision, compose, tool
-from qitos.engine.events import EngineEventType
+from qitos.engine._events import EngineEventType
 from qitos.trace import open_run
 
 
@@ -65,7 +65,7 @@ def test_the_live_renderer_labels_only_resumed_runs_and_counts_their_own_steps(
 
     from rich.console import Console
 
-    from qitos.cli.render import LiveRenderer
+    from qitos.cli._render import LiveRenderer
 
     out = io.StringIO()
     console = Console(file=out, width=160)

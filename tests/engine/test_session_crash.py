@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 import session_agents as sa
-from qitos.models.scripted import ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
+from qitos.models._scripted import ScriptedModel
+from qitos.sessions._payload import SnapshotPayload
 
 TARGET = 20
 TOOL_SLEEP = 0.004
@@ -240,8 +240,8 @@ def test_an_interrupted_non_idempotent_call_is_reported_to_the_agent_and_not_rep
 
 def test_a_session_killed_in_its_first_tool_call_reads_running_then_interrupted(tmp_path: Path) -> None:
     """The head still says ``created`` (no boundary was committed), but a reader sees the run."""
-    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-    from qitos.viewer.data import session_detail, session_summary
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+    from qitos.viewer._data import session_detail, session_summary
 
     db, side, marker = str(tmp_path / "s.db"), str(tmp_path / "side.log"), str(tmp_path / "hang")
     composition = sa.make_composition(db, side)

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import ConfigurationError
-from qitos.sessions.payload import SnapshotPayload
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import ConfigurationError
+from qitos.sessions._payload import SnapshotPayload
 
 
 def _reference(tmp_path: Path, target: int, **kwargs: Any) -> dict[str, Any]:

@@ -18,23 +18,24 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
 
 # the zstd module packing compresses with (the standard library's or its backport, whichever is present)
-from qitos.checkpoint.packing import unpack, zstd  # type: ignore[attr-defined]
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import CheckpointStore, SnapshotNotFoundError
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision
-from qitos.core.errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
-from qitos.core.identity import SnapshotIdentity
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.composition import Composition, compose
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.models.scripted import ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
-from qitos.sessions.step_journal import materialize
+from qitos.checkpoint._packing import unpack, zstd  # type: ignore[attr-defined]
+from qitos.checkpoint._records import SnapshotNotFoundError
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint.store import CheckpointStore
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision
+from qitos.core._errors import CheckpointError, ConfigurationError, SessionNotFoundError, SnapshotIntegrityError
+from qitos.core._identity import SnapshotIdentity
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._composition import Composition, compose
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.models._scripted import ScriptedModel
+from qitos.sessions._payload import SnapshotPayload
+from qitos.sessions._step_journal import materialize
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 
@@ -768,8 +769,8 @@ def test_a_thousand_steps_appending_a_kib_each_keep_the_database_small(db: str, 
 
 def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_path: Path) -> None:
     from qitos import AgentModule, Decision, StateSchema, compose
-    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-    from qitos.core.errors import LeaseLostError
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+    from qitos.core._errors import LeaseLostError
     from qitos.trace import list_runs
 
     race: list[Any] = []
@@ -811,7 +812,7 @@ def test_a_lost_lease_ends_the_losing_run_with_run_end_and_a_failed_trace(tmp_pa
 
 
 def test_engine_restore_continues_a_session_beside_engine_session(tmp_path: Path) -> None:
-    from qitos.engine.engine import Engine
+    from qitos.engine._engine import Engine
 
     db, side = str(tmp_path / "s.db"), str(tmp_path / "side.log")
     first = Engine(sa.NotesAgent(side, approval_at=1), checkpoint_store=SqliteCheckpointStore(db))

@@ -14,8 +14,8 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.engine.composition import Composition, compose
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.engine._composition import Composition, compose
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers

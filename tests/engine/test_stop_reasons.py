@@ -12,11 +12,11 @@ import pytest
 
 import driven
 from qitos import Action, Decision, Engine, StopReason, Task, TaskBudget, TaskResource, tool
-from qitos.core.task import EnvSpec
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.engine.policies import CriticVerdict
+from qitos.core._task import EnvSpec
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.engine._policies import CriticVerdict
 from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -18,18 +18,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode, format_span_id, format_trace_id
 
 from qitos import AgentModule, AsyncEngine, Decision, Engine, StateSchema, ToolRegistry, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import ConfigurationError, ModelError
 from qitos.core._install import install_command
-from qitos.core.errors import ConfigurationError, ModelError
-from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
-from qitos.engine.composition import compose
-from qitos.engine.events import EngineEventType
-from qitos.engine.hooks import EngineHook
-from qitos.engine.model_path import ModelContext
-from qitos.engine.telemetry import OtelHook, OtelSettings, otel_settings
+from qitos.demo._notes_agent import NotesAgent, prepare_workspace, scripted_model_responses
+from qitos.engine._composition import compose
+from qitos.engine._events import EngineEventType
+from qitos.engine._hooks import EngineHook
+from qitos.engine._model_path import ModelContext
+from qitos.engine._telemetry import OtelHook, OtelSettings, otel_settings
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import FunctionModel, ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
+from qitos.models._scripted import FunctionModel, ScriptedModel
+from qitos.sessions._payload import SnapshotPayload
 
 
 @dataclass
@@ -411,7 +411,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from engine.test_telemetry import FINAL, ModelAgent
 from qitos import Engine
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 """
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from qitos.engine.tool_threads import ToolThreads
+from qitos.engine._tool_threads import ToolThreads
 
 
 def test_results_and_exceptions_come_back_to_the_loop_and_to_submit() -> None:

@@ -12,11 +12,11 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.engine.composition import compose
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.sessions.payload import SnapshotPayload
-from qitos.trace.writer import TraceWriter
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.engine._composition import compose
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.sessions._payload import SnapshotPayload
+from qitos.trace._writer import TraceWriter
 
 pytestmark = pytest.mark.usefixtures("driver")  # each test runs through both drivers
 

@@ -91,7 +91,7 @@ class Asker(AgentModule[StateSchema, Any, Any]):
 
 
 def _fleet_composition() -> Any:
-    from qitos.engine.composition import compose
+    from qitos.engine._composition import compose
 
     return compose(agent=Upper)
 

@@ -21,9 +21,10 @@ from benchmark_models import always_wrong, oracle
 
 import qitos
 from qitos.eval import Dataset, evaluate
-from qitos.eval.benchmarks import Benchmark, HumanEvalScorer, arun_sandboxed, bfcl, humaneval, pass_at_k
+from qitos.eval.benchmarks import Benchmark, bfcl, humaneval, pass_at_k
 from qitos.eval.benchmarks._bfcl import check_calls, tool_schema
-from qitos.eval.benchmarks._humaneval import extract_code, humaneval_program
+from qitos.eval.benchmarks._humaneval import HumanEvalScorer, extract_code, humaneval_program
+from qitos.eval.benchmarks._sandbox import arun_sandboxed
 from qitos.models import FunctionModel
 
 HERE = Path(__file__).resolve().parent
@@ -237,7 +238,7 @@ def test_parallel_calls_pair_in_any_order_and_count() -> None:
 
 
 def test_an_unknown_category_is_refused() -> None:
-    from qitos.core.errors import ConfigurationError
+    from qitos.core._errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="BFCL categories are simple, multiple, parallel, parallel_multiple"):
         bfcl(("simple", "live"))

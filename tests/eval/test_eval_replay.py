@@ -16,8 +16,8 @@ import pytest
 from chat_server import ScriptServer
 from replay_agents import Prompted, Reworded, ToolsChanged
 
-from qitos.checkpoint.packing import pack_or_raw, unpack
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._packing import pack_or_raw, unpack
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from qitos.eval import Dataset, EvalChangedError, ReplaySourceError, Sample, evaluate, open_eval_store, scorers
 from qitos.eval._recording import recorded_calls
 from qitos.models import FunctionModel, OpenAICompatibleModel
@@ -409,7 +409,7 @@ def test_replay_needs_no_model_but_a_diverged_live_sample_does(tmp_path: Path, s
 
 
 def test_bad_replay_arguments_are_refused(tmp_path: Path) -> None:
-    from qitos.core.errors import ConfigurationError
+    from qitos.core._errors import ConfigurationError
 
     db = str(tmp_path / "evals.db")
     with pytest.raises(ConfigurationError, match="on_divergence must be one of stop, live, mark"):

@@ -12,8 +12,8 @@ import pytest
 from chat_server import ScriptServer
 from eval_agents import RUNS_FILE, Asker, Upper
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import IntegrityError
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import IntegrityError
 from qitos.eval import (
     Dataset,
     EvalChangedError,

@@ -23,7 +23,7 @@ pytest.importorskip("dbos")
 
 @pytest.fixture
 def fleet_db(pg_dsn: str) -> Any:
-    from qitos.distributed.naming import dbos_schema
+    from qitos.distributed._naming import dbos_schema
 
     schema = fresh_schema()
     db = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={schema}"

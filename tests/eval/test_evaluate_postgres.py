@@ -8,7 +8,7 @@ import pytest
 from eval_agents import RUNS_FILE, Upper
 
 from pg_server import drop_schema, fresh_schema
-from qitos.core.errors import IntegrityError
+from qitos.core._errors import IntegrityError
 from qitos.eval import Dataset, EvalChangedError, Sample, evaluate, open_eval_store, scorers
 
 

@@ -13,16 +13,16 @@ import pytest
 
 import agent_app
 from qitos import Agent, AgentModule, Engine, compose, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import ConfigurationError
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import ConfigurationError
 from qitos.core.memory import MemoryRecord
-from qitos.engine.delegation import delegate
-from qitos.engine.handoff import Team, TeamState
+from qitos.engine._delegation import delegate
+from qitos.engine._handoff import Team, TeamState
 from qitos.eval import Dataset, EvalChangedError, Sample, evaluate, scorers
-from qitos.kit.agent import AgentState
+from qitos.kit._agent import AgentState
 from qitos.kit.memory.markdown_file_memory import MarkdownFileMemory
-from qitos.models.function import FunctionModel
-from qitos.models.scripted import ScriptedModel
+from qitos.models._function import FunctionModel
+from qitos.models._scripted import ScriptedModel
 from session_agents import subprocess_env
 
 
@@ -234,6 +234,6 @@ def test_bad_arguments_are_clear_errors() -> None:
 def test_describe_names_what_makes_the_agent_without_its_model() -> None:
     one = Agent(ScriptedModel([]), tools=[word_count], instructions="Be brief.")
     other = Agent(ScriptedModel([]), tools=[word_count], instructions="Be thorough.")
-    assert one.describe()["tools"] == ["word_count"] and one.describe()["agent"] == "qitos.kit.agent:Agent"
+    assert one.describe()["tools"] == ["word_count"] and one.describe()["agent"] == "qitos.kit._agent:Agent"
     assert one.describe()["instructions_digest"] != other.describe()["instructions_digest"]
     assert one.describe()["tools_digest"] == other.describe()["tools_digest"]

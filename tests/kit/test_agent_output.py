@@ -16,10 +16,10 @@ from pydantic import BaseModel
 
 import agent_app
 from qitos import Agent, AgentModule, Decision, StateSchema, compose, tool
-from qitos.core.errors import ConfigurationError
-from qitos.core.output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT
-from qitos.kit.agent import AgentState, typed_state
-from qitos.models.scripted import ScriptedModel
+from qitos.core._errors import ConfigurationError
+from qitos.core._output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT
+from qitos.kit._agent import AgentState, typed_state
+from qitos.models._scripted import ScriptedModel
 from session_agents import subprocess_env
 
 

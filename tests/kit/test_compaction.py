@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextBudget
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import (
     CompactionError,
     CompactionPolicy,
@@ -243,7 +243,7 @@ def test_without_omission_the_summary_model_is_never_called() -> None:
 
 
 def test_the_shipped_scripted_model_can_write_summaries() -> None:
-    from qitos.models.scripted import ScriptedModel
+    from qitos.models._scripted import ScriptedModel
 
     model = ScriptedModel(["The user filed notes 0 to 22 with save; every save succeeded."])
     compactor = SummaryCompactor(model, model_reference="scripted:summary", reserve_units=600)

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from qitos.core.codec import canonical_json
+from qitos.core._codec import canonical_json
+from qitos.core._errors import ConfigurationError, ContextError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextBudget, TokenCounter
-from qitos.core.errors import ConfigurationError, ContextError
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView, projection_digest
 from qitos.kit.context.policy import (
     AuditPolicy,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from qitos.core.errors import ConfigurationError
-from qitos.core.tool import ToolRegistry
-from qitos.kit.tools.mcp import MCPConnectionError, MCPToolset
+from qitos.core._errors import ConfigurationError
+from qitos.core._tool import ToolRegistry
+from qitos.kit.tools._mcp import MCPConnectionError, MCPToolset
 
 pytest.importorskip("mcp", reason="the mcp SDK (qitos[mcp]) is not installed")
 

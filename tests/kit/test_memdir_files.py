@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qitos.core.memory import MemoryResourceError
-from qitos.kit.memory.memdir_files import (
+from qitos.kit.memory._memdir_files import (
     locked_root,
     publish_index,
     read_text_if_present,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qitos.core.memory import MemoryRecord, MemoryResourceError
-from qitos.kit.memory.memdir_segment import PREAMBLE, parse_blocks, read_record_file, render_block
+from qitos.kit.memory._memdir_segment import PREAMBLE, parse_blocks, read_record_file, render_block
 
 CREATED = "2025-01-01T00:00:00+00:00"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextBudget, ContextContributionError, ContextRequest
-from qitos.core.exchange import ExchangeLog
 from qitos.core.memory import MemoryRecord, record_revision
 from qitos.core.request_view import RequestView
 from qitos.kit.memory.adapter import MemorySourceAdapter

@@ -6,12 +6,12 @@ import pickle
 
 import pytest
 
-from qitos.core.errors import RunError
-from qitos.kit.parsers.base import ParseError
-from qitos.kit.parsers.json_protocol import JsonDecisionParser
-from qitos.kit.parsers.native import decision_from_tool_calls
-from qitos.kit.parsers.react import ReActParser
-from qitos.models.base import ModelResponse, ToolCall
+from qitos.core._errors import RunError
+from qitos.kit.parsers._base import ParseError
+from qitos.kit.parsers._json_protocol import JsonDecisionParser
+from qitos.kit.parsers._native import decision_from_tool_calls
+from qitos.kit.parsers._react import ReActParser
+from qitos.models._base import ModelResponse, ToolCall
 
 TOOLS = [
     {

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from qitos.core.errors import ConfigurationError
-from qitos.core.tool import ToolRegistry
-from qitos.kit.tools.shell import shell_environment, shell_tool
+from qitos.core._errors import ConfigurationError
+from qitos.core._tool import ToolRegistry
+from qitos.kit.tools._shell import shell_environment, shell_tool
 
 PY = sys.executable
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qitos.core.tool import ToolRegistry
-from qitos.kit.tools.files import WorkspacePathError, workspace_tools
+from qitos.core._tool import ToolRegistry
+from qitos.kit.tools._files import WorkspacePathError, workspace_tools
 
 
 @pytest.fixture

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from qitos import AgentModule, StateSchema
 from qitos.core.context import tokenizer_available
-from qitos.engine.hooks import EngineHook
-from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.engine._hooks import EngineHook
+from qitos.models._openai_compat import OpenAICompatibleModel
 
 try:
     import quicktok  # noqa: F401

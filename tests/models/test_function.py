@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from qitos.core.errors import ConfigurationError
-from qitos.core.exchange import ExchangeLog
+from qitos.core._errors import ConfigurationError
+from qitos.core._exchange import ExchangeLog
+from qitos.core._tool import tool
 from qitos.core.request_view import RequestView
-from qitos.core.tool import tool
-from qitos.engine.engine import Engine
-from qitos.models.base import ModelResponse, ToolCall
-from qitos.models.function import FunctionModel, as_model
-from qitos.models.openai_compat import OpenAICompatibleModel
-from qitos.models.scripted import ScriptedModel
+from qitos.engine._engine import Engine
+from qitos.models._base import ModelResponse, ToolCall
+from qitos.models._function import FunctionModel, as_model
+from qitos.models._openai_compat import OpenAICompatibleModel
+from qitos.models._scripted import ScriptedModel
 
 
 @tool

@@ -29,20 +29,20 @@ from typing import Any
 import httpx
 import pytest
 
+from qitos.core._errors import ModelError
+from qitos.core._exchange import ExchangeLog
+from qitos.core._state import StopReason
+from qitos.core._tool import tool
 from qitos.core.context import ContextRequest
-from qitos.core.errors import ModelError
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.core.state import StopReason
-from qitos.core.tool import tool
-from qitos.engine.engine import Engine
-from qitos.engine.model_path import ModelContext
+from qitos.engine._engine import Engine
+from qitos.engine._model_path import ModelContext
 from qitos.engine.runtime import RuntimeBudget
-from qitos.kit.agent import Agent
-from qitos.models.base import ModelResponse
-from qitos.models.openai_compat import OpenAICompatibleModel
-from qitos.trace.reader import RunTrace
-from qitos.viewer.data import run_request
+from qitos.kit._agent import Agent
+from qitos.models._base import ModelResponse
+from qitos.models._openai_compat import OpenAICompatibleModel
+from qitos.trace._reader import RunTrace
+from qitos.viewer._data import run_request
 
 ADD_TOOL = {
     "name": "add",

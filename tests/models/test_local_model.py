@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
+from qitos.core._decision import Observation
+from qitos.core._errors import ConfigurationError
+from qitos.core._exchange import ExchangeLog
 from qitos.core._install import install_command
-from qitos.core.decision import Observation
-from qitos.core.errors import ConfigurationError
-from qitos.core.exchange import ExchangeLog
+from qitos.core._tool import validate_arguments
 from qitos.core.request_view import RequestView
-from qitos.core.tool import validate_arguments
-from qitos.kit.parsers.base import ParseError
-from qitos.kit.parsers.native import decision_from_tool_calls
-from qitos.models import local as local_module
+from qitos.kit.parsers._base import ParseError
+from qitos.kit.parsers._native import decision_from_tool_calls
+from qitos.models import _local as local_module
 
 ADD: dict[str, Any] = {
     "name": "add",

@@ -13,8 +13,8 @@ import pytest
 from loopback_chat_server import LoopbackChatServer, delta_chunk, json_reply, sse_reply, usage_chunk
 
 from qitos import AgentModule, AsyncEngine, StateSchema
-from qitos.engine.events import EngineEvent
-from qitos.models.openai_compat import OpenAICompatibleModel
+from qitos.engine._events import EngineEvent
+from qitos.models._openai_compat import OpenAICompatibleModel
 
 
 @dataclass

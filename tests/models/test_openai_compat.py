@@ -22,22 +22,22 @@ from loopback_chat_server import (
     usage_chunk,
 )
 
-import qitos.models.base as model_base
-from qitos.core.codec import canonical_json
+import qitos.models._base as model_base
+from qitos.core._codec import canonical_json
+from qitos.core._errors import ConfigurationError, ContextError, ModelError
+from qitos.core._exchange import ExchangeLog
+from qitos.core._output import OutputSpec
+from qitos.core._state import StopReason
+from qitos.core._tool import tool
 from qitos.core.context import TokenCounter
-from qitos.core.errors import ConfigurationError, ContextError, ModelError
-from qitos.core.exchange import ExchangeLog
-from qitos.core.output import OutputSpec
 from qitos.core.request_view import ReasoningPolicy, RequestView
-from qitos.core.state import StopReason
-from qitos.core.tool import tool
-from qitos.engine.engine import Engine
+from qitos.engine._engine import Engine
 from qitos.engine.runtime import RuntimeBudget
-from qitos.kit.agent import Agent
-from qitos.kit.parsers.base import ParseError
-from qitos.kit.parsers.native import decision_from_tool_calls
-from qitos.models.base import ModelRequestsDisabledError, Usage
-from qitos.models.openai_compat import MissingAPIKeyWarning, OpenAICompatibleModel, to_openai_messages
+from qitos.kit._agent import Agent
+from qitos.kit.parsers._base import ParseError
+from qitos.kit.parsers._native import decision_from_tool_calls
+from qitos.models._base import ModelRequestsDisabledError, Usage
+from qitos.models._openai_compat import MissingAPIKeyWarning, OpenAICompatibleModel, to_openai_messages
 
 ADD_TOOL = {
     "name": "add",
@@ -649,7 +649,7 @@ def test_a_tool_result_without_its_call_is_refused_before_sending() -> None:
     ],
 )
 def test_bad_constructor_arguments_are_configuration_errors(options: dict[str, Any], problem: str) -> None:
-    from qitos.core.errors import ConfigurationError
+    from qitos.core._errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=problem):
         OpenAICompatibleModel("m", **options)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from qitos.core.errors import ConfigurationError
-from qitos.core.exchange import ExchangeLog
+from qitos.core._errors import ConfigurationError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.models import OpenAICompatibleModel
 
@@ -68,7 +68,7 @@ def test_429_lowers_the_concurrency_for_a_while_and_fails_nothing() -> None:
 
 
 def test_a_server_that_always_throttles_still_fails_once_at_one_request() -> None:
-    from qitos.core.errors import ModelError
+    from qitos.core._errors import ModelError
 
     with ScriptServer(throttle=10_000, retry_after=0.01) as server:
         model = OpenAICompatibleModel("m", base_url=server.url, api_key="sk-test", max_connections=8, max_retries=2)
@@ -79,4 +79,4 @@ def test_a_server_that_always_throttles_still_fails_once_at_one_request() -> Non
 def test_bad_max_connections_are_refused() -> None:
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ConfigurationError, match="max_connections must be an int >= 1"):
-            OpenAICompatibleModel("m", base_url="http://127.0.0.1:1/v1", max_connections=bad)
+            OpenAICompatibleModel("m", base_url="http://127.0.0.1:1/v1", max_connections=bad)  # type: ignore[arg-type]

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from qitos import Engine, tool
-from qitos.core.errors import ConfigurationError
-from qitos.core.exchange import ExchangeLog
+from qitos.core._errors import ConfigurationError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.models.scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
+from qitos.models._scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
 
 
 @tool

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from qitos.core.codec import digest
+from qitos.core._codec import digest
+from qitos.core._errors import ConfigurationError, ModelError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextContribution
-from qitos.core.errors import ConfigurationError, ModelError
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.models.base import ModelAdapter, ModelResponse, ToolCall, Usage, request_digest
-from qitos.models.function import FunctionModel
-from qitos.models.scripted import ScriptedModel
+from qitos.models._base import ModelAdapter, ModelResponse, ToolCall, Usage, request_digest
+from qitos.models._function import FunctionModel
+from qitos.models._scripted import ScriptedModel
 
 
 def view_of(task: str = "task") -> RequestView:
@@ -214,7 +214,7 @@ def test_importing_qitos_models_pulls_in_no_optional_dependency() -> None:
     assert out.strip() == "[]"
     lazy = "from qitos.models import OpenAICompatibleModel; print(OpenAICompatibleModel.__module__)"
     out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "qitos.models.openai_compat"
+    assert out.strip() == "qitos.models._openai_compat"
 
 
 def test_adapters_declare_their_request_target() -> None:

@@ -1,4 +1,4 @@
-"""What continues a waiting session, read from the store alone (``qitos.sessions.control``)."""
+"""What continues a waiting session, read from the store alone (``qitos.sessions._control``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 import delegate_agents as da
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.engine.subagent import child_session_id
-from qitos.sessions.control import acontinuation, continuation, continuation_position
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.engine._subagent import child_session_id
+from qitos.sessions._control import acontinuation, continuation, continuation_position
 
 
 def test_an_answer_to_the_delegated_child_a_parent_waits_on_continues_the_parent(tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SCHEMA_VERSION
-from qitos.core.state import StopReason
-from qitos.engine.composition import compose
+from qitos.checkpoint._sqlite_store import SCHEMA_VERSION
+from qitos.core._state import StopReason
+from qitos.engine._composition import compose
 from qitos.engine.runtime import RuntimeBudget
-from qitos.sessions.step_journal import restore
+from qitos.sessions._step_journal import restore
 
 GOLDEN = Path(__file__).with_name("golden")
 SESSIONS = json.loads((GOLDEN / "sessions.json").read_text(encoding="utf-8"))

@@ -16,14 +16,14 @@ import pytest
 
 import driven
 import session_agents as sa
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.checkpoint.store import SessionSnapshot, SessionSnapshotCommit
-from qitos.core.codec import canonical_json
-from qitos.core.errors import CodecError, SnapshotIntegrityError
-from qitos.models.base import ModelResponse
-from qitos.models.scripted import ScriptedModel
-from qitos.sessions.journal import PendingStep
-from qitos.sessions.payload import (
+from qitos.checkpoint._records import SessionSnapshot, SessionSnapshotCommit
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._codec import canonical_json
+from qitos.core._errors import CodecError, SnapshotIntegrityError
+from qitos.models._base import ModelResponse
+from qitos.models._scripted import ScriptedModel
+from qitos.sessions._journal import PendingStep
+from qitos.sessions._payload import (
     FORMAT,
     CallSummary,
     ForkOrigin,
@@ -31,7 +31,7 @@ from qitos.sessions.payload import (
     SnapshotPayload,
     StepSummary,
 )
-from qitos.sessions.state_chunks import ChunkRef
+from qitos.sessions._state_chunks import ChunkRef
 
 GOLDEN = Path(__file__).with_name("golden")
 

@@ -1,4 +1,4 @@
-"""Long list fields of a base snapshot stored as content-addressed runs (``qitos.sessions.state_chunks``)."""
+"""Long list fields of a base snapshot stored as content-addressed runs (``qitos.sessions._state_chunks``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import string
 
 import pytest
 
-from qitos.checkpoint.packing import ZSTD_MAGIC
-from qitos.core.codec import sha256_hex
-from qitos.sessions.state_chunks import CHUNK_BYTES, ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
+from qitos.checkpoint._packing import ZSTD_MAGIC
+from qitos.core._codec import sha256_hex
+from qitos.sessions._state_chunks import CHUNK_BYTES, ChunkRef, chunk_list, join_chunks, parse_refs, reusable_runs
 
 
 def _notes(count: int, start: int = 0, size: int = 1024) -> list[str]:

@@ -13,13 +13,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Action, Decision
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolRegistry, tool
-from qitos.engine.composition import compose
-from qitos.sessions.payload import SnapshotPayload
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Action, Decision
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolRegistry, tool
+from qitos.engine._composition import compose
+from qitos.sessions._payload import SnapshotPayload
 
 
 @tool

@@ -23,9 +23,9 @@ import pytest
 
 import charge_agents as ca
 from pg_server import drop_schema, fresh_schema
-from qitos.checkpoint.postgres_store import PostgresCheckpointStore
-from qitos.core.errors import CheckpointError
-from qitos.sessions.lease import LeaseKeeper
+from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+from qitos.core._errors import CheckpointError
+from qitos.sessions._lease import LeaseKeeper
 
 
 @pytest.fixture

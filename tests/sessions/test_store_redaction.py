@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from qitos import compose
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.redaction import REDACTED
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._redaction import REDACTED
 from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY, KeyedModel, SecretAgent, stored_texts
 
 SECRETS = (TASK_KEY, API_KEY, HEADER_SECRET)
@@ -55,7 +55,7 @@ def test_passwords_in_connection_urls_reach_no_postgres_row_span_or_sessions_sho
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from pg_server import drop_schema, fresh_schema
-    from qitos.engine.telemetry import OtelSettings
+    from qitos.engine._telemetry import OtelSettings
     from secret_agents import REDIS_PASSWORD, URL_PASSWORDS, URL_TASK, UrlAgent, pg_stored_texts
 
     passwords = [*URL_PASSWORDS.values(), REDIS_PASSWORD]

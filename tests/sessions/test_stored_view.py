@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 import session_agents as sa
-from qitos.checkpoint.packing import unpack
-from qitos.core.codec import canonical_json
-from qitos.core.exchange import ExchangeLog
+from qitos.checkpoint._packing import unpack
+from qitos.core._codec import canonical_json
+from qitos.core._exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.engine.composition import Composition
-from qitos.models.scripted import ScriptedModel
-from qitos.sessions.payload import SnapshotPayload
-from qitos.sessions.stored_view import view_from_record, view_record
+from qitos.engine._composition import Composition
+from qitos.models._scripted import ScriptedModel
+from qitos.sessions._payload import SnapshotPayload
+from qitos.sessions._stored_view import view_from_record, view_record
 
 
 def _model_session(tmp_path: Path, target: int = 6) -> tuple[Composition, str, ScriptedModel]:

@@ -21,7 +21,7 @@ import pytest
 
 import session_agents as sa
 from pg_server import drop_schema, fresh_schema
-from qitos.core.errors import IntegrityError
+from qitos.core._errors import IntegrityError
 
 Flip = Callable[[bytes], bytes]
 

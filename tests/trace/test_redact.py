@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from qitos.trace.redact import REDACTED, Redactor
+from qitos.trace._redact import REDACTED, Redactor
 
 SECRETS = {
     "api_key": "plain-value-123",

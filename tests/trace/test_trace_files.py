@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from qitos import Action, AgentModule, Decision, Engine, tool
-from qitos.core.state import apply_changes
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.models.openai_compat import OpenAICompatibleModel
-from qitos.trace.reader import TraceError, list_runs, open_run
+from qitos.core._state import apply_changes
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.models._openai_compat import OpenAICompatibleModel
+from qitos.trace._reader import TraceError, list_runs, open_run
 
 
 @tool

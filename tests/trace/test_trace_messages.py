@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextContribution
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
-from qitos.trace.reader import RunTrace
-from qitos.trace.writer import MESSAGES_FILE, TraceWriter, message_runs
+from qitos.trace._reader import RunTrace
+from qitos.trace._writer import MESSAGES_FILE, TraceWriter, message_runs
 
 SYSTEM = [{"role": "system", "content": "You are terse."}]
 KEY = "sk-live-0123456789abcdefSECRET"

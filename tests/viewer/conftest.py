@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from viewer_support import ViewerData, build_viewer_data, get
 
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.viewer.server import TOKEN_HEADER, ViewerServer
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.viewer._server import TOKEN_HEADER, ViewerServer
 
 SCRIPT = '''
 import sys

@@ -8,7 +8,7 @@ from pathlib import Path
 from viewer_support import HostileAgent
 
 from qitos import compose
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
 from secret_agents import TASK_KEY, KeyedModel, SecretAgent
 
 __all__ = ["PAYLOADS", "build_hostile_store"]

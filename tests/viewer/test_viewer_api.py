@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from viewer_support import HOSTILE, HostileAgent, ViewerData, get
 
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.core.errors import UsageError
-from qitos.engine.composition import compose
-from qitos.viewer.server import ViewerServer
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.core._errors import UsageError
+from qitos.engine._composition import compose
+from qitos.viewer._server import ViewerServer
 
 BOARD_KEYS = {
     "run_id",

@@ -15,7 +15,7 @@ import pytest
 from viewer_support import CHROMIUM, HOSTILE, LAUNCH_ARGS, ViewerData
 
 from qitos.trace import TraceWriter
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "viewer"
 

@@ -11,7 +11,7 @@ import pytest
 from hostile_support import PAYLOADS, build_hostile_store
 from viewer_support import CHROMIUM, LAUNCH_ARGS
 
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 pytestmark = [

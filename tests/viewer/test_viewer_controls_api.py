@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from controls_support import control_items, lifecycle, make_session, post
 
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from controls_support import control_items, lifecycle, make_session
 from viewer_support import CHROMIUM, LAUNCH_ARGS
 
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
 pytestmark = [

@@ -24,7 +24,7 @@ from viewer_support import CHROMIUM, get  # noqa: E402
 
 from qitos.eval import Dataset, Sample, evaluate, scorers  # noqa: E402
 from qitos.models import FunctionModel  # noqa: E402
-from qitos.viewer.server import ViewerServer  # noqa: E402
+from qitos.viewer._server import ViewerServer  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
 
@@ -146,8 +146,8 @@ def test_a_sessions_request_inspector_shows_what_was_sent_and_what_came_back(
 
 
 def test_a_store_without_eval_tables_shows_none_and_gets_none(tmp_path: Path) -> None:
-    from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-    from qitos.engine.composition import compose
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+    from qitos.engine._composition import compose
 
     db = tmp_path / "sessions.db"
     store = SqliteCheckpointStore(str(db))

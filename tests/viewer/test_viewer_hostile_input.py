@@ -12,14 +12,14 @@ import pytest
 from hostile_support import PAYLOADS, build_hostile_store
 from viewer_support import get
 
-from qitos.core.redaction import REDACTED
-from qitos.viewer.server import ViewerServer
+from qitos.core._redaction import REDACTED
+from qitos.viewer._server import ViewerServer
 from secret_agents import API_KEY, HEADER_SECRET, TASK_KEY
 
 TRAVERSALS = [
     "/../../../../etc/passwd",
     "/static/../server.py",
-    "/static/../../viewer/server.py",
+    "/static/../../viewer/_server.py",
     "/static/%2e%2e/server.py",
     "/static/%2e%2e%2fserver.py",
     "/static/..%2fserver.py",

@@ -18,11 +18,11 @@ import pytest
 from viewer_support import get
 
 from qitos import AgentModule, StateSchema, ToolRegistry, tool
-from qitos.core.errors import ModelError
+from qitos.core._errors import ModelError
 from qitos.core.request_view import RequestView
-from qitos.engine.engine import Engine
-from qitos.models.function import FunctionModel
-from qitos.viewer.server import ViewerServer
+from qitos.engine._engine import Engine
+from qitos.models._function import FunctionModel
+from qitos.viewer._server import ViewerServer
 
 CHROMIUM = "/usr/bin/chromium"
 

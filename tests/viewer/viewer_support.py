@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from qitos import Action, AgentModule, Decision, Engine, StateSchema, ToolRegistry, tool
-from qitos.checkpoint.sqlite_store import SqliteCheckpointStore
-from qitos.demo import NotesAgent, prepare_workspace, scripted_model_responses
-from qitos.engine.composition import compose
-from qitos.engine.model_path import ModelContext
+from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+from qitos.demo._notes_agent import NotesAgent, prepare_workspace, scripted_model_responses
+from qitos.engine._composition import compose
+from qitos.engine._model_path import ModelContext
 from qitos.kit.context.compaction import ClosedExchangeWindowCompactor
-from qitos.models.scripted import ScriptedModel
+from qitos.models._scripted import ScriptedModel
 from qitos.trace import TraceWriter
-from qitos.viewer.server import ViewerServer
+from qitos.viewer._server import ViewerServer
 
 CHROMIUM = "/usr/bin/chromium"
 """Debian's Chromium, which the browser tests drive headless through Playwright."""

@@ -1,11 +1,10 @@
 """qitos.checkpoint: where sessions are stored.
 
 The ``CheckpointStore`` contract (``qitos.checkpoint.store``) and its implementations: the
-in-process ``InMemoryCheckpointStore`` (``memory_store``, imported eagerly), the
-``SqliteCheckpointStore`` (``sqlite_store``) and the ``PostgresCheckpointStore`` (``postgres_store``,
-extra ``qitos-kernel[postgres]``), which load on first access so ``import qitos`` never imports ``sqlite3``
-or psycopg. ``open_store`` (``targets``) opens a store from the text naming it: a path,
-``sqlite:///...`` or a ``postgresql://`` DSN::
+in-process ``InMemoryCheckpointStore`` (imported eagerly), the ``SqliteCheckpointStore`` and the
+``PostgresCheckpointStore`` (extra ``qitos-kernel[postgres]``), which load on first access so
+``import qitos`` never imports ``sqlite3`` or psycopg. ``open_store`` opens a store from the text
+naming it: a path, ``sqlite:///...`` or a ``postgresql://`` DSN::
 
     from qitos.checkpoint import SqliteCheckpointStore
     composition = compose(agent=MyAgent, checkpoint_store=SqliteCheckpointStore("sessions.db"))
@@ -14,10 +13,15 @@ or psycopg. ``open_store`` (``targets``) opens a store from the text naming it: 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
 from qitos.checkpoint.store import CheckpointStore
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time they load on first access
+    from qitos.checkpoint._postgres_store import PostgresCheckpointStore
+    from qitos.checkpoint._sqlite_store import SqliteCheckpointStore
+    from qitos.checkpoint._targets import open_store
 
 __all__ = [
     "CheckpointStore",
@@ -28,9 +32,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "SqliteCheckpointStore": "qitos.checkpoint.sqlite_store",
-    "PostgresCheckpointStore": "qitos.checkpoint.postgres_store",
-    "open_store": "qitos.checkpoint.targets",
+    "SqliteCheckpointStore": "qitos.checkpoint._sqlite_store",
+    "PostgresCheckpointStore": "qitos.checkpoint._postgres_store",
+    "open_store": "qitos.checkpoint._targets",
 }
 
 

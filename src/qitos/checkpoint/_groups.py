@@ -30,7 +30,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from qitos.core.errors import CheckpointError
+from qitos.core._errors import CheckpointError
 
 __all__ = ["GroupWriter", "Pending"]
 

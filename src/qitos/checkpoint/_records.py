@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any
 
-from qitos.core.codec import canonical_json
-from qitos.core.errors import CheckpointError, CodecError, IntegrityError, SnapshotIntegrityError, UsageError
+from qitos.core._codec import canonical_json
+from qitos.core._errors import CheckpointError, CodecError, IntegrityError, SnapshotIntegrityError, UsageError
 
 __all__ = [
     "BlobIntegrityError",
@@ -250,7 +250,7 @@ class SessionSnapshot:
         """Build a snapshot and compute its id; CodecError if ``payload`` is not JSON-native.
 
         ``trusted=True`` skips the JSON round-trip check, for payloads built only from data that
-        ``qitos.core.codec`` already produced (the session journal's hot path); the payload is
+        ``qitos.core._codec`` already produced (the session journal's hot path); the payload is
         still encoded canonically and hashed.
         """
         require_str(session_id, "session_id")

@@ -2,7 +2,7 @@
 
 A store does the I/O; these functions decide. They check what a caller hands in (names, blobs,
 control items, lease durations), compute the digest kept beside each mutable row and verify a row
-read back against it (an :class:`~qitos.core.errors.IntegrityError` names the table, the row and
+read back against it (an :class:`~qitos.core._errors.IntegrityError` names the table, the row and
 the session), grant and renew leases by the store's clock, and refuse a write whose fencing token
 is not the session's live lease. Every store applies the same rules, so they agree to the byte.
 """
@@ -27,7 +27,7 @@ from qitos.checkpoint._records import (
     json_text,
     require_str,
 )
-from qitos.core.errors import (
+from qitos.core._errors import (
     CheckpointError,
     IntegrityError,
     LeaseLostError,

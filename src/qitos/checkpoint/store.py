@@ -9,7 +9,7 @@ A store persists four kinds of data for durable sessions:
 - **pending writes** inside a step (:class:`StepWrite`: the decision, each tool call's intent and
   result), keyed so that writing the same key twice keeps the first. The head keeps a tally of the
   writes on it (how many, and a digest of them), so a write that is lost or whose key was altered
-  is an :class:`~qitos.core.errors.IntegrityError` when read, never a call that did not start; the
+  is an :class:`~qitos.core._errors.IntegrityError` when read, never a call that did not start; the
   commit that moves the head ends that step and deletes its writes (its outcome is in the snapshot);
 - durable **control items** (:class:`ControlItem`: pause, steer, approve, reject) with positions
   assigned by the store, and content-addressed **blobs** for large values.
@@ -23,11 +23,11 @@ I/O is synchronous (SQLite, in-memory) derive from :class:`SyncCheckpointStore` 
 The records and the store's own errors are defined in ``qitos.checkpoint._records`` and named here,
 beside the contract that reads and writes them; the I/O-free rules every store applies
 (verification, lease arithmetic, fences) are in ``qitos.checkpoint._rules``. Errors:
-:class:`~qitos.core.errors.HeadConflictError` (a stale expected head),
-:class:`~qitos.core.errors.SessionNotFoundError`, :class:`~qitos.core.errors.SnapshotIntegrityError`
+:class:`~qitos.core._errors.HeadConflictError` (a stale expected head),
+:class:`~qitos.core._errors.SessionNotFoundError`, :class:`~qitos.core._errors.SnapshotIntegrityError`
 (stored bytes do not match their digest), plus :class:`SnapshotNotFoundError`,
 :class:`DuplicateOperationError` and :class:`BlobIntegrityError`. Payloads must be JSON-native;
-anything else raises :class:`~qitos.core.errors.CodecError` naming what was wrong.
+anything else raises :class:`~qitos.core._errors.CodecError` naming what was wrong.
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
 from qitos.checkpoint._records import (
-    BlobIntegrityError,
     ControlItem,
-    DuplicateOperationError,
     PruneReport,
     SessionCommitReceipt,
     SessionHeadRecord,
@@ -54,28 +52,12 @@ from qitos.checkpoint._records import (
     SessionPosition,
     SessionSnapshot,
     SessionSnapshotCommit,
-    SnapshotNotFoundError,
     StepWrite,
 )
 from qitos.checkpoint._rules import name_set
-from qitos.core.errors import UsageError
+from qitos.core._errors import UsageError
 
-__all__ = [
-    "BlobIntegrityError",
-    "CheckpointStore",
-    "ControlItem",
-    "DuplicateOperationError",
-    "PruneReport",
-    "SessionCommitReceipt",
-    "SessionHeadRecord",
-    "SessionLease",
-    "SessionPosition",
-    "SessionSnapshot",
-    "SessionSnapshotCommit",
-    "SnapshotNotFoundError",
-    "StepWrite",
-    "SyncCheckpointStore",
-]
+__all__ = ["CheckpointStore"]
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")

@@ -1,4 +1,5 @@
-"""The ``qitos`` command (typer + rich); the entry point is :func:`qitos.cli.app.main`.
+"""The ``qitos`` command (typer + rich); the entry point is :func:`qitos.cli.app.main` and the
+commands live in private modules.
 
 typer and rich are imported only here, never by ``import qitos``.
 """

@@ -11,7 +11,7 @@
     qitos memory list|add|delete
     qitos eval run|list|show|score|resume
 
-Exit codes and error output are described in :mod:`qitos.cli.common`.
+Exit codes and error output are described in :mod:`qitos.cli._common`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from typing import Annotated
 import typer
 
 from qitos import __version__
-from qitos.cli import eval as eval_cli
-from qitos.cli import memory, sessions, trace, worker
-from qitos.cli.common import set_debug
-from qitos.cli.init import init
-from qitos.cli.running import demo, run
+from qitos.cli import _eval, _memory, _sessions, _trace, _worker
+from qitos.cli._common import set_debug
+from qitos.cli._init import init
+from qitos.cli._running import demo, run
 
 __all__ = ["app", "main"]
 
@@ -59,12 +58,12 @@ def root(
 app.command("demo")(demo)
 app.command("init")(init)
 app.command("run")(run)
-app.command("worker")(worker.worker)
-sessions.app.command("submit")(worker.submit)
-app.add_typer(sessions.app, name="sessions")
-app.add_typer(trace.app, name="trace")
-app.add_typer(memory.app, name="memory")
-app.add_typer(eval_cli.app, name="eval")
+app.command("worker")(_worker.worker)
+_sessions.app.command("submit")(_worker.submit)
+app.add_typer(_sessions.app, name="sessions")
+app.add_typer(_trace.app, name="trace")
+app.add_typer(_memory.app, name="memory")
+app.add_typer(_eval.app, name="eval")
 
 
 def main() -> None:

@@ -34,36 +34,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ContextError, UsageError
 from qitos.core._install import install_command
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import ContextError, UsageError
 
 if TYPE_CHECKING:
-    from qitos.core.exchange import ExchangeLog
+    from qitos.core._exchange import ExchangeLog
 
 __all__ = [
-    "PLACEMENTS",
-    "CharacterCounter",
-    "ContextBudget",
-    "ContextBudgetExceededError",
     "ContextContribution",
-    "ContextContributionError",
     "ContextContributor",
     "ContextRequest",
-    "ContextSelection",
     "ContextSelectionPolicy",
     "DeclaredContextBudgetPolicy",
-    "EstimatedTokenCounter",
     "PriorityContextSelectionPolicy",
     "StaticContextContributor",
-    "TokenCounter",
-    "UnitCounter",
-    "collect_context_contributions",
-    "counts_exactly",
-    "default_output_reserve",
-    "default_unit_counter",
-    "tokenizer_available",
-    "unit_counter_for",
 ]
 
 PLACEMENTS: tuple[str, ...] = ("system", "developer", "user")

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from uuid import uuid4
 
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import RunError
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import RunError
 
-__all__ = ["Memory", "MemoryRecord", "MemoryResourceError", "record_revision"]
+__all__ = ["Memory", "MemoryRecord", "MemoryResourceError"]
 
 
 class MemoryResourceError(RunError):

@@ -43,7 +43,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError, ContextError
+from qitos.core._exchange import (
+    CATEGORY_BITS,
+    Exchange,
+    ExchangeIdRange,
+    ExchangeLog,
+    ItemIdRange,
+    categories_from_mask,
+)
+from qitos.core._output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT
 from qitos.core.context import (
     PLACEMENTS,
     ContextBudget,
@@ -55,34 +65,12 @@ from qitos.core.context import (
     counts_exactly,
     unit_counter_for,
 )
-from qitos.core.errors import ConfigurationError, ContextError
-from qitos.core.exchange import (
-    CATEGORY_BITS,
-    Exchange,
-    ExchangeIdRange,
-    ExchangeLog,
-    ItemIdRange,
-    categories_from_mask,
-)
-from qitos.core.output import FINAL_ANSWER_TOOL, STRUCTURED_OUTPUT
 
 __all__ = [
-    "REASONING_EFFORTS",
-    "REQUEST_VIEW_SCHEMA_VERSION",
-    "TOOL_USE_POLICIES",
-    "ArtifactRef",
-    "CompactionError",
     "CompactionPolicy",
     "CompactionReceipt",
-    "CompactionSummary",
     "ContextBudgetExceededError",
-    "ContinuationRef",
-    "ReasoningPolicy",
-    "RequestTarget",
     "RequestView",
-    "SelectionReport",
-    "SummarizingCompactionPolicy",
-    "projection_digest",
 ]
 
 REQUEST_VIEW_SCHEMA_VERSION = "qitos.request_view/v1"
@@ -478,7 +466,7 @@ class RequestView:
     def output_schema(self) -> dict[str, Any] | None:
         """The JSON schema a typed final answer must match, when the request asks for one
         (``structured_output`` among its capability requirements): the parameters of its
-        ``final_answer`` tool (see ``qitos.core.output``). None for a request for plain text."""
+        ``final_answer`` tool (see ``qitos.core._output``). None for a request for plain text."""
         if STRUCTURED_OUTPUT not in self.capability_requirements:
             return None
         for text in self.tool_schemas_json:

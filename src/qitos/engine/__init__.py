@@ -1,33 +1,37 @@
-"""qitos.engine: the one canonical loop and its runtimes."""
+"""qitos.engine: the one canonical loop and its runtimes.
 
-from qitos.engine.async_engine import AsyncEngine
-from qitos.engine.delegation import Delegation, delegate
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineEvent, EngineEventType, EngineResult, EventStream, StepRecord
-from qitos.engine.fanout import CandidateOutcome, FanoutSelector
-from qitos.engine.handoff import Team, TeamState
-from qitos.engine.hooks import EngineHook, HookContext
-from qitos.engine.policies import Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector, StopCriteria
-from qitos.engine.runtime import LifecyclePolicy, RuntimeBudget, RuntimeSnapshotContext
+``Engine``, ``AsyncEngine``, ``EngineResult``, ``RuntimeBudget`` and ``compose`` are at the root
+(``from qitos import Engine``); this face holds what a user adds around them: hooks and events,
+stop criteria and critics, fan-out, teams and delegation, lifecycle policies, compositions and
+OpenTelemetry settings. ``qitos.engine.session_runtime`` (``Session``) and ``qitos.engine.runtime``
+(``LifecyclePolicy``) are public modules of their own; everything else lives in private modules.
+"""
+
+from qitos.engine._composition import Composition
+from qitos.engine._delegation import Delegation, delegate
+from qitos.engine._events import EngineEvent, EngineEventType, EventStream, StepRecord
+from qitos.engine._fanout import CandidateOutcome, FanoutSelector
+from qitos.engine._handoff import Team, TeamState
+from qitos.engine._hooks import EngineHook, HookContext
+from qitos.engine._policies import Critic, CriticVerdict, FinalResultCriteria, FirstCandidateSelector, StopCriteria
+from qitos.engine._telemetry import OtelSettings
+from qitos.engine.runtime import RuntimeSnapshotContext
 
 __all__ = [
-    "AsyncEngine",
     "CandidateOutcome",
+    "Composition",
     "Critic",
     "CriticVerdict",
     "Delegation",
-    "Engine",
     "EngineEvent",
     "EngineEventType",
     "EngineHook",
-    "EngineResult",
     "EventStream",
     "FanoutSelector",
     "FinalResultCriteria",
     "FirstCandidateSelector",
     "HookContext",
-    "LifecyclePolicy",
-    "RuntimeBudget",
+    "OtelSettings",
     "RuntimeSnapshotContext",
     "StepRecord",
     "StopCriteria",

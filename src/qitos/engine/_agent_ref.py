@@ -16,16 +16,34 @@ defined inside another) it is None, and the CLI asks for ``--agent``.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
-__all__ = ["SCRIPT_ATTRIBUTE", "agent_reference", "split_reference"]
+__all__ = ["MOVED_MODULES", "SCRIPT_ATTRIBUTE", "agent_reference", "import_recorded", "split_reference"]
 
 SCRIPT_ATTRIBUTE = "__qitos_script__"
 """Set on a module imported from a script's path: the absolute path its references name."""
+
+
+MOVED_MODULES: Mapping[str, str] = {
+    "qitos.core.state": "qitos.core._state",
+    "qitos.demo.notes_agent": "qitos.demo._notes_agent",
+    "qitos.engine.handoff": "qitos.engine._handoff",
+    "qitos.kit.agent": "qitos.kit._agent",
+}
+"""Modules that became private after sessions had recorded names in them (the agents and state
+types qitos defines: ``StateSchema``, the demo's ``NotesAgent``, ``Agent``, ``Team``). A stored
+``agent``, ``agent_ref`` or state type naming the old path loads from the new one."""
+
+
+def import_recorded(module_name: str) -> ModuleType:
+    """Import the module a stored reference names, following ``MOVED_MODULES``."""
+    return importlib.import_module(MOVED_MODULES.get(module_name, module_name))
 
 
 def agent_reference(*candidates: object) -> str | None:
@@ -58,7 +76,7 @@ def _reference(candidate: object) -> str | None:
         return None  # shadowed, or not reachable by its name
     script = getattr(module, SCRIPT_ATTRIBUTE, None)
     if isinstance(script, str):
-        return f"{script}:{qualname}"  # a script imported by path (qitos.cli.agents)
+        return f"{script}:{qualname}"  # a script imported by path (qitos.cli._agents)
     if module_name != "__main__":
         return f"{module_name}:{qualname}"
     spec = getattr(module, "__spec__", None)

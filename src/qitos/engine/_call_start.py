@@ -4,7 +4,7 @@ A tool call that is not idempotent is recorded started before its tool runs, so 
 it is reported ``interrupted`` rather than run a second time. The record must be written when the
 call *begins*: a sync tool of an async run may wait for a thread of the bounded executor, and a call
 of a decision's batch for one of its ``max_parallel_tools`` slots; a call that waited and never
-began must run on resume. :class:`RecordedStart` is the ``qitos.core.tool.CallStart`` the loop gives
+began must run on resume. :class:`RecordedStart` is the ``qitos.core._tool.CallStart`` the loop gives
 such a call: the registry calls :meth:`~RecordedStart.begin` in the thread that runs a sync tool,
 just before it, and awaits :meth:`~RecordedStart.abegin` just before an ``async def`` tool.
 
@@ -21,10 +21,10 @@ import asyncio
 import threading
 from typing import TypeVar
 
-from qitos.core.decision import Action
-from qitos.core.errors import RunError
-from qitos.core.tool import ToolResult
-from qitos.sessions.journal import PendingStep, RunJournal
+from qitos.core._decision import Action
+from qitos.core._errors import RunError
+from qitos.core._tool import ToolResult
+from qitos.sessions._journal import PendingStep, RunJournal
 
 __all__ = ["CallAbandoned", "RecordedStart", "StepResults", "outlast_cancel"]
 

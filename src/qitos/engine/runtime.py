@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.core.decision import Action
+from qitos.core._decision import Action
 
-__all__ = ["LifecyclePolicy", "NeverPause", "RuntimeBudget", "RuntimeSnapshotContext"]
+__all__ = ["LifecyclePolicy"]
 
 
 @dataclass(frozen=True)

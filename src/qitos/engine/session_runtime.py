@@ -5,9 +5,9 @@ committed boundary is an immutable snapshot whose id is the SHA-256 of its conte
 
 Storage grows with what is new: a snapshot holds its step's state changes and a reference to the
 new exchange entries; a full state is rewritten only when the deltas outgrow it (the payload format
-and the rule are in ``qitos.sessions.step_journal``). A fork's first snapshot points at its parent's.
+and the rule are in ``qitos.sessions._step_journal``). A fork's first snapshot points at its parent's.
 
-One owner at a time: ``run()`` holds the session's lease (``qitos.sessions.lease``) from before it
+One owner at a time: ``run()`` holds the session's lease (``qitos.sessions._lease``) from before it
 reads the head until the run ends; every write carries the lease's fencing token, so a second
 runner gets ``SessionBusyError`` and a runner that lost its lease can write nothing.
 
@@ -44,29 +44,28 @@ Durability modes:
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TextIO
 
-from qitos.checkpoint._records import utc_now
-from qitos.checkpoint.memory_store import InMemoryCheckpointStore
-from qitos.checkpoint.store import (
-    CheckpointStore,
+from qitos.checkpoint._memory_store import InMemoryCheckpointStore
+from qitos.checkpoint._records import (
     DuplicateOperationError,
     SessionCommitReceipt,
     SessionHeadRecord,
     SessionLease,
     SessionSnapshot,
     SessionSnapshotCommit,
+    utc_now,
 )
-from qitos.core.codec import check_text, sha256_hex
-from qitos.core.errors import (
+from qitos.checkpoint.store import CheckpointStore
+from qitos.core._codec import check_text, sha256_hex
+from qitos.core._errors import (
     ConfigurationError,
     SessionNotFoundError,
 )
-from qitos.core.exchange import ExchangeLog
-from qitos.core.identity import (
+from qitos.core._exchange import ExchangeLog
+from qitos.core._identity import (
     AgentIdentity,
     AttemptIdentity,
     RunIdentity,
@@ -74,14 +73,14 @@ from qitos.core.identity import (
     SnapshotIdentity,
     WorkItemIdentity,
 )
-from qitos.core.redaction import Redactor, model_credentials
-from qitos.core.state import StateSchema
-from qitos.core.task import Task
-from qitos.engine._agent_ref import agent_reference
-from qitos.engine.events import EngineResult
-from qitos.engine.loop import EngineLoop
-from qitos.engine.progress import progress_printer
-from qitos.sessions.control import (
+from qitos.core._redaction import Redactor, model_credentials
+from qitos.core._state import StateSchema
+from qitos.core._task import Task
+from qitos.engine._agent_ref import agent_reference, import_recorded
+from qitos.engine._events import EngineResult
+from qitos.engine._loop import EngineLoop
+from qitos.engine._progress import progress_printer
+from qitos.sessions._control import (
     ApprovalReceipt,
     PauseReceipt,
     SteeringReceipt,
@@ -92,20 +91,17 @@ from qitos.sessions.control import (
     pause_session,
     steer_session,
 )
-from qitos.sessions.inspection import (
-    SessionHead,
+from qitos.sessions._inspection import (
     SessionInspection,
     SessionLifecycle,
-    ToolBatchSnapshot,
-    ToolCallStatus,
     inspect_session,
     session_capabilities,
 )
-from qitos.sessions.journal import (
+from qitos.sessions._journal import (
     ResumePoint,
 )
-from qitos.sessions.lease import DEFAULT_LEASE_TTL, LeaseKeeper
-from qitos.sessions.step_journal import (
+from qitos.sessions._lease import DEFAULT_LEASE_TTL, LeaseKeeper
+from qitos.sessions._step_journal import (
     RestoredSession,
     SessionJournal,
     arestore,
@@ -117,29 +113,11 @@ from qitos.sessions.step_journal import (
     restore_created,
 )
 
-__all__ = [
-    "PauseReceipt",
-    "Session",
-    "SessionForkReceipt",
-    "SessionHead",
-    "SessionHost",
-    "SessionInspection",
-    "SessionJournal",
-    "SessionLifecycle",
-    "SessionReference",
-    "SessionSettings",
-    "SteeringReceipt",
-    "ToolBatchSnapshot",
-    "ToolCallStatus",
-    "anew_session",
-    "arestore_session",
-    "new_session",
-    "restore_session",
-]
+__all__ = ["Session", "SessionInspection"]
 
 
 class SessionReference(Protocol):
-    """A name bound in a composition (``qitos.engine.composition.ResolverReference`` is one)."""
+    """A name bound in a composition (``qitos.engine._composition.ResolverReference`` is one)."""
 
     @property
     def name(self) -> str: ...
@@ -253,9 +231,9 @@ class Session:
 
         The run takes the session's lease first: if another runner holds it, SessionBusyError
         names that runner and nothing executes. The lease is renewed while the run goes on and
-        released when it ends (see ``qitos.sessions.lease``). ``progress=True`` prints a line per
+        released when it ends (see ``qitos.sessions._lease``). ``progress=True`` prints a line per
         step to stderr (or to the text stream given), rendered from the run's events
-        (``qitos.engine.progress``).
+        (``qitos.engine._progress``).
         """
         printer = progress_printer(progress)
         if steering is not None:
@@ -514,7 +492,7 @@ class Session:
 
     def inspect(self) -> SessionInspection:
         """Read the durable head: lifecycle, integrity, budget, work graph, last request, tool batch
-        (``qitos.sessions.inspection``, plus this runtime's budget limits and journal lag)."""
+        (``qitos.sessions._inspection``, plus this runtime's budget limits and journal lag)."""
         budget = self.engine.budget
         journal = self._journal
         mode = self._composition.runtime.durability if self._composition else "sync"
@@ -556,7 +534,7 @@ def _state_type_name(cls: type) -> str:
 def _resolve_state_type(name: str, engine: EngineLoop[Any, Any, Any]) -> type[StateSchema]:
     module_name, _, qualname = name.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = import_recorded(module_name)
         for part in qualname.split("."):
             target = getattr(target, part)
         if isinstance(target, type) and issubclass(target, StateSchema):
@@ -632,7 +610,7 @@ def _first_snapshot(
         state.task = the_task.objective
     state.drain_changes()
     session_id = SessionIdentity(given_id) if given_id is not None else SessionIdentity.new()
-    redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core.redaction)
+    redactor = Redactor(model_credentials(engine.model))  # nothing stored holds a secret (qitos.core._redaction)
     full = redactor.redact_value(state.to_dict())
     payload = first_payload(full, ExchangeLog(f"log-{session_id.value}"), SessionLifecycle.CREATED.value)
     snapshot = SessionSnapshot.create(

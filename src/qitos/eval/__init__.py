@@ -29,7 +29,7 @@ from qitos.eval._result import SampleResult
 from qitos.eval._runner import EvalChangedError, EvalProgress, EvalRun
 from qitos.eval._store import EvalStore, open_eval_store
 from qitos.eval.scorers import Score, Scorer, ScorerError, ScoringError
-from qitos.models.function import ModelSource
+from qitos.models._function import ModelSource
 
 __all__ = [
     "CompareError",

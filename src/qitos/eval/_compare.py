@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.errors import UsageError
+from qitos.core._errors import UsageError
 from qitos.eval._report import EvalReport, SampleReport, build_report
 from qitos.eval._stats import bootstrap_ci, mcnemar_exact, mean, reduce_epochs, stderr
 from qitos.eval._store import EvalStore, open_eval_store

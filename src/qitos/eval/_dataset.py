@@ -1,6 +1,6 @@
 """Samples and datasets: what an eval runs its agent on.
 
-A :class:`Sample` is one input (text or a :class:`~qitos.core.task.Task`) with an optional target
+A :class:`Sample` is one input (text or a :class:`~qitos.core._task.Task`) with an optional target
 and metadata; a :class:`Dataset` is an ordered list of samples with unique ids and a content digest
 over ids, inputs and targets, in order (what an eval pins). Files load with
 :meth:`Dataset.from_jsonl` and :meth:`Dataset.from_csv`: the fields ``id``, ``input`` and
@@ -18,9 +18,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import UsageError
-from qitos.core.task import Task
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import UsageError
+from qitos.core._task import Task
 
 __all__ = ["Dataset", "DatasetError", "Sample"]
 
@@ -53,7 +53,7 @@ def _rebuild_dataset_error(message: str, path: str | None, line: int | None) -> 
 class Sample:
     """One input for the agent, with its target and metadata.
 
-    ``input`` is the task text or a :class:`~qitos.core.task.Task`; ``target`` any JSON value (a
+    ``input`` is the task text or a :class:`~qitos.core._task.Task`; ``target`` any JSON value (a
     list means "any of these"); ``id`` unique in its dataset, derived from the content when
     absent (the same in every process); ``metadata`` is free JSON (``--group-by`` reads it).
     """

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from qitos.distributed.fleet import SETTLED, Fleet
+from qitos.distributed._fleet import SETTLED, Fleet
 from qitos.eval._runner import EVAL_METADATA, EvalRun, Unit, session_id_for
 from qitos.eval._store import AttemptRecord
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qitos.checkpoint.store import CheckpointStore
+from qitos.core._errors import ConfigurationError, UsageError
 from qitos.core._install import install_command
-from qitos.core.errors import ConfigurationError, UsageError
 from qitos.eval._recording import session_messages
 from qitos.eval._report import EvalReport, SampleReport, build_report
 from qitos.eval._store import open_eval_store

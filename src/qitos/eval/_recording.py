@@ -1,13 +1,13 @@
 """What a session recorded of its model calls, and how a new request differs from a recorded one.
 
 Every model call a durable session makes is recorded before anything else happens with its reply:
-the step's ``decision`` pending write (``qitos.sessions.step_journal``) holds ``model`` =
+the step's ``decision`` pending write (``qitos.sessions._step_journal``) holds ``model`` =
 ``{"request_id", "request_digest", "response"}``, keyed by the snapshot the step started from, and
-the snapshot that closes the step keeps it in the step's summary (``qitos.sessions.payload``) and
-names the request view that was sent (a blob, see ``qitos.sessions.stored_view``).
+the snapshot that closes the step keeps it in the step's summary (``qitos.sessions._payload``) and
+names the request view that was sent (a blob, see ``qitos.sessions._stored_view``).
 :func:`recorded_calls` reads the calls, in order; every row is checked against its digest by the
 store, so a damaged row raises
-:class:`~qitos.core.errors.IntegrityError` naming it, never a wrong reply. :func:`recorded_request`
+:class:`~qitos.core._errors.IntegrityError` naming it, never a wrong reply. :func:`recorded_request`
 reads the second, only to explain a divergence: :func:`request_diff` says in a few words what
 changed between the recorded request and the new one (system prompt, a message, the tools, the
 parameters).
@@ -20,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.checkpoint.packing import unpack
+from qitos.checkpoint._packing import unpack
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.errors import IntegrityError
+from qitos.core._errors import IntegrityError
 from qitos.core.request_view import RequestView
-from qitos.models.base import ModelResponse
-from qitos.sessions.payload import SnapshotPayload
-from qitos.sessions.step_journal import restore
-from qitos.sessions.stored_view import view_from_record
+from qitos.models._base import ModelResponse
+from qitos.sessions._payload import SnapshotPayload
+from qitos.sessions._step_journal import restore
+from qitos.sessions._stored_view import view_from_record
 
 __all__ = [
     "RecordedCall",

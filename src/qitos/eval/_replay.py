@@ -3,11 +3,11 @@
 Under ``evaluate(..., replay=EVAL)`` every sample x epoch's session talks to a :class:`SampleModel`
 that answers each model request with the reply recorded, for the same sample and epoch, in the
 session of the earlier eval (``qitos.eval._recording`` reads it), as long as the request's digest
-(``qitos.models.base.request_digest``: messages and tools) is the recorded one. The first request
+(``qitos.models._base.request_digest``: messages and tools) is the recorded one. The first request
 that differs is a **divergence**: it is recorded in the eval tables (step, model call, both digests
 and a short diff of what changed) before anything else happens, then ``on_divergence`` decides:
 
-- ``"stop"``: the request raises :class:`~qitos.models.scripted.ReplayDivergenceError`; the sample
+- ``"stop"``: the request raises :class:`~qitos.models._scripted.ReplayDivergenceError`; the sample
   fails as diverged (and is not retried: a replay diverges the same way every time);
 - ``"live"``: this request and every later one go to the live model;
 - ``"mark"``: the recorded replies go on answering, in order, and the sample is flagged.
@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Any
 
 from qitos.checkpoint._records import utc_now
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import ConfigurationError, IntegrityError, UsageError
-from qitos.core.redaction import model_credentials
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError, IntegrityError, UsageError
+from qitos.core._redaction import model_credentials
 from qitos.eval._recording import RecordedCall, recorded_calls, recorded_request, request_diff, request_parameters
 from qitos.eval._store import CachedReply, DivergenceRecord, EvalStore, ScoreRecord
 from qitos.eval.scorers import Scorer, _ModelGraded
-from qitos.models.base import DeltaCallback, EventListener, ModelAdapter, ModelResponse, request_digest
-from qitos.models.doubles import stream_text
-from qitos.models.scripted import ReplayDivergenceError
-from qitos.sessions.payload import SnapshotPayload
+from qitos.models._base import DeltaCallback, EventListener, ModelAdapter, ModelResponse, request_digest
+from qitos.models._doubles import stream_text
+from qitos.models._scripted import ReplayDivergenceError
+from qitos.sessions._payload import SnapshotPayload
 
 if TYPE_CHECKING:
     from qitos.core.request_view import RequestView

@@ -27,14 +27,15 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from qitos.checkpoint._records import utc_now
-from qitos.checkpoint.store import CheckpointStore, SessionHeadRecord
-from qitos.core.agent_module import AgentModule
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
-from qitos.engine.composition import Composition, compose
-from qitos.engine.engine import Engine
-from qitos.engine.events import EngineEventType, EngineResult
+from qitos.checkpoint._records import SessionHeadRecord, utc_now
+from qitos.checkpoint.store import CheckpointStore
+from qitos.core._agent_module import AgentModule
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
+from qitos.engine._agent_ref import MOVED_MODULES
+from qitos.engine._composition import Composition, compose
+from qitos.engine._engine import Engine
+from qitos.engine._events import EngineEventType, EngineResult
 from qitos.engine.session_runtime import Session, anew_session, arestore_session
 from qitos.eval._dataset import Dataset, Sample
 from qitos.eval._replay import ON_DIVERGENCE, ReplayPlan, UnitKey
@@ -49,9 +50,9 @@ from qitos.eval._store import (
     open_eval_store,
 )
 from qitos.eval.scorers import Scorer, ScorerError
-from qitos.models.function import ModelSource
-from qitos.sessions.inspection import SessionLifecycle
-from qitos.sessions.step_journal import arestore
+from qitos.models._function import ModelSource
+from qitos.sessions._inspection import SessionLifecycle
+from qitos.sessions._step_journal import arestore
 
 __all__ = [
     "EVAL_METADATA",
@@ -136,7 +137,12 @@ def agent_reference(agent: object) -> str:
     qualname = getattr(target, "__qualname__", None)
     if module is None or qualname is None:
         return repr(target)
-    return f"{module}:{qualname}"
+    # An eval pins its agent by this name: a qitos agent whose module became private keeps the
+    # name earlier evals pinned, so they resume instead of reporting a changed agent.
+    return f"{_RECORDED_AS.get(module, module)}:{qualname}"
+
+
+_RECORDED_AS = {new: old for old, new in MOVED_MODULES.items()}
 
 
 def _model_description(model: object) -> Any:

@@ -1,7 +1,7 @@
 """Where eval results live: eval-owned tables in the same database as the sessions.
 
 An eval's rows sit beside the sessions its samples ran as, in the SQLite file or the PostgreSQL
-database and schema that ``qitos.checkpoint.targets.open_store`` opens for the same target, and
+database and schema that ``qitos.checkpoint._targets.open_store`` opens for the same target, and
 never expire. Schema version 1 (table ``qitos_eval_meta`` holds ``schema_version``):
 
 ===================== =========================================== ==========================================
@@ -27,7 +27,7 @@ table                 key                                         ``data`` (cano
 ===================== =========================================== ==========================================
 
 Every row keeps its record's canonical JSON in ``data`` and the SHA-256 of it in ``digest``; a
-read checks it, so a damaged row raises :class:`~qitos.core.errors.IntegrityError` naming the
+read checks it, so a damaged row raises :class:`~qitos.core._errors.IntegrityError` naming the
 table and the row, never a wrong result. ``qitos_evals.status`` (``running``, ``complete``,
 ``incomplete``, ``failed``) is outside the digest: it is shown, never trusted (a resume looks at
 the results themselves). Query the rows with SQL (``json_extract(data, '$.answer')`` in SQLite,
@@ -49,11 +49,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from qitos.checkpoint._records import utc_now
+from qitos.checkpoint._targets import open_store
 from qitos.checkpoint.store import CheckpointStore
-from qitos.checkpoint.targets import open_store
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError, IntegrityError
 from qitos.core._install import install_command
-from qitos.core.codec import canonical_json, sha256_hex
-from qitos.core.errors import ConfigurationError, IntegrityError
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -27,20 +27,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from qitos.core._errors import UsageError
+from qitos.core._exchange import ExchangeLog
 from qitos.core.context import ContextBudget
-from qitos.core.errors import UsageError
-from qitos.core.exchange import ExchangeLog
 from qitos.core.request_view import RequestView
 from qitos.eval._dataset import Sample
 from qitos.eval._result import SampleResult
-from qitos.models.base import ModelAdapter, request_digest
+from qitos.models._base import ModelAdapter, request_digest
 
 __all__ = [
-    "REDUCERS",
-    "Score",
-    "Scorer",
-    "ScorerError",
-    "ScoringError",
     "choice",
     "code",
     "exact",

@@ -6,17 +6,21 @@ never pulls in ``httpx`` or ``cyllama``::
 
     from qitos.models import ScriptedModel                 # light
     from qitos.models import OpenAICompatibleModel         # imports httpx now
-    from qitos.models.local import LocalModel              # imports cyllama now
+    from qitos.models import LocalModel                    # imports cyllama now
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qitos.models.base import ModelAdapter, ModelResponse, ToolCall, Usage
-from qitos.models.function import FunctionModel
-from qitos.models.scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
+from qitos.models._base import ModelAdapter, ModelResponse, ToolCall, Usage
+from qitos.models._function import FunctionModel
+from qitos.models._scripted import ReplayDivergenceError, ReplayModel, ScriptedModel
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time they load on first access
+    from qitos.models._local import LocalModel
+    from qitos.models._openai_compat import OpenAICompatibleModel
 
 __all__ = [
     "FunctionModel",
@@ -31,7 +35,7 @@ __all__ = [
     "Usage",
 ]
 
-_LAZY = {"OpenAICompatibleModel": "qitos.models.openai_compat", "LocalModel": "qitos.models.local"}
+_LAZY = {"OpenAICompatibleModel": "qitos.models._openai_compat", "LocalModel": "qitos.models._local"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """qitos.testing: what a project built on qitos tests itself with.
 
-``CheckpointStoreConformance`` (``qitos.testing.conformance``) is the suite every
-``CheckpointStore`` passes; subclass it with a ``store`` fixture to prove a store of your own. It
+``CheckpointStoreConformance`` is the suite every ``CheckpointStore`` passes; subclass it with a
+``store`` fixture to prove a store of your own. It
 needs pytest (``pip install 'qitos-kernel[testing]'``), which ``import qitos`` never imports.
 """
 
@@ -15,8 +15,8 @@ except ImportError as exc:
     raise ImportError(f"qitos.testing needs pytest: {install_command('testing')}") from exc
 
 # Imported through pytest's assertion rewriting, so a failed check in the suite shows its values.
-pytest.register_assert_rewrite("qitos.testing.conformance")
+pytest.register_assert_rewrite("qitos.testing._conformance")
 
-from qitos.testing.conformance import CheckpointStoreConformance  # noqa: E402
+from qitos.testing._conformance import CheckpointStoreConformance  # noqa: E402
 
 __all__ = ["CheckpointStoreConformance"]

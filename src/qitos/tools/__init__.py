@@ -1,24 +1,23 @@
 """qitos.tools: everything for giving an agent tools, in one place.
 
-``tool`` and ``ToolRegistry`` (defined in ``qitos.core.tool``), the workspace file tools and the
-shell tool (``qitos.kit.tools``), and the MCP toolset, which loads on first access because it needs
-the ``qitos-kernel[mcp]`` extra::
+``tool`` and ``ToolRegistry`` (also at the root), the workspace file tools and the shell tool, and
+the MCP toolset, which loads on first access because it needs the ``qitos-kernel[mcp]`` extra::
 
     from qitos.tools import ToolRegistry, tool, workspace_tools, shell_tool
     from qitos.tools import MCPToolset            # imports the mcp SDK now
-
-The modules that define them (``qitos.core.tool``, ``qitos.kit.tools.files`` ...) are importable
-too; these are the same objects.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qitos.core.tool import ToolRegistry, ToolResult, ToolSpec, tool
-from qitos.kit.tools.files import WorkspacePathError, workspace_tools
-from qitos.kit.tools.shell import shell_tool
+from qitos.core._tool import ToolRegistry, ToolResult, ToolSpec, tool
+from qitos.kit.tools._files import WorkspacePathError, workspace_tools
+from qitos.kit.tools._shell import shell_tool
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time they load on first access
+    from qitos.kit.tools._mcp import MCPConnectionError, MCPToolError, MCPToolset
 
 __all__ = [
     "MCPConnectionError",
@@ -33,7 +32,7 @@ __all__ = [
     "workspace_tools",
 ]
 
-_LAZY = dict.fromkeys(("MCPConnectionError", "MCPToolError", "MCPToolset"), "qitos.kit.tools.mcp")
+_LAZY = dict.fromkeys(("MCPConnectionError", "MCPToolError", "MCPToolset"), "qitos.kit.tools._mcp")
 
 
 def __getattr__(name: str) -> Any:

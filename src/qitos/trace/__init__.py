@@ -1,6 +1,6 @@
 """Run artifacts: writer, reader and redaction."""
 
-from qitos.trace.reader import RunTrace, TraceError, list_runs, open_run
-from qitos.trace.writer import TraceWriter
+from qitos.trace._reader import RunTrace, TraceError, list_runs, open_run
+from qitos.trace._writer import TraceWriter
 
 __all__ = ["RunTrace", "TraceError", "TraceWriter", "list_runs", "open_run"]

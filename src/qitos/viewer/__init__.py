@@ -1,7 +1,8 @@
 """The qitos web viewer: runs, sessions and model requests in the browser.
 
-Start it with ``qitos trace serve`` or :class:`qitos.viewer.server.ViewerServer`. The JSON views
-it serves are built in :mod:`qitos.viewer.data`.
+Start it with ``qitos trace serve`` or :class:`ViewerServer`.
 """
 
-__all__: list[str] = []
+from qitos.viewer._server import ViewerServer
+
+__all__ = ["ViewerServer"]

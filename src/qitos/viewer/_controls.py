@@ -1,13 +1,13 @@
 """What the viewer's control buttons do: approve, reject, steer, pause and resume a session.
 
-Approve, reject, steer and pause append a control item to the store (``qitos.sessions.control``),
+Approve, reject, steer and pause append a control item to the store (``qitos.sessions._control``),
 exactly as ``qitos sessions approve|reject|steer|pause`` do; the session takes it in at its next
 boundary. A delegated child's call is answered through its parent's page (the answer goes to the
 child that waits).
 
 Resume runs the session, which needs its agent, and the viewer never imports user code: it starts
 ``qitos sessions resume`` in a subprocess with the command the session's record gives
-(:func:`qitos.viewer.data.resume_argv`: the recorded agent reference, the store, the recorded model
+(:func:`qitos.viewer._data.resume_argv`: the recorded agent reference, the store, the recorded model
 options) plus ``--trace-dir`` so its trace shows on the board. The subprocess inherits the viewer's
 environment (API keys) and working directory, and its output goes to a log file under the trace
 directory (``.viewer/``, which the board does not list). When the record cannot rebuild the agent,
@@ -26,11 +26,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.errors import UsageError
-from qitos.distributed.naming import fleet_queue
-from qitos.sessions.control import answer_approval, delegation_root, pause_session, steer_session
-from qitos.sessions.inspection import SessionLifecycle, observed_lifecycle
-from qitos.viewer.data import NotFoundError, how_it_continues, resume_argv, to_jsonable
+from qitos.core._errors import UsageError
+from qitos.distributed._naming import fleet_queue
+from qitos.sessions._control import answer_approval, delegation_root, pause_session, steer_session
+from qitos.sessions._inspection import SessionLifecycle, observed_lifecycle
+from qitos.viewer._data import NotFoundError, how_it_continues, resume_argv, to_jsonable
 
 __all__ = ["ACTIONS", "ConflictError", "Controls"]
 

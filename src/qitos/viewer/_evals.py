@@ -22,13 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from qitos.checkpoint.store import CheckpointStore
-from qitos.core.errors import UsageError
-from qitos.core.redaction import Redactor
+from qitos.core._errors import UsageError
+from qitos.core._redaction import Redactor
 from qitos.eval import CompareError, compare, open_eval_store
 from qitos.eval._recording import recorded_calls, recorded_request
 from qitos.eval._report import EvalReport, build_report
 from qitos.eval._store import EvalStore
-from qitos.viewer.data import NotFoundError
+from qitos.viewer._data import NotFoundError
 
 __all__ = ["eval_api", "session_request"]
 

@@ -24,26 +24,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import ConfigurationError
+from qitos.core._agent_module import AgentModule
+from qitos.core._errors import ConfigurationError
 from qitos.eval._dataset import Dataset
 from qitos.eval._report import EvalReport
 from qitos.eval._stats import mean
 from qitos.eval._stats import pass_at_k as _pass_at_k
-from qitos.eval.benchmarks._bfcl import CATEGORIES, BfclAgent, BfclScorer, bfcl_dataset
+from qitos.eval.benchmarks._bfcl import BfclAgent, BfclScorer, bfcl_dataset
 from qitos.eval.benchmarks._humaneval import HumanEvalAgent, HumanEvalScorer, humaneval_dataset
-from qitos.eval.benchmarks._sandbox import SandboxResult, arun_sandboxed
 from qitos.eval.scorers import Scorer
 
 __all__ = [
-    "CATEGORIES",
     "Benchmark",
-    "BfclAgent",
-    "BfclScorer",
-    "HumanEvalAgent",
-    "HumanEvalScorer",
-    "SandboxResult",
-    "arun_sandboxed",
     "bfcl",
     "humaneval",
     "pass_at_k",

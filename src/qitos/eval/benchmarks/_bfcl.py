@@ -31,11 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qitos.core.agent_module import AgentModule
-from qitos.core.decision import Decision
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import StateSchema
-from qitos.core.tool import ToolSpec
+from qitos.core._agent_module import AgentModule
+from qitos.core._decision import Decision
+from qitos.core._errors import ConfigurationError
+from qitos.core._state import StateSchema
+from qitos.core._tool import ToolSpec
 from qitos.eval._dataset import Dataset, Sample
 from qitos.eval._result import SampleResult
 from qitos.eval.scorers import Score, Scorer, ScorerError

@@ -19,10 +19,10 @@ import json
 import re
 from typing import Any
 
+from qitos.core._agent_module import AgentModule
+from qitos.core._errors import ConfigurationError
 from qitos.core._install import install_command
-from qitos.core.agent_module import AgentModule
-from qitos.core.errors import ConfigurationError
-from qitos.core.state import StateSchema
+from qitos.core._state import StateSchema
 from qitos.eval._dataset import Dataset, Sample
 from qitos.eval._result import SampleResult
 from qitos.eval.benchmarks._sandbox import arun_sandboxed

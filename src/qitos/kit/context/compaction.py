@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._exchange import Exchange, ExchangeIdRange, ExchangeLog
 from qitos.core.context import ContextBudget, UnitCounter
-from qitos.core.exchange import Exchange, ExchangeIdRange, ExchangeLog
 from qitos.core.request_view import (
     CompactionError,
     CompactionReceipt,
@@ -33,12 +33,7 @@ from qitos.core.request_view import (
     RequestView,
 )
 
-__all__ = [
-    "DEFAULT_SUMMARY_INSTRUCTIONS",
-    "ClosedExchangeWindowCompactor",
-    "SummaryCompactor",
-    "SummaryModel",
-]
+__all__ = ["ClosedExchangeWindowCompactor", "SummaryCompactor", "SummaryModel"]
 
 DEFAULT_SUMMARY_INSTRUCTIONS = (
     "You compress the earlier part of an agent conversation so the agent can continue without it. "

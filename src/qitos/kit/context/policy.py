@@ -41,32 +41,20 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, Literal
 
-from qitos.core.codec import canonical_json, sha256_hex
+from qitos.core._codec import canonical_json, sha256_hex
+from qitos.core._errors import ConfigurationError, ContextError
 from qitos.core.context import UnitCounter, unit_counter_for
-from qitos.core.errors import ConfigurationError, ContextError
 from qitos.core.request_view import CompactionReceipt, RequestView, projection_digest
 
 __all__ = [
-    "REQUEST_FRAGMENT_IDS",
-    "AuditPolicy",
-    "ContextFragment",
     "ContextPolicy",
     "ContextPolicyError",
     "ContextPolicyReceipt",
-    "ContextPolicyResult",
     "ContextPolicyViolation",
-    "ReducePolicy",
-    "SequenceSelection",
-    "StepEffect",
-    "TrimReduction",
-    "UserTurnGrouping",
-    "ValidatePolicy",
     "apply_context_policy",
     "audit_context",
-    "context_policy_to_dict",
     "parse_context_policy",
     "reduce_context",
-    "request_fragments",
     "validate_context_policy",
 ]
 

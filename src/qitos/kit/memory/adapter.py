@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from qitos.core.codec import canonical_json
+from qitos.core._codec import canonical_json
 from qitos.core.context import ContextContribution, ContextContributionError
 from qitos.core.memory import Memory, MemoryRecord, record_revision
 

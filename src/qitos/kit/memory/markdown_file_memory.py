@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from qitos.core.codec import canonical_json
+from qitos.core._codec import canonical_json
 from qitos.core.memory import MemoryRecord
 from qitos.kit.memory.memdir_memory import filter_records
 

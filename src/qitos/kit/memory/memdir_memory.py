@@ -10,7 +10,7 @@ Layout::
 
 ``type`` is ``user``, ``feedback``, ``project``, ``reference`` or ``runtime`` (``metadata["type"]``,
 else the role, else ``project``). The block format of a segment and the one-record file are
-described in :mod:`qitos.kit.memory.memdir_segment`: within a segment the last block of a record id
+described in :mod:`qitos.kit.memory._memdir_segment`: within a segment the last block of a record id
 wins, any text round-trips, and a broken marker line makes reads fail with
 :class:`MemoryResourceError` naming the file and line.
 
@@ -22,13 +22,13 @@ exists, and ``delete`` (which reads everything afresh), rewrite the segment atom
 file, ``os.replace``) without the old block; a record whose type changed leaves its old bucket, and
 a one-record file holding the id is unlinked. Names never come from a record id, role or metadata;
 writes go through directory descriptors opened with ``O_NOFOLLOW`` (see
-:mod:`qitos.kit.memory.memdir_files`): nothing is written outside the root, symlinks are never
+:mod:`qitos.kit.memory._memdir_files`): nothing is written outside the root, symlinks are never
 followed (a symlinked bucket or segment is refused, a symlinked note skipped). The index is
 published through a spare file, so readers see a whole index.
 
 Freshness and cost. Every ``retrieve`` reads the disk: a walk of the root and buckets and one
 ``lstat`` per file. Changed files are read again, a grown segment only from its last block on
-(see :mod:`qitos.kit.memory.memdir_cache`, which also ranks records that share an id: local over
+(see :mod:`qitos.kit.memory._memdir_cache`, which also ranks records that share an id: local over
 global, a segment over a one-record file, the newer between segments). When nothing changed, the
 previous ordered list is returned as it is.
 """
@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from qitos.core.memory import MemoryRecord, MemoryResourceError
-from qitos.kit.memory.memdir_cache import CachedFile, load_file, merge_files, segment_file
-from qitos.kit.memory.memdir_files import (
+from qitos.kit.memory._memdir_cache import CachedFile, load_file, merge_files, segment_file
+from qitos.kit.memory._memdir_files import (
     FILE_FLAGS,
     INDEX_NAME,
     FileKey,
@@ -61,7 +61,7 @@ from qitos.kit.memory.memdir_files import (
     replace_file,
     walk_markdown_files,
 )
-from qitos.kit.memory.memdir_segment import (
+from qitos.kit.memory._memdir_segment import (
     MEMORY_TYPES,
     PREAMBLE,
     SEGMENT_NAME,
@@ -71,7 +71,7 @@ from qitos.kit.memory.memdir_segment import (
     render_block,
 )
 
-__all__ = ["MEMORY_TYPES", "SEGMENT_NAME", "MemdirMemory", "filter_records"]
+__all__ = ["MemdirMemory"]
 
 _INDEX_HEADER = "# MEMORY\n\n"
 _QUERY_KEYS = frozenset({"roles", "type", "contains", "record_ids", "max_items"})

@@ -1,7 +1,0 @@
-"""Secret redaction for trace files: the one policy of :mod:`qitos.core.redaction`, re-exported."""
-
-from __future__ import annotations
-
-from qitos.core.redaction import REDACTED, Redactor, redact_text
-
-__all__ = ["REDACTED", "Redactor", "redact_text"]
