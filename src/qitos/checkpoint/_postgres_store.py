@@ -36,7 +36,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -441,40 +441,57 @@ class PostgresCheckpointStore(CheckpointStore):
     # call per statement), and the store's connections are in autocommit; putconn still replaces
     # a connection left broken.
 
-    def _run(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
-        """Drive ``plan`` on one pooled connection (inside one transaction if ``transaction``)."""
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """A connection of the sync pool for the block, given back after it (a broken one is replaced)."""
         self._ensure_open()
-        psycopg, pool = self._psycopg, self._sync_pool()
+        pool = self._sync_pool()
         try:
             conn = pool.getconn()
         except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
             raise self._unavailable(exc) from exc
         try:
-            if transaction:
-                with conn.transaction():
-                    result = _drive(conn.statements, plan, psycopg.Error)
-            else:
-                result = _drive(conn.statements, plan, psycopg.Error)
-            self._stamp(conn)
-            return result
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                self._check_pool()
-            raise self._error(exc) from exc
+            yield conn
         finally:
             pool.putconn(conn)
+
+    @contextlib.asynccontextmanager
+    async def _aconnection(self) -> AsyncIterator[Any]:
+        """Async twin of :meth:`_connection` (this event loop's pool)."""
+        self._ensure_open()
+        pool = await self._async_pool()
+        try:
+            conn = await pool.getconn()
+        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            yield conn
+        finally:
+            await pool.putconn(conn)
+
+    def _run(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
+        """Drive ``plan`` on one pooled connection (inside one transaction if ``transaction``)."""
+        psycopg = self._psycopg
+        with self._connection() as conn:
+            try:
+                if transaction:
+                    with conn.transaction():
+                        result = _drive(conn.statements, plan, psycopg.Error)
+                else:
+                    result = _drive(conn.statements, plan, psycopg.Error)
+                self._stamp(conn)
+                return result
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    self._check_pool()
+                raise self._error(exc) from exc
 
     # ---- group commit (see qitos.checkpoint._groups): one transaction, one round trip, per group
 
     def _write_group(self, group: list[Pending[_Work]]) -> None:
         """Write a group on a sync pooled connection (see :meth:`_awrite_group`)."""
-        self._ensure_open()
-        psycopg, pool = self._psycopg, self._sync_pool()
-        try:
-            conn = pool.getconn()
-        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
-            raise self._unavailable(exc) from exc
-        try:
+        psycopg = self._psycopg
+        with self._connection() as conn:
             plans = _start_plans(group)
             if not plans:
                 return
@@ -508,21 +525,14 @@ class PostgresCheckpointStore(CheckpointStore):
                 except Exception as exc:
                     pending.error = exc
             self._stamp(conn)
-        finally:
-            pool.putconn(conn)
 
     async def _awrite_group(self, group: list[Pending[_Work]]) -> None:
         """Write a group on this event loop's pool: every piece's first statement in one transaction,
         sent with BEGIN and COMMIT in one pipeline (one round trip, one WAL flush). A piece that needs
         more (a refused commit looks up why) goes on alone after the group is durable; a statement
         error rolls the group back and each piece is written alone, so a bad piece fails by itself."""
-        self._ensure_open()
-        psycopg, pool = self._psycopg, await self._async_pool()
-        try:
-            conn = await pool.getconn()
-        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
-            raise self._unavailable(exc) from exc
-        try:
+        psycopg = self._psycopg
+        async with self._aconnection() as conn:
             plans = _start_plans(group)
             if not plans:
                 return
@@ -554,8 +564,6 @@ class PostgresCheckpointStore(CheckpointStore):
                 except Exception as exc:
                     pending.error = exc
             self._stamp(conn)
-        finally:
-            await pool.putconn(conn)
 
     def _check_pool(self) -> None:
         """After a lost connection, check the idle ones too: the server may have ended them all at once
@@ -566,26 +574,20 @@ class PostgresCheckpointStore(CheckpointStore):
                 pool.check()
 
     async def _arun(self, plan: Plan[_T], *, transaction: bool = False) -> _T:
-        self._ensure_open()
-        psycopg, pool = self._psycopg, await self._async_pool()
-        try:
-            conn = await pool.getconn()
-        except (self._pool_module.PoolTimeout, self._pool_module.PoolClosed) as exc:
-            raise self._unavailable(exc) from exc
-        try:
-            if transaction:
-                async with conn.transaction():
+        psycopg = self._psycopg
+        async with self._aconnection() as conn:
+            try:
+                if transaction:
+                    async with conn.transaction():
+                        result = await _adrive(conn.statements, plan, psycopg.Error)
+                else:
                     result = await _adrive(conn.statements, plan, psycopg.Error)
-            else:
-                result = await _adrive(conn.statements, plan, psycopg.Error)
-            self._stamp(conn)
-            return result
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                await self._acheck_pool()
-            raise self._error(exc) from exc
-        finally:
-            await pool.putconn(conn)
+                self._stamp(conn)
+                return result
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    await self._acheck_pool()
+                raise self._error(exc) from exc
 
     async def _agrouped(self, plan: Callable[[], Plan[_T]]) -> _T:
         """Run ``plan`` in this event loop's next group: its first statement goes with those of every
