@@ -32,6 +32,7 @@ from qitos.checkpoint.store import CheckpointStore
 from qitos.core._agent_module import AgentModule
 from qitos.core._codec import canonical_json, sha256_hex
 from qitos.core._errors import CheckpointError, ConfigurationError, LeaseLostError, SessionBusyError, UsageError
+from qitos.distributed._fleet import SETTLED, Fleet
 from qitos.engine._agent_ref import MOVED_MODULES
 from qitos.engine._composition import Composition, compose
 from qitos.engine._engine import Engine
@@ -75,6 +76,7 @@ Longer than a composition's default: with hundreds of samples in flight, renewal
 hundreds of store writes a second, and an overloaded process could miss one and lose its lease. A
 runner that died is still replaced at once on its own host (the lease names a dead process);
 only a runner on another host waits for the lease to run out."""
+_FLEET_POLL = 0.1  # seconds between looks at the heads of the samples in flight on a fleet
 _LEASE_LOSSES = 3  # times a sample's run may lose its lease and go on before it counts as failed
 _OPENING = 16
 _BUSY_POLL = 0.2  # seconds between looks at a session another runner holds
@@ -375,9 +377,7 @@ class EvalRun:
                 )
             if pending and self._stop is None and not self._tripped():
                 if self.fleet is not None:
-                    from qitos.eval._fleet import run_on_fleet
-
-                    await run_on_fleet(self, pending, attempts)
+                    await self._run_on_fleet(pending, attempts)
                 else:
                     await self._run_local(pending, attempts)
             if self._stop == "failed" or self._tripped():
@@ -537,6 +537,73 @@ class EvalRun:
         restored = await arestore(self.checkpoint_store, sid, head.snapshot_id)
         return restored.state_data.get("stop_reason") != "cancelled_immediate"  # cancelled: go on from its head
 
+    async def _run_on_fleet(
+        self, pending: deque[Unit], attempts: Mapping[tuple[str, int], list[AttemptRecord]]
+    ) -> None:
+        """Run ``pending`` on ``fleet``'s workers until each has its result (or the eval stops).
+
+        Each sample x epoch's session is created in the fleet's database (the same derived id and
+        metadata as a local run, plus the fleet's mark) and its first run enqueued with
+        :meth:`qitos.distributed.Fleet.submit_many`; workers run it. This process polls the heads of
+        the sessions it submitted, at most ``max_samples`` in flight, and when one settles records
+        its attempt from the stored session and scores it, exactly as a local run would. A resumed
+        eval reads finished sessions and re-enqueues the unfinished ones under their first run's
+        workflow id (DBOS starts one run per id; a dead worker is replaced by the supervisor).
+        """
+        fleet: Fleet = self.fleet
+        store = self.checkpoint_store
+        in_flight: dict[str, tuple[Unit, int, list[AttemptRecord]]] = {}
+        retry: deque[tuple[Unit, list[AttemptRecord]]] = deque()
+        progress = self.progress
+        while (pending or retry or in_flight) and self._stop is None:
+            new: list[tuple[str, Unit, int]] = []
+            while (retry or pending) and len(in_flight) < self.max_samples:
+                unit, prior = retry.popleft() if retry else (pending[0], list(attempts.get(pending.popleft().key, ())))
+                attempt_no = len(prior)
+                sid = session_id_for(self.eval_id, unit.sample.sample_id, unit.epoch, attempt_no)
+                in_flight[sid] = (unit, attempt_no, prior)
+                head = await store.aget_session_head(sid)
+                if head is None:
+                    new.append((sid, unit, attempt_no))
+                elif not await self.finished(sid, head):
+                    await asyncio.to_thread(fleet.resume, sid)  # the same workflow id: started once
+            if new:
+                await asyncio.to_thread(
+                    fleet.submit_many,
+                    [unit.sample.task for _, unit, _ in new],
+                    session_ids=[sid for sid, _, _ in new],
+                    metadata=[self._session_metadata(unit, attempt_no) for _, unit, attempt_no in new],
+                )
+            progress.running = len(in_flight)
+            settled = await asyncio.to_thread(store.get_session_positions, list(in_flight), lifecycles=SETTLED)
+            for sid in [s for s in in_flight if s in settled]:
+                head = await store.aget_session_head(sid)
+                if head is None or not await self.finished(sid, head):
+                    continue
+                unit, attempt_no, prior = in_flight.pop(sid)
+                outcome = await self.from_head(unit, attempt_no, sid, head, None)
+                result = await self.record(prior, outcome)
+                if result is None:
+                    retry.append((unit, prior))
+                    continue
+                progress.running = len(in_flight)
+                await self.finish(unit, result)
+            if not settled:
+                await asyncio.sleep(_FLEET_POLL)
+        progress.running = 0
+
+    def _session_metadata(self, unit: Unit, attempt_no: int) -> dict[str, Any]:
+        """The metadata of the session running ``attempt_no`` of ``unit`` (under ``EVAL_METADATA``)."""
+        return {
+            EVAL_METADATA: {
+                "eval_id": self.eval_id,
+                "name": self.name,
+                "sample_id": unit.sample.sample_id,
+                "epoch": unit.epoch,
+                "attempt": attempt_no,
+            }
+        }
+
     def _engine(self, unit: Unit, attempt_no: int, sid: str) -> Engine[Any, Any, Any]:
         """A fresh engine for one session; under replay or the cache its model answers through the plan."""
         engine = self.composition().engine()
@@ -549,22 +616,13 @@ class EvalRun:
         composition = self.composition()
         if head is not None:
             return await arestore_session(self._engine(unit, attempt_no, sid), sid, composition=composition)
-        meta = {
-            EVAL_METADATA: {
-                "eval_id": self.eval_id,
-                "name": self.name,
-                "sample_id": unit.sample.sample_id,
-                "epoch": unit.epoch,
-                "attempt": attempt_no,
-            }
-        }
         try:
             return await anew_session(
                 self._engine(unit, attempt_no, sid),
                 unit.sample.task,
                 composition=composition,
                 session_id=sid,
-                metadata=meta,
+                metadata=self._session_metadata(unit, attempt_no),
             )
         except CheckpointError:
             if await self.checkpoint_store.aget_session_head(sid) is None:
